@@ -1,0 +1,21 @@
+"""cleave: fused GPU kernels derived from naive tensor programs.
+
+The top-level names are the public API; heavy parts (egglog, z3, triton) load
+only when the function that needs them is called.
+"""
+from .interpreter import interpret
+from .ir import BindingError, CleaveError, DType, Graph, ParseError, ShapeError, parse_graph
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BindingError", "CleaveError", "DType", "Graph", "ParseError", "ShapeError", "__version__",
+    "capture", "interpret", "parse_graph",
+]
+
+
+def capture(fn, *example_inputs, dynamic=None, name=None):
+    """Trace a PyTorch function into an IR graph with symbolic dims (see cleave.frontends)."""
+    from .frontends.capture import capture as _capture
+
+    return _capture(fn, *example_inputs, dynamic=dynamic, name=name)

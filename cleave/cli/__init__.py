@@ -1,0 +1,1 @@
+"""The `cleave` command line: one module per subcommand family."""

@@ -1,0 +1,45 @@
+"""Entry point of the `cleave` console script.
+
+Each subcommand module exposes `register(subparsers)`; it adds its parser and
+sets `func(args) -> int`. Errors that cleave raises on purpose become one line
+on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..ir import CleaveError
+
+# Subcommand modules, in the order `cleave --help` lists them.
+COMMANDS = ("workloads", "show")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cleave", description="Derive fused GPU kernels from naive tensor programs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  cleave workloads\n  cleave show gqa_decode\n")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"cleave.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (CleaveError, KeyError, ValueError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"cleave {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

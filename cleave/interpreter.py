@@ -1,0 +1,137 @@
+"""The reference interpreter: runs any IR graph with torch eager ops.
+
+It is the single source of truth for tests and verification. With
+`compute_dtype=torch.float64` every float is computed in fp64 and the graph's
+own float casts are skipped, giving the exact value the graph denotes.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from .ir import CleaveError, Graph, Node
+from .ir import dims as D
+from .ir.dtypes import DType
+
+TORCH_DTYPES = {
+    DType.f64: torch.float64, DType.f32: torch.float32, DType.f16: torch.float16,
+    DType.bf16: torch.bfloat16, DType.i64: torch.int64, DType.i32: torch.int32, DType.bool: torch.bool,
+}
+IR_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
+
+_UNARY = {
+    "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "neg": torch.neg,
+    "recip": torch.reciprocal, "silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh, "square": torch.square, "cos": torch.cos, "sin": torch.sin, "abs": torch.abs,
+}
+_BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
+    "min": torch.minimum, "pow": torch.pow, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
+    "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
+}
+
+
+def torch_dtype(dtype: DType) -> torch.dtype:
+    return TORCH_DTYPES[dtype]
+
+
+def interpret(graph: Graph, inputs: Mapping[str, torch.Tensor], compute_dtype: torch.dtype | None = None,
+              env: Mapping[str, int] | None = None) -> list[torch.Tensor]:
+    """Evaluate the graph's outputs. `env` binds symbols no input shape determines
+    (a split count); the others are read from the inputs."""
+    env = graph.bind({k: tuple(v.shape) for k, v in inputs.items()}, extra=dict(env or {}))
+    values: dict[int, torch.Tensor] = {}
+    device = next(iter(inputs.values())).device if inputs else None
+
+    def float_type(dtype: DType) -> torch.dtype:
+        if compute_dtype is not None and dtype.is_float:
+            return compute_dtype
+        return TORCH_DTYPES[dtype]
+
+    for node in graph.live_nodes():
+        args = [values[x.id] for x in node.inputs]
+        values[node.id] = _eval(node, args, inputs, env, float_type, device)
+    return [values[o.id] for o in graph.outputs]
+
+
+def _eval(node: Node, args, inputs, env, float_type, device) -> torch.Tensor:
+    op, a = node.op, node.attrs
+    if op == "input":
+        return inputs[a["name"]].to(float_type(node.dtype))
+    if op == "const":
+        return torch.tensor(a["value"], dtype=float_type(node.dtype), device=device)
+    if op == "size":
+        return torch.tensor(D.evaluate(a["value"], env), dtype=float_type(node.dtype), device=device)
+    if op == "iota":
+        shape = [D.evaluate(d, env) for d in a["shape"]]
+        axis = a["axis"]
+        index = torch.arange(shape[axis], dtype=float_type(node.dtype), device=device)
+        view = [1] * len(shape)
+        view[axis] = shape[axis]
+        return index.reshape(view).expand(shape)
+    if op in _UNARY:
+        return _UNARY[op](args[0])
+    if op == "cast":
+        return args[0].to(float_type(node.dtype))
+    if op in _BINARY:
+        x, y = args
+        if node.dtype.is_float or op in ("lt", "le", "gt", "ge", "eq", "ne"):
+            common = torch.promote_types(x.dtype, y.dtype)
+            x, y = x.to(common), y.to(common)
+        return _BINARY[op](x, y).to(float_type(node.dtype))
+    if op == "where":
+        return torch.where(args[0], args[1], args[2]).to(float_type(node.dtype))
+    if op == "matmul":
+        x, y = args
+        common = torch.promote_types(x.dtype, y.dtype)
+        return torch.matmul(x.to(common), y.to(common))
+    if op == "reduce":
+        x, axis, keep = args[0], a["axis"], bool(a["keepdim"])
+        if x.shape[axis] == 0:
+            fill = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[a["op"]]
+            shape = list(x.shape)
+            shape[axis] = 1
+            out = torch.full(shape, fill, dtype=x.dtype, device=x.device)
+            return out if keep else out.squeeze(axis)
+        if a["op"] == "sum":
+            return x.sum(axis, keepdim=keep)
+        fn = torch.amax if a["op"] == "max" else torch.amin
+        return fn(x, dim=axis, keepdim=keep)
+    if op == "broadcast":
+        return args[0].expand([D.evaluate(d, env) for d in a["shape"]])
+    if op == "reshape":
+        return args[0].reshape([D.evaluate(d, env) for d in a["shape"]])
+    if op == "permute":
+        return args[0].permute(*a["perm"])
+    if op == "slice":
+        return args[0].narrow(a["axis"], D.evaluate(a["start"], env),
+                              D.evaluate(a["stop"], env) - D.evaluate(a["start"], env))
+    if op == "concat":
+        common = args[0].dtype
+        for x in args[1:]:
+            common = torch.promote_types(common, x.dtype)
+        return torch.cat([x.to(common) for x in args], dim=a["axis"])
+    if op == "gather":
+        return torch.gather(args[0], a["axis"], args[1].long())
+    if op == "take":
+        x, index, axis = args[0], args[1].long(), a["axis"]
+        flat = torch.index_select(x, axis, index.reshape(-1))
+        return flat.reshape(x.shape[:axis] + index.shape + x.shape[axis + 1:])
+    if op == "topk":
+        values, indices = torch.topk(args[0], a["k"], dim=a["axis"])
+        return values if a["which"] == "values" else indices
+    if op == "split":
+        return _split(args[0], a["axis"], D.evaluate(a["count"], env), a["pad"])
+    raise CleaveError(f"the interpreter has no rule for op {op!r}")
+
+
+def _split(x: torch.Tensor, axis: int, count: int, pad) -> torch.Tensor:
+    n = x.shape[axis]
+    inner = -(-n // count)
+    missing = count * inner - n
+    if missing:
+        shape = list(x.shape)
+        shape[axis] = missing
+        x = torch.cat([x, torch.full(shape, pad, dtype=x.dtype, device=x.device)], dim=axis)
+    return x.reshape(x.shape[:axis] + (count, inner) + x.shape[axis + 1:])

@@ -1,0 +1,11 @@
+"""The IR: graphs of tensor ops over symbolic dimensions. Depends on nothing else in cleave."""
+from .dims import Dim, cdiv, dim, shape, symbol
+from .dtypes import DType, dtype
+from .errors import BindingError, CleaveError, ParseError, ShapeError
+from .graph import Constraint, Graph, Node, rebuild
+from .text import parse_graph, print_graph
+
+__all__ = [
+    "BindingError", "CleaveError", "Constraint", "DType", "Dim", "Graph", "Node", "ParseError",
+    "ShapeError", "cdiv", "dim", "dtype", "parse_graph", "print_graph", "rebuild", "shape", "symbol",
+]

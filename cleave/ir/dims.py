@@ -1,0 +1,92 @@
+"""Symbolic dimensions: sympy expressions over positive-integer symbols."""
+from __future__ import annotations
+
+from typing import Iterable, Union
+
+import sympy
+
+Dim = sympy.Expr
+DimLike = Union[int, str, sympy.Expr]
+
+
+def symbol(name: str) -> sympy.Symbol:
+    """The one symbol the IR uses for a dimension name: a positive integer."""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def dim(value: DimLike, symbols: dict[str, sympy.Symbol] | None = None) -> Dim:
+    """Read a dimension from an int, a symbol name, or an expression ('b*h', 'L/s')."""
+    if isinstance(value, bool):
+        raise TypeError(f"a dimension cannot be a bool ({value!r})")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a dimension cannot be negative ({value})")
+        return sympy.Integer(value)
+    if isinstance(value, sympy.Expr):
+        return _positive_symbols(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isidentifier():
+            return symbol(text)
+        names = {n: symbol(n) for n in _identifiers(text)}
+        names.update(symbols or {})
+        names["cdiv"] = cdiv
+        return _positive_symbols(sympy.sympify(text, locals=names))
+    raise TypeError(f"cannot read a dimension from {value!r}")
+
+
+def shape(values: Iterable[DimLike]) -> tuple[Dim, ...]:
+    return tuple(dim(v) for v in values)
+
+
+def cdiv(n: DimLike, d: DimLike) -> Dim:
+    """Ceiling division, kept symbolic when the operands are."""
+    return sympy.ceiling(dim(n) / dim(d))
+
+
+def equal(a: Dim, b: Dim) -> bool:
+    """True when a and b are provably equal for every binding of their symbols."""
+    if a == b:
+        return True
+    return sympy.simplify(a - b) == 0
+
+
+def is_one(d: Dim) -> bool:
+    return d == 1
+
+
+def free_symbols(dims: Iterable[Dim]) -> set[sympy.Symbol]:
+    out: set[sympy.Symbol] = set()
+    for d in dims:
+        out |= d.free_symbols
+    return out
+
+
+def evaluate(d: Dim, env: dict) -> int:
+    """The integer value of d under a binding of its symbols (names or symbols as keys)."""
+    subs = {symbol(k) if isinstance(k, str) else k: v for k, v in env.items()}
+    value = d.subs(subs)
+    if not value.is_number:
+        missing = ", ".join(sorted(str(s) for s in value.free_symbols))
+        raise KeyError(f"dimension {d} needs a value for {missing}")
+    return int(value)
+
+
+def fmt(d: Dim) -> str:
+    return str(d).replace(" ", "")
+
+
+def fmt_shape(dims: Iterable[Dim]) -> str:
+    return "[" + ", ".join(fmt(d) for d in dims) + "]"
+
+
+def _identifiers(text: str) -> set[str]:
+    import re
+
+    return {m for m in re.findall(r"[A-Za-z_]\w*", text) if m not in ("ceiling", "cdiv", "floor", "Max", "Min")}
+
+
+def _positive_symbols(expr: sympy.Expr) -> sympy.Expr:
+    """Replace plain symbols by the positive-integer symbol of the same name."""
+    subs = {s: symbol(s.name) for s in expr.free_symbols if not (s.is_integer and s.is_positive)}
+    return expr.xreplace(subs) if subs else expr

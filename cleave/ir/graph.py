@@ -1,0 +1,294 @@
+"""The IR graph: hash-consed nodes with symbolic shapes, plus collected constraints."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import sympy
+
+from . import dims as D
+from .dims import Dim
+from .dtypes import DType, dtype as to_dtype
+from .errors import BindingError, ShapeError
+from .ops import SPECS
+from .tensor_ops import TensorOps
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A fact every binding must satisfy: kind is 'eq', 'le' or 'divides' (lhs | rhs)."""
+    kind: str
+    lhs: Dim
+    rhs: Dim
+    origin: str
+
+    def holds(self, env: dict) -> bool:
+        lhs, rhs = D.evaluate(self.lhs, env), D.evaluate(self.rhs, env)
+        if self.kind == "eq":
+            return lhs == rhs
+        if self.kind == "le":
+            return lhs <= rhs
+        return lhs != 0 and rhs % lhs == 0
+
+    def __str__(self) -> str:
+        sign = {"eq": "==", "le": "<=", "divides": "|"}[self.kind]
+        return f"{D.fmt(self.lhs)} {sign} {D.fmt(self.rhs)}  (from {self.origin})"
+
+
+class Node(TensorOps):
+    """One operation; nodes of a graph are unique by (op, operands, attributes)."""
+
+    __slots__ = ("graph", "id", "op", "inputs", "attrs", "shape", "dtype", "loc")
+
+    def __init__(self, graph, id, op, inputs, attrs, shape, dtype, loc):
+        self.graph = graph
+        self.id = id
+        self.op = op
+        self.inputs: tuple[Node, ...] = inputs
+        self.attrs: dict = attrs
+        self.shape: tuple[Dim, ...] = shape
+        self.dtype: DType = dtype
+        self.loc: str | None = loc
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def attr(self, name):
+        return self.attrs[name]
+
+    def __repr__(self) -> str:
+        return f"<%{self.id} {self.op} {D.fmt_shape(self.shape)} {self.dtype}>"
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other):  # elementwise equality is spelled .eq(); nodes compare by identity
+        return self is other
+
+
+def _normalize(kind: str, value):
+    if kind == "shape":
+        return D.shape(value)
+    if kind == "dim":
+        return D.dim(value)
+    if kind == "ints":
+        return tuple(int(v) for v in value)
+    if kind == "int":
+        return int(value)
+    if kind == "float":
+        if value is None:
+            return None
+        if isinstance(value, bool):
+            return float(value)
+        return value if isinstance(value, int) else float(value)
+    if kind == "dtype":
+        return to_dtype(value)
+    return str(value)
+
+
+class Graph:
+    """A tensor program with symbolic dimensions.
+
+    Build it through `input`, the ops on the returned nodes (`q @ k.T`, `x.exp()`,
+    `x.sum(-1)`) and `output`. Equal subexpressions are shared (hash-consing).
+    """
+
+    def __init__(self, name: str = "graph"):
+        self.name = name
+        self.nodes: list[Node] = []
+        self.inputs: dict[str, Node] = {}
+        self.outputs: list[Node] = []
+        self.output_names: list[str] = []
+        self.constraints: list[Constraint] = []
+        self._interned: dict[tuple, Node] = {}
+
+    # -- building ---------------------------------------------------------
+    def add(self, op: str, /, *inputs: Node, loc: str | None = None, **attrs) -> Node:
+        spec = SPECS.get(op)
+        if spec is None:
+            raise ShapeError(f"unknown op {op!r}")
+        if spec.arity is not None and len(inputs) != spec.arity:
+            raise ShapeError(f"{op}: takes {spec.arity} operands, got {len(inputs)}")
+        if spec.arity is None and not inputs:
+            raise ShapeError(f"{op}: needs at least one operand")
+        for k, x in enumerate(inputs):
+            if not isinstance(x, Node) or x.graph is not self:
+                raise ShapeError(f"{op}: operand {k} is not a node of graph {self.name!r}")
+        names = {name for name, _ in spec.attrs}
+        unknown = set(attrs) - names
+        if unknown:
+            raise ShapeError(f"{op}: unknown attribute(s) {', '.join(sorted(unknown))}")
+        missing = [n for n in names if n not in attrs]
+        if missing:
+            raise ShapeError(f"{op}: missing attribute(s) {', '.join(missing)}")
+        norm = {name: _normalize(kind, attrs[name]) for name, kind in spec.attrs}
+        key = (op, tuple(x.id for x in inputs), tuple((k, _key(v)) for k, v in norm.items()))
+        found = self._interned.get(key)
+        if found is not None:
+            return found
+        try:
+            result = spec.infer(*inputs, **norm)
+        except ShapeError as err:
+            if loc:
+                raise ShapeError(f"{err} (at {loc})") from None
+            raise
+        for kind, lhs, rhs, origin in result.constraints:
+            self._constrain(Constraint(kind, lhs, rhs, f"{origin} %{len(self.nodes)}"))
+        node = Node(self, len(self.nodes), op, tuple(inputs), norm, result.shape, result.dtype, loc)
+        self.nodes.append(node)
+        self._interned[key] = node
+        return node
+
+    def input(self, name: str, shape: Sequence, dtype="f32") -> Node:
+        if name in self.inputs:
+            raise ShapeError(f"input {name!r} is declared twice")
+        node = self.add("input", name=name, shape=shape, dtype=dtype)
+        self.inputs[name] = node
+        return node
+
+    def const(self, value, dtype="f32") -> Node:
+        return self.add("const", value=value, dtype=dtype)
+
+    def iota(self, shape: Sequence, axis: int, dtype="i64") -> Node:
+        return self.add("iota", shape=shape, axis=axis, dtype=dtype)
+
+    def output(self, *nodes: Node, names: Sequence[str] | None = None) -> "Graph":
+        names = list(names) if names else [f"out{len(self.outputs) + i}" for i in range(len(nodes))]
+        for node, name in zip(nodes, names, strict=True):
+            if node.graph is not self:
+                raise ShapeError(f"output {name!r} is not a node of graph {self.name!r}")
+            self.outputs.append(node)
+            self.output_names.append(name)
+        return self
+
+    def _constrain(self, c: Constraint) -> None:
+        if all(c.kind != o.kind or c.lhs != o.lhs or c.rhs != o.rhs for o in self.constraints):
+            self.constraints.append(c)
+
+    # -- reading ----------------------------------------------------------
+    def live_nodes(self) -> list[Node]:
+        """Nodes the outputs depend on, in topological order."""
+        seen: set[int] = set()
+        stack = list(self.outputs)
+        while stack:
+            n = stack.pop()
+            if n.id not in seen:
+                seen.add(n.id)
+                stack.extend(n.inputs)
+        return [n for n in self.nodes if n.id in seen]
+
+    def users(self) -> dict[int, list[Node]]:
+        out: dict[int, list[Node]] = {n.id: [] for n in self.nodes}
+        for n in self.nodes:
+            for x in n.inputs:
+                out[x.id].append(n)
+        return out
+
+    def symbols(self) -> list[sympy.Symbol]:
+        syms = set()
+        for n in self.live_nodes():
+            syms |= D.free_symbols(n.shape)
+            for v in n.attrs.values():
+                if isinstance(v, sympy.Expr):
+                    syms |= v.free_symbols
+        return sorted(syms, key=lambda s: s.name)
+
+    def text(self) -> str:
+        from .text import print_graph
+
+        return print_graph(self)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def key(self) -> str:
+        """Structural hash: equal graphs (same ops, attributes, wiring, input names) hash equal."""
+        from .text import print_graph
+
+        return hashlib.sha256(print_graph(self, name=False).encode()).hexdigest()
+
+    def structurally_equal(self, other: "Graph") -> bool:
+        return self.key() == other.key()
+
+    # -- binding ----------------------------------------------------------
+    def bind(self, shapes: dict[str, Sequence[int]], extra: dict | None = None) -> dict[str, int]:
+        """Values of the symbols from concrete input shapes; checks every constraint."""
+        env: dict[str, int] = dict(extra or {})
+        pending: list[tuple[str, int, Dim, int]] = []
+        for name, node in self.inputs.items():
+            if name not in shapes:
+                raise BindingError(f"input {name!r} is missing (the graph takes {', '.join(self.inputs)})")
+            actual = tuple(shapes[name])
+            if len(actual) != node.rank:
+                raise BindingError(f"input {name!r}: expected rank {node.rank} {D.fmt_shape(node.shape)}, "
+                                   f"got shape {list(actual)}")
+            for i, (d, v) in enumerate(zip(node.shape, actual)):
+                if isinstance(d, sympy.Symbol):
+                    if env.setdefault(d.name, v) != v:
+                        raise BindingError(f"input {name!r} dim {i}: {d.name} is {env[d.name]} elsewhere, "
+                                           f"but {v} here")
+                else:
+                    pending.append((name, i, d, v))
+        for _ in range(2):  # expressions such as b*h may bind a symbol once others are known
+            still = []
+            for name, i, d, v in pending:
+                free = [s for s in d.free_symbols if s.name not in env]
+                if not free:
+                    if D.evaluate(d, env) != v:
+                        raise BindingError(f"input {name!r} dim {i}: {D.fmt(d)} = {D.evaluate(d, env)}, got {v}")
+                elif len(free) == 1:
+                    subs = {D.symbol(k): val for k, val in env.items()}
+                    sol = sympy.solve(sympy.Eq(d.subs(subs), v), free[0])
+                    sol = [s for s in sol if s.is_integer and s > 0]
+                    if not sol:
+                        raise BindingError(f"input {name!r} dim {i}: no positive integer {free[0]} "
+                                           f"makes {D.fmt(d)} = {v}")
+                    env[free[0].name] = int(sol[0])
+                else:
+                    still.append((name, i, d, v))
+            pending = still
+        if pending:
+            name, i, d, _ = pending[0]
+            raise BindingError(f"input {name!r} dim {i}: cannot solve {D.fmt(d)} for its symbols")
+        self.check(env)
+        return env
+
+    def check(self, env: dict) -> None:
+        for c in self.constraints:
+            try:
+                ok = c.holds(env)
+            except KeyError:
+                continue  # a constraint on symbols this binding leaves open (e.g. a split count)
+            if not ok:
+                values = ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+                raise BindingError(f"constraint {c} fails for {values}")
+
+    def concrete_shape(self, node: Node, env: dict) -> tuple[int, ...]:
+        return tuple(D.evaluate(d, env) for d in node.shape)
+
+
+def _key(value):
+    if isinstance(value, tuple):
+        return tuple(_key(v) for v in value)
+    if isinstance(value, sympy.Expr):
+        return ("dim", sympy.srepr(value))
+    if isinstance(value, float):
+        return ("f", repr(value))
+    return value
+
+
+def rebuild(graph: Graph, nodes: Iterable[Node] | None = None) -> Graph:
+    """A copy holding only the live nodes, renumbered in topological order."""
+    out = Graph(graph.name)
+    mapping: dict[int, Node] = {}
+    for n in graph.inputs.values():  # every declared input stays: it is the signature
+        mapping[n.id] = out.input(n.attrs["name"], n.attrs["shape"], n.attrs["dtype"])
+    for n in (nodes if nodes is not None else graph.live_nodes()):
+        if n.op != "input":
+            mapping[n.id] = out.add(n.op, *(mapping[x.id] for x in n.inputs), loc=n.loc, **n.attrs)
+    out.output(*(mapping[o.id] for o in graph.outputs), names=graph.output_names)
+    for c in graph.constraints:
+        out._constrain(c)
+    return out

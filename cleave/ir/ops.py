@@ -1,0 +1,288 @@
+"""The IR's operators: their operands, attributes and symbolic shape inference.
+
+Each op is described once here; the graph builder, the text form and the
+interpreter all read these specs, so adding an op starts in this file.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from . import dims as D
+from .dims import Dim
+from .dtypes import DType, promote
+from .errors import ShapeError
+
+UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh",
+         "square", "cos", "sin", "abs")
+BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
+COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
+REDUCE_OPS = ("sum", "max", "min")
+
+# Attribute kinds, used by the text form to print and parse values.
+ATTR_KINDS = ("str", "int", "float", "dim", "shape", "ints", "dtype")
+
+
+@dataclass(frozen=True)
+class Result:
+    shape: tuple[Dim, ...]
+    dtype: DType
+    constraints: tuple = ()
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    arity: int | None  # None: variadic
+    attrs: tuple[tuple[str, str], ...]  # (name, kind)
+    infer: Callable[..., Result]
+
+
+SPECS: dict[str, OpSpec] = {}
+
+
+def _register(name, arity, attrs, infer):
+    SPECS[name] = OpSpec(name, arity, tuple(attrs), infer)
+
+
+def _fail(op: str, message: str):
+    raise ShapeError(f"{op}: {message}")
+
+
+def broadcast_shapes(op: str, shapes: Sequence[tuple[Dim, ...]]) -> tuple[Dim, ...]:
+    """Right-aligned broadcasting; dims must be equal or 1 (symbolic dims are never 1)."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for i in range(rank):
+        chosen, owner = None, None
+        for k, s in enumerate(shapes):
+            j = len(s) - rank + i
+            if j < 0 or D.is_one(s[j]):
+                continue
+            if chosen is None:
+                chosen, owner = s[j], k
+            elif not D.equal(chosen, s[j]):
+                _fail(op, f"operand {owner} has shape {D.fmt_shape(shapes[owner])}, "
+                          f"operand {k} has shape {D.fmt_shape(s)}: "
+                          f"dim {i} is {D.fmt(chosen)} vs {D.fmt(s[j])}")
+        out.append(chosen if chosen is not None else D.dim(1))
+    return tuple(out)
+
+
+def _axis(op: str, axis: int, rank: int, operand: str = "operand 0") -> int:
+    if not -rank <= axis < max(rank, 1):
+        _fail(op, f"axis {axis} is out of range for {operand} of rank {rank}")
+    return axis % rank if rank else 0
+
+
+def _infer_input(*, name, shape, dtype):
+    return Result(tuple(shape), dtype)
+
+
+def _infer_const(*, value, dtype):
+    return Result((), dtype)
+
+
+def _infer_size(*, value, dtype):
+    return Result((), dtype)
+
+
+def _infer_iota(*, shape, axis, dtype):
+    _axis("iota", axis, len(shape), "its shape")
+    return Result(tuple(shape), dtype)
+
+
+def _infer_unary(x):
+    return Result(x.shape, x.dtype)
+
+
+def _infer_cast(x, *, dtype):
+    return Result(x.shape, dtype)
+
+
+def _make_binary(op):
+    def infer(a, b):
+        return Result(broadcast_shapes(op, [a.shape, b.shape]), promote(a.dtype, b.dtype))
+    return infer
+
+
+def _make_compare(op):
+    def infer(a, b):
+        return Result(broadcast_shapes(op, [a.shape, b.shape]), DType.bool)
+    return infer
+
+
+def _infer_where(cond, a, b):
+    if cond.dtype != DType.bool:
+        _fail("where", f"operand 0 (the condition) must be bool, not {cond.dtype}")
+    return Result(broadcast_shapes("where", [cond.shape, a.shape, b.shape]), promote(a.dtype, b.dtype))
+
+
+def _infer_matmul(a, b):
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        _fail("matmul", f"operands need rank >= 2, got {D.fmt_shape(a.shape)} and {D.fmt_shape(b.shape)}")
+    k1, k2 = a.shape[-1], b.shape[-2]
+    if not D.equal(k1, k2):
+        _fail("matmul", f"operand 0 has shape {D.fmt_shape(a.shape)}, operand 1 has shape "
+                        f"{D.fmt_shape(b.shape)}: contracted dims {D.fmt(k1)} vs {D.fmt(k2)}")
+    batch = broadcast_shapes("matmul", [a.shape[:-2], b.shape[:-2]])
+    return Result(batch + (a.shape[-2], b.shape[-1]), promote(a.dtype, b.dtype))
+
+
+def _infer_reduce(x, *, op, axis, keepdim):
+    if op not in REDUCE_OPS:
+        _fail("reduce", f"unknown reduction {op!r}; expected one of {', '.join(REDUCE_OPS)}")
+    a = _axis("reduce", axis, len(x.shape))
+    shape = list(x.shape)
+    if keepdim:
+        shape[a] = D.dim(1)
+    else:
+        del shape[a]
+    return Result(tuple(shape), x.dtype)
+
+
+def _infer_broadcast(x, *, shape):
+    target = tuple(shape)
+    if len(target) < len(x.shape):
+        _fail("broadcast", f"operand 0 has shape {D.fmt_shape(x.shape)}, target {D.fmt_shape(target)} has lower rank")
+    pad = len(target) - len(x.shape)
+    for i, d in enumerate(x.shape):
+        if not (D.is_one(d) or D.equal(d, target[pad + i])):
+            _fail("broadcast", f"operand 0 has shape {D.fmt_shape(x.shape)}, target {D.fmt_shape(target)}: "
+                               f"dim {i} is {D.fmt(d)} vs {D.fmt(target[pad + i])}")
+    return Result(target, x.dtype)
+
+
+def _product(shape):
+    return math.prod(shape, start=D.dim(1))
+
+
+def _infer_reshape(x, *, shape):
+    before, after = _product(x.shape), _product(shape)
+    if D.equal(before, after):
+        return Result(tuple(shape), x.dtype)
+    if before.is_number and after.is_number:
+        _fail("reshape", f"operand 0 has shape {D.fmt_shape(x.shape)} ({before} elements), "
+                         f"target {D.fmt_shape(shape)} has {after}")
+    # Symbolic and not provably equal: the binding must satisfy it.
+    return Result(tuple(shape), x.dtype, (("eq", before, after, "reshape"),))
+
+
+def _infer_permute(x, *, perm):
+    if sorted(perm) != list(range(len(x.shape))):
+        _fail("permute", f"{list(perm)} is not a permutation of the {len(x.shape)} axes of operand 0 "
+                         f"(shape {D.fmt_shape(x.shape)})")
+    return Result(tuple(x.shape[p] for p in perm), x.dtype)
+
+
+def _infer_slice(x, *, axis, start, stop):
+    a = _axis("slice", axis, len(x.shape))
+    extent = x.shape[a]
+    length = D.dim(stop) - D.dim(start)
+    if length.is_number and length < 0:
+        _fail("slice", f"stop {D.fmt(stop)} is before start {D.fmt(start)}")
+    if (stop - extent).is_number and stop - extent > 0:
+        _fail("slice", f"stop {D.fmt(stop)} is past dim {a} of operand 0 (shape {D.fmt_shape(x.shape)})")
+    shape = list(x.shape)
+    shape[a] = length
+    cons = () if (extent - stop).is_number else (("le", stop, extent, "slice"),)
+    return Result(tuple(shape), x.dtype, cons)
+
+
+def _infer_concat(*xs, axis):
+    first = xs[0]
+    a = _axis("concat", axis, len(first.shape))
+    total = D.dim(0)
+    dtype = first.dtype
+    for k, x in enumerate(xs):
+        if len(x.shape) != len(first.shape):
+            _fail("concat", f"operand 0 has shape {D.fmt_shape(first.shape)}, operand {k} has shape "
+                            f"{D.fmt_shape(x.shape)}: ranks differ")
+        for i, (d0, dk) in enumerate(zip(first.shape, x.shape)):
+            if i != a and not D.equal(d0, dk):
+                _fail("concat", f"operand 0 has shape {D.fmt_shape(first.shape)}, operand {k} has shape "
+                                f"{D.fmt_shape(x.shape)}: dim {i} is {D.fmt(d0)} vs {D.fmt(dk)}")
+        total += x.shape[a]
+        dtype = promote(dtype, x.dtype)
+    shape = list(first.shape)
+    shape[a] = total
+    return Result(tuple(shape), dtype)
+
+
+def _check_index(op, index):
+    if not index.dtype.is_int:
+        _fail(op, f"operand 1 (the index) must be an integer tensor, not {index.dtype}")
+
+
+def _infer_gather(x, index, *, axis):
+    """torch.gather: out[i][j] = x[i][index[i][j]] along axis; out has index's shape."""
+    _check_index("gather", index)
+    a = _axis("gather", axis, len(x.shape))
+    if len(index.shape) != len(x.shape):
+        _fail("gather", f"operand 0 has shape {D.fmt_shape(x.shape)}, operand 1 has shape "
+                        f"{D.fmt_shape(index.shape)}: ranks differ")
+    for i, (dx, di) in enumerate(zip(x.shape, index.shape)):
+        if i != a and not D.equal(dx, di):
+            _fail("gather", f"operand 0 has shape {D.fmt_shape(x.shape)}, operand 1 has shape "
+                            f"{D.fmt_shape(index.shape)}: dim {i} is {D.fmt(dx)} vs {D.fmt(di)}")
+    return Result(index.shape, x.dtype)
+
+
+def _infer_take(x, index, *, axis):
+    """index_select generalised to any index rank (paged KV: cache[page_table])."""
+    _check_index("take", index)
+    a = _axis("take", axis, len(x.shape))
+    return Result(x.shape[:a] + index.shape + x.shape[a + 1:], x.dtype)
+
+
+def _infer_topk(x, *, k, axis, which):
+    a = _axis("topk", axis, len(x.shape))
+    if which not in ("values", "indices"):
+        _fail("topk", f"which must be 'values' or 'indices', not {which!r}")
+    n = x.shape[a]
+    if n.is_number and k > n:
+        _fail("topk", f"k={k} exceeds dim {a} ({D.fmt(n)}) of operand 0 (shape {D.fmt_shape(x.shape)})")
+    shape = list(x.shape)
+    shape[a] = D.dim(k)
+    cons = () if n.is_number else (("le", D.dim(k), n, "topk"),)
+    return Result(tuple(shape), x.dtype if which == "values" else DType.i64, cons)
+
+
+def _infer_split(x, *, axis, count, pad):
+    """Axis of extent N becomes (count, cdiv(N, count)); the tail of the last chunks
+    holds `pad` (the neutral element of the reduction that follows). Without a pad,
+    count must divide N."""
+    a = _axis("split", axis, len(x.shape))
+    n = x.shape[a]
+    inner = D.cdiv(n, count)
+    cons = ()
+    if pad is None:
+        inner = n / count
+        cons = (("divides", count, n, "split"),)
+    return Result(x.shape[:a] + (count, inner) + x.shape[a + 1:], x.dtype, cons)
+
+
+_register("input", 0, [("name", "str"), ("shape", "shape"), ("dtype", "dtype")], _infer_input)
+_register("const", 0, [("value", "float"), ("dtype", "dtype")], _infer_const)
+_register("size", 0, [("value", "dim"), ("dtype", "dtype")], _infer_size)
+_register("iota", 0, [("shape", "shape"), ("axis", "int"), ("dtype", "dtype")], _infer_iota)
+for _name in UNARY:
+    _register(_name, 1, [], _infer_unary)
+_register("cast", 1, [("dtype", "dtype")], _infer_cast)
+for _name in BINARY:
+    _register(_name, 2, [], _make_binary(_name))
+for _name in COMPARE:
+    _register(_name, 2, [], _make_compare(_name))
+_register("where", 3, [], _infer_where)
+_register("matmul", 2, [], _infer_matmul)
+_register("reduce", 1, [("op", "str"), ("axis", "int"), ("keepdim", "int")], _infer_reduce)
+_register("broadcast", 1, [("shape", "shape")], _infer_broadcast)
+_register("reshape", 1, [("shape", "shape")], _infer_reshape)
+_register("permute", 1, [("perm", "ints")], _infer_permute)
+_register("slice", 1, [("axis", "int"), ("start", "dim"), ("stop", "dim")], _infer_slice)
+_register("concat", None, [("axis", "int")], _infer_concat)
+_register("gather", 2, [("axis", "int")], _infer_gather)
+_register("take", 2, [("axis", "int")], _infer_take)
+_register("topk", 1, [("k", "int"), ("axis", "int"), ("which", "str")], _infer_topk)
+_register("split", 1, [("axis", "int"), ("count", "dim"), ("pad", "float")], _infer_split)

@@ -1,0 +1,126 @@
+"""Operator overloading for graph nodes: the builder DSL (`q @ k.T`, `x.exp()`)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from . import dims as D
+
+
+def _lift(node, value):
+    """A Python number becomes a scalar const of the node's dtype."""
+    if hasattr(value, "graph"):
+        return value
+    if isinstance(value, bool):
+        return node.graph.const(value, "bool")
+    dtype = node.dtype if (node.dtype.is_float or isinstance(value, int)) else "f32"
+    return node.graph.const(value, dtype)
+
+
+class TensorOps:
+    __slots__ = ()
+
+    def _op(self, name, *args, **attrs):
+        return self.graph.add(name, self, *(_lift(self, a) for a in args), **attrs)
+
+    def _rop(self, name, other):
+        return self.graph.add(name, _lift(self, other), self)
+
+    # arithmetic
+    def __add__(self, o): return self._op("add", o)
+    def __radd__(self, o): return self._rop("add", o)
+    def __sub__(self, o): return self._op("sub", o)
+    def __rsub__(self, o): return self._rop("sub", o)
+    def __mul__(self, o): return self._op("mul", o)
+    def __rmul__(self, o): return self._rop("mul", o)
+    def __truediv__(self, o): return self._op("div", o)
+    def __rtruediv__(self, o): return self._rop("div", o)
+    def __pow__(self, o): return self._op("pow", o)
+    def __neg__(self): return self._op("neg")
+    def __matmul__(self, o): return self._op("matmul", o)
+
+    # comparisons (equality is .eq/.ne: == stays identity so nodes can be dict keys)
+    def __lt__(self, o): return self._op("lt", o)
+    def __le__(self, o): return self._op("le", o)
+    def __gt__(self, o): return self._op("gt", o)
+    def __ge__(self, o): return self._op("ge", o)
+    def eq(self, o): return self._op("eq", o)
+    def ne(self, o): return self._op("ne", o)
+
+    # unary
+    def exp(self): return self._op("exp")
+    def log(self): return self._op("log")
+    def sqrt(self): return self._op("sqrt")
+    def rsqrt(self): return self._op("rsqrt")
+    def recip(self): return self._op("recip")
+    def silu(self): return self._op("silu")
+    def sigmoid(self): return self._op("sigmoid")
+    def tanh(self): return self._op("tanh")
+    def square(self): return self._op("square")
+    def cos(self): return self._op("cos")
+    def sin(self): return self._op("sin")
+    def abs(self): return self._op("abs")
+    def cast(self, dtype): return self._op("cast", dtype=dtype)
+    def maximum(self, o): return self._op("max", o)
+    def minimum(self, o): return self._op("min", o)
+
+    # reductions
+    def sum(self, axis: int = -1, keepdim: bool = False):
+        return self._op("reduce", op="sum", axis=axis % self.rank, keepdim=keepdim)
+
+    def max(self, axis: int = -1, keepdim: bool = False):
+        return self._op("reduce", op="max", axis=axis % self.rank, keepdim=keepdim)
+
+    def min(self, axis: int = -1, keepdim: bool = False):
+        return self._op("reduce", op="min", axis=axis % self.rank, keepdim=keepdim)
+
+    def mean(self, axis: int = -1, keepdim: bool = False):
+        n = self.shape[axis % self.rank]
+        count = _lift(self, float(n)) if n.is_number else self.graph.add("size", value=n, dtype=self.dtype)
+        return self.sum(axis, keepdim) / count
+
+    # layout
+    @property
+    def T(self):
+        return self.transpose(-2, -1)
+
+    def transpose(self, a: int, b: int):
+        perm = list(range(self.rank))
+        perm[a % self.rank], perm[b % self.rank] = perm[b % self.rank], perm[a % self.rank]
+        return self.permute(*perm)
+
+    def permute(self, *perm: int):
+        return self._op("permute", perm=perm)
+
+    def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return self._op("reshape", shape=shape)
+
+    def unsqueeze(self, axis: int):
+        axis = axis % (self.rank + 1)
+        return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
+
+    def broadcast_to(self, shape: Sequence):
+        return self._op("broadcast", shape=shape)
+
+    def split(self, axis: int, count, pad=None):
+        return self._op("split", axis=axis % self.rank, count=count, pad=pad)
+
+    def slice(self, axis: int, start, stop):
+        return self._op("slice", axis=axis % self.rank, start=start, stop=stop)
+
+    def __getitem__(self, index):
+        if not isinstance(index, tuple):
+            index = (index,)
+        out = self
+        for axis, sl in enumerate(index):
+            if sl is Ellipsis:
+                raise TypeError("use explicit axes instead of ... in a cleave slice")
+            if not isinstance(sl, slice) or sl.step not in (None, 1):
+                raise TypeError(f"cleave slices take start:stop on each axis, got {sl!r}")
+            if sl.start is None and sl.stop is None:
+                continue
+            start = 0 if sl.start is None else sl.start
+            stop = out.shape[axis] if sl.stop is None else sl.stop
+            out = out.slice(axis, start, stop)
+        return out

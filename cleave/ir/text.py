@@ -1,0 +1,147 @@
+"""The one textual form of a graph: printed for errors, snapshots and artifacts,
+and parsed back to an equal graph.
+
+    graph attention {
+      %0 = input(name="q", shape=[b,h,s,d], dtype=bf16) : bf16[b,h,s,d]
+      %3 = matmul(%0, %2) : bf16[b,h,s,s]
+      %4 = reduce(%3, op="max", axis=3, keepdim=1) : bf16[b,h,s,1]
+      return o=%9
+    }
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from . import dims as D
+from .errors import ParseError
+from .ops import SPECS
+
+
+def _fmt_value(kind: str, value) -> str:
+    if kind == "shape":
+        return D.fmt_shape(value).replace(" ", "")
+    if kind == "dim":
+        return D.fmt(value)
+    if kind == "ints":
+        return "[" + ",".join(str(v) for v in value) + "]"
+    if kind == "float":
+        if value is None:
+            return "none"
+        if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
+            return str(value)
+        return repr(value)
+    if kind == "str":
+        return json.dumps(value)
+    return str(value)
+
+
+def _order(graph):
+    inputs = list(graph.inputs.values())
+    return inputs + [n for n in graph.live_nodes() if n.op != "input"]
+
+
+def print_graph(graph, name: bool = True) -> str:
+    nodes = _order(graph)
+    ids = {n.id: k for k, n in enumerate(nodes)}
+    lines = [f"graph {graph.name if name else '_'} {{"]
+    for n in nodes:
+        spec = SPECS[n.op]
+        args = [f"%{ids[x.id]}" for x in n.inputs]
+        args += [f"{k}={_fmt_value(kind, n.attrs[k])}" for k, kind in spec.attrs]
+        lines.append(f"  %{ids[n.id]} = {n.op}({', '.join(args)}) : {n.dtype}{D.fmt_shape(n.shape).replace(' ', '')}")
+    outs = ", ".join(f"{nm}=%{ids[o.id]}" for nm, o in zip(graph.output_names, graph.outputs))
+    lines.append(f"  return {outs}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+_HEADER = re.compile(r"^graph\s+(\S+)\s*\{$")
+_NODE = re.compile(r"^%(\d+)\s*=\s*(\w+)\((.*)\)\s*:\s*(\w+)(\[.*\])$")
+_RETURN = re.compile(r"^return\s*(.*)$")
+
+
+def _split_args(text: str) -> list[str]:
+    out, depth, cur, quoted = [], 0, [], False
+    for ch in text:
+        if ch == '"' and (not cur or cur[-1] != "\\"):
+            quoted = not quoted
+        if not quoted:
+            if ch in "([":
+                depth += 1
+            elif ch in ")]":
+                depth -= 1
+            elif ch == "," and depth == 0:
+                out.append("".join(cur).strip())
+                cur = []
+                continue
+        cur.append(ch)
+    if "".join(cur).strip():
+        out.append("".join(cur).strip())
+    return out
+
+
+def _parse_value(kind: str, text: str):
+    if kind == "shape":
+        inner = text.strip()[1:-1].strip()
+        return tuple(D.dim(t) for t in _split_args(inner)) if inner else ()
+    if kind == "dim":
+        return D.dim(text)
+    if kind == "ints":
+        inner = text.strip()[1:-1].strip()
+        return tuple(int(t) for t in inner.split(",")) if inner else ()
+    if kind == "int":
+        return int(text)
+    if kind == "float":
+        if text == "none":
+            return None
+        return int(text) if re.fullmatch(r"-?\d+", text) else float(text)
+    if kind == "str":
+        return json.loads(text)
+    return text
+
+
+def parse_graph(text: str):
+    from .graph import Graph
+
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    if not lines or not _HEADER.match(lines[0]) or lines[-1] != "}":
+        raise ParseError("a graph starts with 'graph NAME {' and ends with '}'")
+    graph = Graph(_HEADER.match(lines[0]).group(1))
+    nodes = {}
+    for lineno, line in enumerate(lines[1:-1], start=2):
+        ret = _RETURN.match(line)
+        if ret:
+            pairs = [p.split("=") for p in _split_args(ret.group(1))]
+            try:
+                graph.output(*(nodes[int(v.strip()[1:])] for _, v in pairs), names=[k.strip() for k, _ in pairs])
+            except (KeyError, ValueError) as err:
+                raise ParseError(f"line {lineno}: bad return {line!r}: {err}") from None
+            continue
+        m = _NODE.match(line)
+        if not m:
+            raise ParseError(f"line {lineno}: cannot read {line!r}")
+        nid, op, args, dtype, shape = m.groups()
+        spec = SPECS.get(op)
+        if spec is None:
+            raise ParseError(f"line {lineno}: unknown op {op!r}")
+        kinds = dict(spec.attrs)
+        operands, attrs = [], {}
+        for arg in _split_args(args):
+            if arg.startswith("%"):
+                ref = int(arg[1:])
+                if ref not in nodes:
+                    raise ParseError(f"line {lineno}: %{ref} is used before it is defined")
+                operands.append(nodes[ref])
+            else:
+                key, _, value = arg.partition("=")
+                if key not in kinds:
+                    raise ParseError(f"line {lineno}: {op} has no attribute {key!r}")
+                attrs[key] = _parse_value(kinds[key], value.strip())
+        node = graph.input(**attrs) if op == "input" else graph.add(op, *operands, **attrs)
+        printed = f"{node.dtype}{D.fmt_shape(node.shape).replace(' ', '')}"
+        if printed != f"{dtype}{shape.replace(' ', '')}":
+            raise ParseError(f"line {lineno}: %{nid} is annotated {dtype}{shape} but infers {printed}")
+        nodes[int(nid)] = node
+    return graph

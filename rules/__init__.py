@@ -1,0 +1,1 @@
+"""The rule library (installed as cleave.rules)."""

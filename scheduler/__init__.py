@@ -1,0 +1,1 @@
+"""The scheduler and Triton codegen (installed as cleave.scheduler)."""

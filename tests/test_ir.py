@@ -1,0 +1,86 @@
+"""The IR: shape inference, errors that name the op and shapes, text round trip, hashing."""
+import pytest
+
+from cleave.ir import BindingError, Graph, ParseError, ShapeError, parse_graph
+
+
+def _attention():
+    g = Graph("attn")
+    q = g.input("q", ("b", "h", "s", "d"), "bf16")
+    k = g.input("k", ("b", "h", "L", "d"), "bf16")
+    v = g.input("v", ("b", "h", "L", "d"), "bf16")
+    s = q @ k.T
+    e = (s - s.max(-1, keepdim=True)).exp()
+    return g.output((e @ v) / e.sum(-1, keepdim=True), names=["o"])
+
+
+def test_shapes_are_symbolic():
+    g = _attention()
+    assert [str(d) for d in g.outputs[0].shape] == ["b", "h", "s", "d"]
+    assert [s.name for s in g.symbols()] == ["L", "b", "d", "h", "s"]
+
+
+def test_matmul_error_names_op_operands_and_dims():
+    g = Graph()
+    a = g.input("a", ("m", "k"))
+    b = g.input("b", ("n", "k"))
+    with pytest.raises(ShapeError, match=r"matmul: operand 0 has shape \[m, k\], operand 1 has shape \[n, k\]: "
+                                         r"contracted dims k vs n"):
+        a @ b
+
+
+def test_broadcast_error_names_dim():
+    g = Graph()
+    a = g.input("a", ("b", "s"))
+    c = g.input("c", ("b", "L"))
+    with pytest.raises(ShapeError, match=r"add: .*\[b, s\].*\[b, L\]: dim 1 is s vs L"):
+        a + c
+
+
+def test_hash_consing_shares_equal_nodes():
+    g = Graph()
+    x = g.input("x", ("n",))
+    assert x.exp() is x.exp()
+    assert (x + 1.0) is not (x + 2.0)
+
+
+def test_round_trip_and_structural_hash():
+    g = _attention()
+    back = parse_graph(g.text())
+    assert back.text() == g.text()
+    assert back.key() == g.key() == _attention().key()
+    other = Graph("attn")
+    q = other.input("q", ("b", "h", "s", "d"), "bf16")
+    other.output(q.exp())
+    assert other.key() != g.key()
+
+
+def test_parse_rejects_wrong_annotation():
+    text = _attention().text().replace(": bf16[b,h,s,L]", ": bf16[b,h,L,s]", 1)
+    with pytest.raises(ParseError, match="annotated"):
+        parse_graph(text)
+
+
+def test_split_records_divisibility_only_without_pad():
+    g = Graph()
+    x = g.input("x", ("b", "L"))
+    exact = x.split(1, "c")
+    assert [str(d) for d in exact.shape] == ["b", "c", "L/c"]
+    assert any(c.kind == "divides" for c in g.constraints)
+    g2 = Graph()
+    padded = g2.input("x", ("b", "L")).split(1, "c", pad=0.0)
+    assert str(padded.shape[2]) == "ceiling(L/c)"
+    assert not g2.constraints
+    g.bind({"x": (2, 12)}, extra={"c": 4})
+    with pytest.raises(BindingError, match=r"c \| L"):
+        g.bind({"x": (2, 10)}, extra={"c": 4})
+
+
+def test_bind_solves_product_dims_and_reports_mismatch():
+    g = Graph()
+    q = g.input("q", ("b", "hkv*g", "d"))
+    k = g.input("k", ("b", "hkv", "d"))
+    g.output(q.reshape("b", "hkv", "g", "d") + k.unsqueeze(2))
+    assert g.bind({"q": (2, 12, 5), "k": (2, 3, 5)}) == {"b": 2, "hkv": 3, "d": 5, "g": 4}
+    with pytest.raises(BindingError, match="input 'k' dim 0"):
+        g.bind({"q": (2, 12, 5), "k": (3, 3, 5)})
