@@ -1,4 +1,5 @@
 """The IR: graphs of tensor ops over symbolic dimensions. Depends on nothing else in cleave."""
+from .contracts import Candidate, RuleInstance, Separable
 from .dims import Dim, cdiv, dim, shape, symbol
 from .dtypes import DType, dtype
 from .errors import BindingError, CleaveError, ParseError, ShapeError
@@ -6,6 +7,6 @@ from .graph import Constraint, Graph, Node, rebuild
 from .text import parse_graph, print_graph
 
 __all__ = [
-    "BindingError", "CleaveError", "Constraint", "DType", "Dim", "Graph", "Node", "ParseError",
+    "BindingError", "Candidate", "CleaveError", "Constraint", "DType", "Dim", "Graph", "Node", "ParseError", "RuleInstance", "Separable",
     "ShapeError", "cdiv", "dim", "dtype", "parse_graph", "print_graph", "rebuild", "shape", "symbol",
 ]
