@@ -1,0 +1,87 @@
+"""Where compiled operators live on disk, and the key that names one.
+
+The directory is the user cache dir (platformdirs) unless `CLEAVE_CACHE_DIR` is
+set. The key hashes everything that may change the generated code: the graph's
+structural hash, its dynamic axes, the device, and the cleave/triton/torch versions.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("CLEAVE_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("cleave"))
+
+
+def device_name(device: torch.device | str | None = None) -> str:
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+def versions() -> dict[str, str]:
+    import triton
+
+    from .. import __version__
+
+    return {"cleave": __version__, "triton": triton.__version__, "torch": torch.__version__}
+
+
+def key_fields(graph_key: str, dynamic: set[str], device: str) -> dict:
+    return {"graph": graph_key, "dynamic": sorted(dynamic), "device": device, **versions()}
+
+
+def operator_key(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def entry_dir(key: str) -> Path:
+    return cache_dir() / key
+
+
+def entries() -> list[dict]:
+    """One summary per cached operator (for `cleave cache ls`); unreadable ones are marked."""
+    from .artifact import ArtifactError, read_json
+
+    root = cache_dir()
+    out = []
+    if not root.is_dir():
+        return out
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+        try:
+            body = read_json(d / "operator.json")
+            out.append({"key": d.name, "name": body["name"], "device": body["fields"]["device"],
+                        "dynamic": body["fields"]["dynamic"], "specs": len(list(d.glob("spec-*"))),
+                        "bytes": size, "ok": True})
+        except (ArtifactError, KeyError):
+            out.append({"key": d.name, "name": "?", "device": "?", "dynamic": [], "specs": 0,
+                        "bytes": size, "ok": False})
+    return out
+
+
+def clear() -> int:
+    """Remove every cached operator; returns how many were removed."""
+    root = cache_dir()
+    if not root.is_dir():
+        return 0
+    count = 0
+    for d in root.iterdir():
+        if d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
+            count += 1
+        else:
+            d.unlink(missing_ok=True)
+    return count

@@ -1,0 +1,48 @@
+"""State shared by everything one compiled function (or the torch backend) runs:
+the operators it built, keyed by cache key so that a recapture of the same graph
+(a dynamo recompile, a new static shape) reuses the operator and does no new
+search; the unsupported ops already warned about; and the launch log that
+`explain` reads."""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..ir import Graph
+from .operator import STAT_KEYS, CompiledOperator
+
+
+class Context:
+    def __init__(self, device: str | torch.device | None = None, top_k: int = 4):
+        self.device = torch.device(device) if device else None
+        self.top_k = top_k
+        self.operators: dict[str, CompiledOperator] = {}
+        self.warned: set[str] = set()
+        self.eager_regions = 0
+        self.log: list | None = None  # a list while explain runs: (operator, spec, plan, shapes) per launch
+
+    def operator(self, graph: Graph, dynamic: set[str], device: torch.device) -> CompiledOperator:
+        op = CompiledOperator(graph, dynamic, self.device or device, self.top_k)
+        return self.operators.setdefault(op.key, op)
+
+    def run(self, op: CompiledOperator, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        if self.log is not None:
+            plan, spec = op.select(inputs)
+            self.log.append((op, spec, plan, {k: list(v.shape) for k, v in inputs.items()}))
+        return op(inputs)
+
+    def warn_unsupported(self, op: str, where: str) -> None:
+        if op not in self.warned:
+            self.warned.add(op)
+            warnings.warn(f"cleave: {op} is not supported; it runs eagerly in {where} (graph break)", stacklevel=3)
+
+    def stats(self) -> dict:
+        out = {k: 0 for k in STAT_KEYS if k != "calls"}
+        for op in self.operators.values():
+            for k in out:
+                out[k] += op.stats[k]
+        out["operators"] = len(self.operators)
+        out["graph_breaks"] = self.eager_regions
+        out["unsupported"] = sorted(self.warned)
+        return out

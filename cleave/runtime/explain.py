@@ -1,0 +1,101 @@
+"""`cleave.explain(compiled, *args)`: what cleave did for one call, as a report.
+
+The call is run once with the launch log on, so the report shows exactly the
+operators and plans that served these shapes (and compiles them if needed).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import CleaveError
+
+
+@dataclass
+class KernelInfo:
+    operator: str
+    name: str
+    grid: str
+    source: str
+
+
+@dataclass
+class OperatorReport:
+    name: str
+    graph: str
+    candidate: str
+    derivation: list[str]
+    cost: str
+    split: object
+    tiles: object
+    plan_cost: object
+    kernels: list[KernelInfo]
+    dynamic: list[str]
+    shapes: dict[str, list[int]]
+    search_seconds: float
+    compile_seconds: float
+    search_stats: dict
+    from_cache: bool
+    key: str
+
+
+@dataclass
+class Report:
+    operators: list[OperatorReport]
+    stats: dict
+    graph_breaks: int
+    unsupported: list[str] = field(default_factory=list)
+
+    @property
+    def kernels(self) -> list[KernelInfo]:
+        """One entry per kernel launched by the call, in launch order."""
+        return [k for op in self.operators for k in op.kernels]
+
+    def __str__(self) -> str:
+        lines = [f"cleave explain: {len(self.operators)} operator(s), {len(self.kernels)} kernel launch(es), "
+                 f"{self.graph_breaks} graph break(s)"]
+        if self.unsupported:
+            lines.append("eager (unsupported): " + ", ".join(self.unsupported))
+        for i, op in enumerate(self.operators):
+            lines += [
+                "", f"== operator {i}: {op.name}  (cache key {op.key}, {'from cache' if op.from_cache else 'built now'})",
+                "shapes: " + ", ".join(f"{k}={v}" for k, v in op.shapes.items())
+                + ("   dynamic: " + ", ".join(op.dynamic) if op.dynamic else "   (all static)"),
+                f"search: {op.search_seconds:.2f}s   schedule+codegen: {op.compile_seconds:.2f}s"
+                + ("   " + ", ".join(f"{k}={v}" for k, v in op.search_stats.items()) if op.search_stats else ""),
+                "-- captured graph", op.graph.rstrip(),
+                f"-- chosen candidate (cost {op.cost})", op.candidate.rstrip(),
+                "derivation: " + (" -> ".join(op.derivation) if op.derivation else "(none: the graph as written)"),
+                f"-- schedule: split={op.split} tiles={op.tiles} kernels={len(op.kernels)} cost={op.plan_cost}",
+            ]
+            for k in op.kernels:
+                lines += [f"-- kernel {k.name}  grid={k.grid}", k.source.rstrip()]
+        return "\n".join(lines)
+
+
+def explain(compiled, *args) -> Report:
+    from .compile import CompiledFunction
+
+    if not isinstance(compiled, CompiledFunction):
+        raise CleaveError(f"explain takes what cleave.compile returns, not {type(compiled).__name__}")
+    ctx = compiled.ctx
+    ctx.log = []
+    try:
+        compiled(*args)
+        log = ctx.log
+    finally:
+        ctx.log = None
+    reports = [_operator_report(op, spec, plan, shapes) for op, spec, plan, shapes in log]
+    stats = compiled.stats
+    return Report(reports, stats, stats["graph_breaks"], stats["unsupported"])
+
+
+def _operator_report(op, spec, plan, shapes) -> OperatorReport:
+    cand = op.candidates[spec.candidate]
+    kernels = [KernelInfo(op.graph.name, k.name, str(k.grid), k.source) for k in plan.kernels]
+    return OperatorReport(
+        name=op.graph.name, graph=op.graph.text(), candidate=cand.graph.text(), derivation=list(cand.derivation),
+        cost=str(cand.cost), split=getattr(plan, "split", None), tiles=getattr(plan, "tiles", None),
+        plan_cost=getattr(plan, "cost", None), kernels=kernels, dynamic=sorted(op.dynamic),
+        shapes=shapes,
+        search_seconds=op.stats["search_seconds"], compile_seconds=op.stats["compile_seconds"],
+        search_stats=op.search_stats, from_cache=spec.from_cache, key=op.key)

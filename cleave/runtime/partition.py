@@ -1,0 +1,182 @@
+"""Graph breaks at the torch.fx level: split an FX graph into maximal runs of
+supported nodes (in topological order) and unsupported ones; each supported run is
+captured and compiled as one operator, each unsupported run executes eagerly.
+
+Which nodes are unsupported is learnt from the frontend: capture raises
+UnsupportedOpError naming the op, the nodes of that op are cut out, and the
+remaining runs are captured again, recursively. A run whose failing op cannot be
+located among its nodes (a torch-level node that lowers to the failing aten op
+under another name) runs eagerly as a whole, so results stay correct.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+from torch.fx.passes.split_module import split_module
+
+from ..ir import CleaveError
+from .context import Context
+
+
+def op_name(target) -> str:
+    """The base name of an op, comparable across levels: torch.sort, 'sort' (a method),
+    aten.sort.stable and 'aten::sort' all give 'sort'."""
+    if isinstance(target, str):
+        text = target
+    elif hasattr(target, "_schema"):
+        text = target._schema.name
+    else:
+        text = getattr(target, "__name__", str(target))
+    text = text.replace("::", ".")
+    parts = [p for p in text.split(".") if p]
+    if parts and parts[0] in ("aten", "torch", "prims", "Tensor", "F", "functional", "nn"):
+        parts = parts[1:]
+    return (parts[0] if parts else text).rstrip("_") or text
+
+
+def _compute_nodes(gm: torch.fx.GraphModule):
+    return [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+
+
+def _unsupported_nodes(gm, names: set[str]) -> set[torch.fx.Node]:
+    """Nodes of an unsupported op, plus the tuple projections (getitem) of them."""
+    bad: set[torch.fx.Node] = set()
+    for n in gm.graph.nodes:
+        if n.op in ("call_function", "call_method") and op_name(n.target) in names:
+            bad.add(n)
+        elif n.op == "call_function" and n.args and isinstance(n.args[0], torch.fx.Node) and n.args[0] in bad \
+                and op_name(n.target) == "getitem":
+            bad.add(n)
+    return bad
+
+
+def build(gm: torch.fx.GraphModule, ctx: Context, unsupported: set[str] = frozenset()):
+    """A callable running gm: one compiled region, or a split module of regions."""
+    bad = _unsupported_nodes(gm, set(unsupported))
+    if not bad:
+        return Region(gm, ctx, unsupported)
+    ids, current, previous = {}, 0, None
+    for n in _compute_nodes(gm):
+        ok = n not in bad
+        if previous is not None and ok != previous:
+            current += 1
+        previous, ids[n] = ok, (current, ok)
+    if not ids:
+        return gm
+    kinds = {f"submod_{i}": ok for i, ok in ids.values()}
+    split = split_module(gm, None, lambda n: ids[n][0] if n in ids else 0)
+    for name, ok in kinds.items():
+        sub = getattr(split, name, None)
+        if sub is None:
+            continue
+        if ok:
+            setattr(split, name, _Callable(Region(sub, ctx, unsupported)))
+        else:
+            ctx.eager_regions += 1
+    return split
+
+
+class _Callable(torch.nn.Module):
+    """Lets a plain callable sit where split_module expects a submodule."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+class Region:
+    """A supported run of FX nodes, captured and compiled on its first call per
+    static signature (the non-dynamic dims, dtypes, and the int inputs it reads)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, ctx: Context, unsupported=frozenset()):
+        self.gm, self.ctx, self.unsupported = gm, ctx, set(unsupported)
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        self.tuple_output = isinstance(out, (tuple, list))
+        self.dynamic = {p.name: _dynamic_axes(p) for p in self.placeholders}
+        self.runners: dict[tuple, object] = {}
+
+    def signature(self, args) -> tuple:
+        sig = []
+        for p, a in zip(self.placeholders, args):
+            if isinstance(a, torch.Tensor):
+                dyn = self.dynamic.get(p.name, {})
+                sig.append((a.dtype, a.device.type, tuple(-1 if i in dyn else s for i, s in enumerate(a.shape))))
+            else:
+                sig.append(a if p.users else None)  # an unused int (a SymInt dynamo passes along) is not a specialization
+        return tuple(sig)
+
+    def __call__(self, *args):
+        sig = self.signature(args)
+        runner = self.runners.get(sig)
+        if runner is None:
+            runner = self.runners[sig] = self._build(args)
+        return runner(*args)
+
+    def _build(self, args):
+        from ..frontends import UnsupportedOpError
+        from .. import capture
+
+        dynamic = {p.name: axes for p, axes in self.dynamic.items() if axes}
+        try:
+            graph = capture(self.gm, *args, dynamic=dynamic or None, name=_name(self.gm))
+        except UnsupportedOpError as err:
+            self.ctx.warn_unsupported(err.op, _name(self.gm))
+            name = op_name(err.op)
+            if name in self.unsupported or not _unsupported_nodes(self.gm, {name}):
+                self.ctx.eager_regions += 1
+                return self.gm
+            return build(self.gm, self.ctx, self.unsupported | {name})
+        symbols = {sym for axes in dynamic.values() for sym in axes.values()}
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        op = self.ctx.operator(graph, symbols, device)  # search and schedule run lazily, on its first call
+        return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, _name(self.gm))
+
+
+class Launcher:
+    """Feeds arguments to an operator by input name and shapes the result like the
+    code it replaces. If cleave cannot build the operator (no candidate schedules),
+    it warns once and runs that code eagerly from then on."""
+
+    def __init__(self, op, ctx: Context, names, tuple_output: bool, eager, where: str):
+        self.op, self.ctx, self.names, self.tuple_output = op, ctx, names, tuple_output
+        self.eager_fn, self.where, self.failed = eager, where, False
+        self.graph_inputs = list(op.graph.inputs)
+        self.by_name = set(self.graph_inputs) <= set(names)
+
+    def __call__(self, *args):
+        if self.failed:
+            return self.eager_fn(*args)
+        if self.by_name:
+            given = dict(zip(self.names, args))
+            inputs = {k: given[k] for k in self.graph_inputs}
+        else:
+            inputs = dict(zip(self.graph_inputs, [a for a in args if isinstance(a, torch.Tensor)]))
+        try:
+            outs = self.ctx.run(self.op, inputs)
+        except CleaveError as err:
+            self.ctx.warn_unsupported(f"{self.op.graph.name} ({err})", self.where)
+            self.ctx.eager_regions += 1
+            self.failed = True
+            return self.eager_fn(*args)
+        return tuple(outs) if self.tuple_output else outs[0]
+
+
+def _dynamic_axes(placeholder: torch.fx.Node) -> dict[int, str]:
+    """Axes dynamo made symbolic (mark_dynamic, or automatic dynamic), named after their SymInt."""
+    value = placeholder.meta.get("example_value", placeholder.meta.get("val"))
+    if not isinstance(value, torch.Tensor):
+        return {}
+    out = {}
+    for i, d in enumerate(value.shape):
+        if isinstance(d, torch.SymInt) and not d.node.is_nested_int():
+            expr = str(d)
+            out[i] = expr if expr.isidentifier() else "d_" + "".join(c if c.isalnum() else "_" for c in expr)
+    return out
+
+
+def _name(gm) -> str:
+    return getattr(gm, "_cleave_name", None) or type(gm).__name__
