@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BindingError", "CleaveError", "DType", "Graph", "ParseError", "ShapeError", "__version__",
-    "capture", "interpret", "parse_graph",
+    "capture", "compile", "explain", "interpret", "parse_graph",
 ]
 
 
@@ -19,3 +19,17 @@ def capture(fn, *example_inputs, dynamic=None, name=None):
     from .frontends.capture import capture as _capture
 
     return _capture(fn, *example_inputs, dynamic=dynamic, name=name)
+
+
+def compile(fn, dynamic=None, device=None, top_k=4):
+    """Compile `fn` once for every shape along its dynamic axes (see cleave.runtime.compile)."""
+    from .runtime.compile import compile as _compile
+
+    return _compile(fn, dynamic=dynamic, device=device, top_k=top_k)
+
+
+def explain(compiled, *args):
+    """Report what cleave did for one call of a compiled function (see cleave.runtime.explain)."""
+    from .runtime.explain import explain as _explain
+
+    return _explain(compiled, *args)

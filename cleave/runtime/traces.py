@@ -1,0 +1,99 @@
+"""FlashInfer-Trace files: operator definitions (JSON) and workloads (JSONL).
+
+A definition names its axes (`const` with a value, or `var`), its inputs and
+outputs with shapes written in axis names and dtypes, and a `reference`: Python
+source defining `run(...)`. Each workload line binds every var axis:
+`{"definition": NAME, "workload": {"uuid": ..., "axes": {...}, "inputs": {...}}}`.
+Definitions live in `definitions/NAME.json` beside the `workloads/` folder.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..ir import CleaveError
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+          "int32": torch.int32, "int64": torch.int64}
+
+
+class TraceError(CleaveError):
+    """A trace file does not follow the FlashInfer-Trace format."""
+
+
+def validate_definition(d: dict) -> None:
+    for key in ("name", "op_type", "axes", "inputs", "outputs", "reference"):
+        if key not in d:
+            raise TraceError(f"definition {d.get('name', '?')!r}: missing field {key!r}")
+    for axis, spec in d["axes"].items():
+        kind = spec.get("type")
+        if kind not in ("const", "var"):
+            raise TraceError(f"definition {d['name']}: axis {axis!r} has type {kind!r} (const or var)")
+        if kind == "const" and not (isinstance(spec.get("value"), int) and spec["value"] > 0):
+            raise TraceError(f"definition {d['name']}: const axis {axis!r} needs a positive int value")
+    for part in ("inputs", "outputs"):
+        for name, t in d[part].items():
+            unknown = [a for a in t.get("shape", []) if a not in d["axes"]]
+            if unknown:
+                raise TraceError(f"definition {d['name']}: {part[:-1]} {name!r} uses undeclared axes {unknown}")
+            if t.get("dtype") not in DTYPES:
+                raise TraceError(f"definition {d['name']}: {part[:-1]} {name!r} has dtype {t.get('dtype')!r}")
+    if "def run(" not in d["reference"]:
+        raise TraceError(f"definition {d['name']}: reference must define run(...)")
+
+
+def validate_workload(line: dict, definition: dict) -> None:
+    if line.get("definition") != definition["name"]:
+        raise TraceError(f"workload names definition {line.get('definition')!r}, not {definition['name']!r}")
+    w = line.get("workload") or {}
+    axes = w.get("axes", {})
+    var = {a for a, s in definition["axes"].items() if s["type"] == "var"}
+    if set(axes) != var:
+        raise TraceError(f"workload {w.get('uuid')}: binds {sorted(axes)}, the var axes are {sorted(var)}")
+    bad = [a for a, v in axes.items() if not (isinstance(v, int) and v > 0)]
+    if bad:
+        raise TraceError(f"workload {w.get('uuid')}: axes {bad} are not positive ints")
+    if set(w.get("inputs", {})) != set(definition["inputs"]):
+        raise TraceError(f"workload {w.get('uuid')}: inputs {sorted(w.get('inputs', {}))} do not match the definition")
+
+
+def load_definition(path: Path) -> dict:
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise TraceError(f"cannot read definition {path}: {err}") from None
+    validate_definition(d)
+    return d
+
+
+def load_trace(path: str | Path) -> tuple[dict, list[dict]]:
+    """(definition, workload lines) of a JSONL trace; the definition is found in
+    ../definitions/NAME.json relative to the JSONL file."""
+    path = Path(path)
+    try:
+        lines = [json.loads(t) for t in path.read_text().splitlines() if t.strip()]
+    except FileNotFoundError:
+        raise TraceError(f"no trace file {path}") from None
+    except ValueError as err:
+        raise TraceError(f"{path} is not JSONL: {err}") from None
+    if not lines:
+        raise TraceError(f"{path} holds no workloads")
+    name = lines[0].get("definition")
+    definition = load_definition(path.parent.parent / "definitions" / f"{name}.json")
+    for line in lines:
+        validate_workload(line, definition)
+    return definition, lines
+
+
+def axis_values(definition: dict, binding: dict[str, int]) -> dict[str, int]:
+    values = {a: s["value"] for a, s in definition["axes"].items() if s["type"] == "const"}
+    return {**values, **binding}
+
+
+def reference_fn(definition: dict):
+    """The definition's `run` function (the trace's own reference code)."""
+    scope: dict = {}
+    exec(compile(definition["reference"], f"<reference of {definition['name']}>", "exec"), scope)
+    return scope["run"]
