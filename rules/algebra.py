@@ -1,0 +1,12 @@
+"""Algebra: field laws the other families lean on."""
+from .dsl import parse_rules
+
+RULES = parse_rules("""
+family algebra
+
+rule div-div-cancel: div(div(x, c), div(y, c)) => div(x, y)
+  why: a common divisor cancels: (x/c) / (y/c) = x/y
+
+rule div-mul-assoc: div(mul(x, y), c) => mul(x, div(y, c))
+  why: multiplication and division associate: (x*y)/c = x*(y/c)
+""", source=__file__)

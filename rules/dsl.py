@@ -1,0 +1,269 @@
+"""The cleave rule DSL: each rewrite rule is written once, as text, and compiled
+both to egglog (by cleave.search) and to IR graph instances (for cleave.verify).
+
+A rule file holds blocks like
+
+    family normalization
+
+    rule rowscale-after-matmul: matmul(mul(x, c), y) => mul(matmul(x, y), c)
+      if flat(c, -1)
+      why: a per-row scale commutes with contracting the row's columns
+
+Patterns use the search's tensor terms (see OPS): IR ops, plus `squeeze`,
+`unsqueeze` and `swap` for the axis bookkeeping a split needs. Axes count from
+the right (-1 is the last axis), so broadcasting never shifts them. Lower-case
+names are pattern variables; `a`, `b` in axis positions are axis variables and
+may carry an offset (`a-1`). Conditions:
+
+    flat(c, a)          c has extent 1 along axis a, or lacks it (c is constant along a)
+    splittable(x, a)    axis a of x is reducible: its dim is absent from the graph's outputs
+    extent(n, x, a)     the scalar n equals the extent of axis a of x
+    nonempty(x, a)      a binding must leave no split chunk of axis a of x all padding
+                        (a constraint on the split count, recorded on the candidate graph)
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from cleave.ir import CleaveError, RuleInstance
+
+UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "recip", "square", "silu", "sigmoid", "tanh", "cos", "sin", "abs")
+BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
+REDUCE = {"rsum": "sum", "rmax": "max", "rmin": "min"}
+# name -> argument kinds: t tensor, a axis, k int, p pad
+OPS = {**{u: "t" for u in UNARY}, **{b: "tt" for b in BINARY}, **{r: "ta" for r in REDUCE},
+       "where": "ttt", "matmul": "tt", "split": "tap", "squeeze": "ta", "unsqueeze": "ta", "swap": "t",
+       "topk_values": "tka", "topk_indices": "tka"}
+CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta"}
+PADS = {"-inf": float("-inf"), "0": 0.0}
+
+
+class RuleError(CleaveError):
+    """A rule's text is malformed, or it cannot be instantiated."""
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+
+
+@dataclass(frozen=True)
+class Axis:
+    """An axis counted from the right: a literal (`var` None) or a variable plus offset."""
+    var: str | None
+    offset: int = 0
+
+    def value(self, env: dict[str, int]) -> int:
+        return self.offset + (env[self.var] if self.var else 0)
+
+    def __str__(self) -> str:
+        if self.var is None:
+            return str(self.offset)
+        return self.var + (f"{self.offset:+d}" if self.offset else "")
+
+
+@dataclass(frozen=True)
+class Term:
+    """A pattern (or a concrete search term): op and its arguments in OPS order."""
+    op: str
+    args: tuple
+
+    def __str__(self) -> str:
+        return f"{self.op}({', '.join(str(a) for a in self.args)})"
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A concrete node outside the rewritable vocabulary (inputs, consts, opaque ops), by key."""
+    key: int
+    args: tuple = ()
+
+    def __str__(self) -> str:
+        return f"leaf{self.key}" + (f"({', '.join(str(a) for a in self.args)})" if self.args else "")
+
+
+@dataclass(frozen=True)
+class Condition:
+    kind: str
+    args: tuple
+
+    def __str__(self) -> str:
+        return f"{self.kind}({', '.join(str(a) for a in self.args)})"
+
+
+@dataclass
+class Rule:
+    name: str
+    family: str
+    reason: str
+    lhs: Term
+    rhs: Term
+    conditions: list[Condition] = field(default_factory=list)
+    source: str = ""
+
+    def variables(self) -> list[str]:
+        """Tensor variables in order of first appearance (lhs first)."""
+        out: list[str] = []
+        for t in (self.lhs, self.rhs, *self.conditions):
+            for v in _walk_vars(t):
+                if v not in out:
+                    out.append(v)
+        return out
+
+    def axis_vars(self) -> list[str]:
+        out: list[str] = []
+        for t in (self.lhs, self.rhs, *self.conditions):
+            for a in _walk_axes(t):
+                if a.var and a.var not in out:
+                    out.append(a.var)
+        return out
+
+    def text(self) -> str:
+        cond = f"\n  if {' and '.join(str(c) for c in self.conditions)}" if self.conditions else ""
+        return f"rule {self.name}: {self.lhs} => {self.rhs}{cond}\n  why: {self.reason}"
+
+    def instances(self) -> list[RuleInstance]:
+        from .instances import instantiate
+
+        return instantiate(self)
+
+    def __repr__(self) -> str:
+        return f"<rule {self.name} ({self.family})>"
+
+
+def _walk_vars(t):
+    if isinstance(t, Var):
+        yield t.name
+    elif isinstance(t, (Term, Condition)):
+        for a in t.args:
+            yield from _walk_vars(a)
+
+
+def _walk_axes(t):
+    if isinstance(t, Axis):
+        yield t
+    elif isinstance(t, (Term, Condition)):
+        for a in t.args:
+            yield from _walk_axes(a)
+
+
+def _parse_axis(node, where: str) -> Axis:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return Axis(None, node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        return Axis(None, -int(node.operand.value))
+    if isinstance(node, ast.Name):
+        return Axis(node.id)
+    if isinstance(node, ast.BinOp) and isinstance(node.left, ast.Name) and isinstance(node.right, ast.Constant):
+        sign = {ast.Sub: -1, ast.Add: 1}.get(type(node.op))
+        if sign:
+            return Axis(node.left.id, sign * int(node.right.value))
+    raise RuleError(f"{where}: cannot read an axis from {ast.unparse(node)!r} (use -1, a, a-1)")
+
+
+def _parse_arg(kind: str, node, where: str):
+    if kind == "t":
+        return _parse_term(node, where)
+    if kind == "a":
+        return _parse_axis(node, where)
+    if kind == "k":
+        if isinstance(node, ast.Name):
+            return Var(node.id)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        raise RuleError(f"{where}: a top-k count is a variable or an int, not {ast.unparse(node)!r}")
+    text = ast.unparse(node).replace(" ", "")
+    if text not in PADS:
+        raise RuleError(f"{where}: a split pad is one of {', '.join(PADS)}, not {text!r}")
+    return text
+
+
+def _parse_term(node, where: str):
+    if isinstance(node, ast.Name):
+        return Var(node.id)
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        raise RuleError(f"{where}: expected op(args) or a variable, got {ast.unparse(node)!r}")
+    op = node.func.id
+    if op not in OPS:
+        raise RuleError(f"{where}: unknown op {op!r}; known: {', '.join(OPS)}")
+    kinds = OPS[op]
+    if len(node.args) != len(kinds):
+        raise RuleError(f"{where}: {op} takes {len(kinds)} arguments, got {len(node.args)}")
+    return Term(op, tuple(_parse_arg(k, a, where) for k, a in zip(kinds, node.args)))
+
+
+def _parse_condition(text: str, where: str) -> Condition:
+    node = _expr(text, where)
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CONDITIONS):
+        raise RuleError(f"{where}: unknown condition {text!r}; known: {', '.join(CONDITIONS)}")
+    kinds = CONDITIONS[node.func.id]
+    if len(node.args) != len(kinds):
+        raise RuleError(f"{where}: {node.func.id} takes {len(kinds)} arguments")
+    args = tuple(Var(a.id) if k == "t" and isinstance(a, ast.Name) else _parse_arg(k, a, where)
+                 for k, a in zip(kinds, node.args))
+    if any(k == "t" and not isinstance(a, Var) for k, a in zip(kinds, args)):
+        raise RuleError(f"{where}: conditions name pattern variables, not terms")
+    return Condition(node.func.id, args)
+
+
+def _expr(text: str, where: str):
+    try:
+        return ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as err:
+        raise RuleError(f"{where}: cannot parse {text.strip()!r}: {err.msg}") from None
+
+
+_RULE = re.compile(r"^rule\s+([\w.-]+)\s*:\s*(.+)$")
+
+
+def parse_rules(text: str, family: str | None = None, source: str = "<rules>") -> list[Rule]:
+    """Read rule blocks; `family NAME` lines set the family of the rules after them."""
+    rules: list[Rule] = []
+    current = None
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        where = f"{source}:{lineno}"
+        if not line:
+            continue
+        if line.startswith("family "):
+            family = line.split(None, 1)[1].strip()
+            continue
+        m = _RULE.match(line)
+        if m:
+            if family is None:
+                raise RuleError(f"{where}: rule {m.group(1)} has no family (add a 'family NAME' line)")
+            if "=>" not in m.group(2):
+                raise RuleError(f"{where}: rule {m.group(1)} needs 'LHS => RHS'")
+            lhs, rhs = m.group(2).split("=>")
+            current = Rule(m.group(1), family, "", _parse_term(_expr(lhs, where), where),
+                           _parse_term(_expr(rhs, where), where), [], where)
+            rules.append(current)
+        elif current is None:
+            raise RuleError(f"{where}: expected 'rule NAME: LHS => RHS', got {line!r}")
+        elif line.startswith("if "):
+            current.conditions += [_parse_condition(c, where) for c in line[3:].split(" and ")]
+        elif line.startswith("why:"):
+            current.reason = line[4:].strip()
+        else:
+            raise RuleError(f"{where}: expected 'if ...' or 'why: ...' under rule {current.name}, got {line!r}")
+    for r in rules:
+        _check(r)
+    return rules
+
+
+def _check(rule: Rule) -> None:
+    if not rule.reason:
+        raise RuleError(f"{rule.source}: rule {rule.name} needs a one-line 'why:'")
+    lhs_vars = set(_walk_vars(rule.lhs))
+    extra = [v for v in _walk_vars(rule.rhs) if v not in lhs_vars]
+    if extra:
+        raise RuleError(f"{rule.source}: rule {rule.name}: rhs variable(s) {', '.join(sorted(set(extra)))} "
+                        "do not appear in the lhs")
+    lhs_axes = {a.var for a in _walk_axes(rule.lhs)}
+    extra = [a.var for a in _walk_axes(rule.rhs) if a.var and a.var not in lhs_axes]
+    if extra:
+        raise RuleError(f"{rule.source}: rule {rule.name}: rhs axis variable(s) {', '.join(sorted(set(extra)))} "
+                        "do not appear in the lhs")
+

@@ -1,0 +1,103 @@
+"""Lowering of search terms (rules/dsl.py) to IR nodes.
+
+The search's terms count axes from the right and use `squeeze`, `unsqueeze` and
+`swap` for a split's bookkeeping; here they become positional reduce, reshape and
+permute nodes of an ordinary IR graph. Both the rule instances (for the verifier)
+and the search's extracted candidates go through this one function.
+
+Precision: the search reasons in exact arithmetic (float casts are value
+identities and are dropped by the encoder). With `lowp` set (the graph fed
+f16/bf16 to its MatMuls) the policy is re-applied: MatMul operands are cast to
+`lowp`, every other op computes in f32.
+"""
+from __future__ import annotations
+
+import re
+
+import sympy
+
+from cleave.ir import Graph, Node, ShapeError
+from cleave.ir import dims as D
+from cleave.ir.dtypes import DType
+
+from .dsl import PADS, REDUCE, Axis, Leaf, RuleError, Term, Var
+
+LOW = (DType.f16, DType.bf16)
+
+
+def split_count(extent) -> sympy.Symbol:
+    """The one symbolic split count of an axis, named after its extent (L -> s_L)."""
+    name = re.sub(r"\W+", "_", D.fmt(extent)).strip("_") or "n"
+    return D.symbol(f"s_{name}")
+
+
+class Lowering:
+    def __init__(self, graph: Graph, variables=None, axes=None, ints=None, leaf=None, lowp: DType | None = None,
+                 what: str = "term"):
+        self.g = graph
+        self.variables = variables or {}
+        self.axes = axes or {}
+        self.ints = ints or {}
+        self.leaf = leaf
+        self.lowp = lowp
+        self.what = what
+        self.memo: dict = {}
+
+    def __call__(self, term) -> Node:
+        found = self.memo.get(term)
+        if found is None:
+            found = self.memo[term] = self._lower(term)
+        return found
+
+    def _axis(self, axis: Axis, rank: int, op: str, extra: int = 0) -> int:
+        a = axis.value(self.axes)
+        pos = rank + a
+        if a >= 1 - extra or pos < -extra:
+            raise RuleError(f"{self.what}: {op} axis {a} does not exist on an operand of rank {rank}")
+        return pos
+
+    def _f32(self, x: Node) -> Node:
+        return x.cast("f32") if self.lowp and x.dtype in LOW else x
+
+    def _mm(self, x: Node) -> Node:
+        return x.cast(self.lowp) if self.lowp and x.dtype.is_float and x.dtype != self.lowp else x
+
+    def _lower(self, t) -> Node:
+        if isinstance(t, Var):
+            return self.variables[t.name]
+        if isinstance(t, Leaf):
+            return self.leaf(t.key, [self(a) for a in t.args])
+        op, args = t.op, t.args
+        g = self.g
+        try:
+            if op == "matmul":
+                return g.add("matmul", self._mm(self(args[0])), self._mm(self(args[1])))
+            x = self._f32(self(args[0]))
+            if op in REDUCE:
+                return g.add("reduce", x, op=REDUCE[op], axis=self._axis(args[1], x.rank, op), keepdim=1)
+            if op == "squeeze":  # removes axis a-1 (extent 1)
+                pos = self._axis(args[1], x.rank, op) - 1
+                if pos < 0 or not D.is_one(x.shape[pos]):
+                    raise RuleError(f"{self.what}: squeeze of axis {pos} of shape {D.fmt_shape(x.shape)}")
+                if x.op == "reduce" and x.attrs["axis"] == pos and x.attrs["keepdim"]:
+                    return g.add("reduce", x.inputs[0], op=x.attrs["op"], axis=pos, keepdim=0)
+                return x.reshape(x.shape[:pos] + x.shape[pos + 1:])
+            if op == "unsqueeze":  # inserts an extent-1 axis left of axis a, when x has axis a
+                pos = x.rank + args[1].value(self.axes)
+                if pos < 0:
+                    return x
+                return x.reshape(x.shape[:pos] + (1,) + x.shape[pos:])
+            if op == "swap":
+                if x.rank < 3:
+                    raise RuleError(f"{self.what}: swap needs rank >= 3, got {D.fmt_shape(x.shape)}")
+                return x.transpose(-2, -3)
+            if op == "split":
+                pos = self._axis(args[1], x.rank, op)
+                return g.add("split", x, axis=pos, count=split_count(x.shape[pos]), pad=PADS[args[2]])
+            if op in ("topk_values", "topk_indices"):
+                k = self.ints[args[1].name] if isinstance(args[1], Var) else args[1]
+                return g.add("topk", x, k=k, axis=self._axis(args[2], x.rank, op), which=op.split("_")[1])
+            rest = [self._f32(self(a)) for a in args[1:]]
+            return g.add(op, x, *rest)
+        except ShapeError as err:
+            raise RuleError(f"{self.what}: {t.op}: {err}") from None

@@ -1,0 +1,11 @@
+"""RoPE: position rotations stay elementwise prologues of the QK MatMul, so
+attention with RoPE remains one fusable graph."""
+from .dsl import parse_rules
+
+RULES = parse_rules("""
+family rope
+
+rule scale-into-prologue: mul(matmul(x, y), c) => matmul(mul(x, c), y)
+  if flat(c, -1)
+  why: a per-row score scale folds into the elementwise prologue of the q tile, beside the rotation
+""", source=__file__)

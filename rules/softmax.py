@@ -1,0 +1,36 @@
+"""Rescale / softmax: safe softmax fuses through separability and online
+rescaling (RedFuser's incremental form), with the row max kept."""
+from .dsl import parse_rules
+
+RULES = parse_rules("""
+family rescale
+
+rule exp-sub-separate: exp(sub(x, c)) => mul(exp(x), exp(neg(c)))
+  why: exp(x - c) = exp(x) * exp(-c): with c constant along a reduced axis, a running c rescales by exp(c_old - c_new)
+
+rule normalize-after-matmul: matmul(div(x, c), y) => div(matmul(x, y), c)
+  if flat(c, -1)
+  why: a row divisor constant along the contracted axis commutes with the MatMul (softmax's division moves after P@V)
+
+rule softmax-shift: div(exp(sub(x, c)), rsum(exp(sub(x, c)), a)) => div(exp(sub(x, rmax(x, a))), rsum(exp(sub(x, rmax(x, a))), a))
+  if flat(c, a)
+  why: softmax is invariant to a shift constant along its axis; the row max is the safe one
+
+rule split-softmax-sum: rsum(exp(sub(x, c)), a) => squeeze(rsum(mul(rsum(exp(sub(split(x, a, -inf), rmax(split(x, a, -inf), a))), a), exp(sub(rmax(split(x, a, -inf), a), unsqueeze(c, a)))), a-1), a)
+  if splittable(x, a) and flat(c, a) and nonempty(x, a)
+  why: sum_a exp(x - c) = sum_chunks exp(m_i - c) * sum_chunk exp(x - m_i), m_i the chunk max; -inf padding adds exp(-inf) = 0
+
+rule split-softmax-matmul: matmul(exp(sub(x, c)), y) => squeeze(rsum(mul(matmul(swap(exp(sub(split(x, -1, -inf), rmax(split(x, -1, -inf), -1)))), split(y, -2, 0)), swap(exp(sub(rmax(split(x, -1, -inf), -1), unsqueeze(c, -1))))), -3), -2)
+  if splittable(x, -1) and flat(c, -1) and nonempty(x, -1)
+  why: exp(x - c) @ y = sum_chunks exp(m_i - c) * (exp(x_i - m_i) @ y_i): each chunk's partial output is rescaled by its max
+
+family softmax
+
+rule topk-softmax-values: topk_values(div(exp(sub(x, c)), rsum(exp(sub(x, c)), a)), k, a) => div(exp(sub(topk_values(x, k, a), c)), rsum(exp(sub(x, c)), a))
+  if flat(c, a)
+  why: x -> exp(x - c)/l with l > 0 is strictly increasing along a, so it commutes with top-k
+
+rule topk-softmax-indices: topk_indices(div(exp(sub(x, c)), rsum(exp(sub(x, c)), a)), k, a) => topk_indices(x, k, a)
+  if flat(c, a)
+  why: a strictly increasing map along a keeps the order, so the top-k positions are those of the logits
+""", source=__file__)
