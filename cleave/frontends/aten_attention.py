@@ -1,0 +1,60 @@
+"""scaled_dot_product_attention, decomposed into the workloads' safe-softmax attention."""
+from __future__ import annotations
+
+import sympy
+
+from ..ir import dims as D
+from .aten_layout import matmul, repeat_interleave, swap
+from .aten_map import rule
+from .aten_reduce import safe_softmax
+
+NEG_INF = float("-inf")
+
+
+def _check(a, n):
+    if a.get("dropout_p", 0.0) != 0.0:
+        return "dropout_p must be 0"
+    if a.get("is_causal") and a.get("attn_mask") is not None:
+        return "attn_mask together with is_causal is not supported"
+    if a.get("enable_gqa"):
+        q, k = a["query"], a["key"]
+        if q.dim() < 3 or not isinstance(q.shape[-3], int) or not isinstance(k.shape[-3], int):
+            return "enable_gqa needs head counts that are static at capture"
+    return None
+
+
+@rule("scaled_dot_product_attention", check=_check)
+def _sdpa(t, node, a):
+    q, k, v = a["query"], a["key"], a["value"]
+    if a.get("enable_gqa") and not D.equal(q.shape[-3], k.shape[-3]):
+        groups = int(q.shape[-3] / k.shape[-3])
+        k = repeat_interleave(t, k, groups, k.rank - 3)
+        v = repeat_interleave(t, v, groups, v.rank - 3)
+    scores = matmul(t, q, swap(t, k, -2, -1))
+    if not scores.dtype.is_float or scores.dtype.value in ("bf16", "f16"):
+        scores = t.add("cast", scores, dtype="f32")  # softmax in f32, like the workloads
+    scores = t.add("mul", scores, _scale(t, a.get("scale"), q.shape[-1], scores.dtype))
+    rows, cols = scores.shape[-2], scores.shape[-1]
+    if a.get("is_causal"):
+        i = t.add("iota", shape=(rows, cols), axis=0, dtype="i64")
+        j = t.add("iota", shape=(rows, cols), axis=1, dtype="i64")
+        scores = t.add("where", t.add("le", j, i), scores, t.const(NEG_INF, scores.dtype))
+    mask = a.get("attn_mask")
+    if mask is not None:
+        if mask.dtype.value == "bool":
+            scores = t.add("where", mask, scores, t.const(NEG_INF, scores.dtype))
+        else:
+            scores = t.add("add", scores, mask)
+    probs = safe_softmax(t, scores, scores.rank - 1)
+    if probs.dtype != v.dtype:
+        probs = t.add("cast", probs, dtype=v.dtype)
+    return matmul(t, probs, v)
+
+
+def _scale(t, scale, head_dim, dtype):
+    """The user's scale, else 1/sqrt(head_dim) (a `size` node when head_dim is symbolic)."""
+    if scale is not None:
+        return t.const(float(scale), dtype)
+    if head_dim.is_number:
+        return t.const(float(1 / sympy.sqrt(head_dim)), dtype)
+    return t.add("rsqrt", t.add("size", value=head_dim, dtype=dtype))

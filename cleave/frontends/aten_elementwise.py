@@ -1,0 +1,178 @@
+"""Elementwise aten ops: arithmetic with tensors and scalars, comparisons, where,
+casts, fills, iota-built masks (arange, tril, triu)."""
+from __future__ import annotations
+
+import torch
+
+from .aten_map import rule
+
+_UNARY = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "neg": "neg", "reciprocal": "recip",
+          "silu": "silu", "sigmoid": "sigmoid", "tanh": "tanh", "square": "square", "cos": "cos", "sin": "sin",
+          "abs": "abs"}
+_BINARY = {"mul": "mul", "div": "div", "true_divide": "div", "maximum": "max", "minimum": "min",
+           "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne"}
+_POW_SPECIAL = {2: "square", 0.5: "sqrt", -1: "recip", -0.5: "rsqrt"}
+
+
+def _unary(t, node, a):
+    return t.add(_UNARY[node.target._schema.name.split("::")[-1]], a["self"])
+
+
+for _name in _UNARY:
+    rule(_name)(_unary)
+
+
+def binary(t, op, x, y):
+    """x op y where either side may be a scalar (lifted next to the other's dtype)."""
+    if not hasattr(x, "graph"):
+        x = t.lift(x, y)
+    return t.add(op, x, t.lift(y, x))
+
+
+def _binary(t, node, a):
+    return binary(t, _BINARY[node.target._schema.name.split("::")[-1]], a["self"], a["other"])
+
+
+for _name in _BINARY:
+    rule(_name, check=(lambda a, n: "rounding_mode must be None" if a.get("rounding_mode") else None)
+         if _name == "div" else None)(_binary)
+rule("max.other", "min.other")(lambda t, n, a: binary(t, "max" if "max" in str(n.target) else "min",
+                                                        a["self"], a["other"]))
+
+
+@rule("add", "sub")
+def _add_sub(t, node, a):
+    other = a["other"]
+    if a.get("alpha", 1) != 1:
+        other = binary(t, "mul", other, a["alpha"])
+    return binary(t, node.target._schema.name.split("::")[-1], a["self"], other)
+
+
+@rule("rsub")
+def _rsub(t, node, a):
+    x = a["self"] if a.get("alpha", 1) == 1 else binary(t, "mul", a["self"], a["alpha"])
+    return binary(t, "sub", a["other"], x)
+
+
+@rule("pow")
+def _pow(t, node, a):
+    base, exp = a["self"], a["exponent"]
+    if not hasattr(base, "graph"):  # pow.Scalar: number ** tensor
+        return binary(t, "pow", base, exp)
+    if isinstance(exp, (int, float)) and not isinstance(exp, bool):
+        if exp == 1:
+            return base
+        if exp in _POW_SPECIAL:
+            return t.add(_POW_SPECIAL[exp], base)
+    return binary(t, "pow", base, exp)
+
+
+@rule("relu")
+def _relu(t, node, a):
+    return binary(t, "max", a["self"], 0)
+
+
+@rule("clamp", "clamp_min", "clamp_max",
+      check=lambda a, n: "tensor bounds are not supported" if any(isinstance(a.get(k), torch.Tensor)
+                                                                  for k in ("min", "max")) else None)
+def _clamp(t, node, a):
+    x, low, high = a["self"], a.get("min"), a.get("max")
+    if low is not None:
+        x = binary(t, "max", x, low)
+    if high is not None:
+        x = binary(t, "min", x, high)
+    return x
+
+
+@rule("where")
+def _where(t, node, a):
+    x, y = a["self"], a["other"]
+    like = x if hasattr(x, "graph") else y if hasattr(y, "graph") else t.out_dtype(node)
+    return t.add("where", a["condition"], t.lift(x, like), t.lift(y, like))
+
+
+@rule("masked_fill")
+def _masked_fill(t, node, a):
+    x = a["self"]
+    return t.add("where", a["mask"], t.lift(a["value"], x), x)
+
+
+def _bool_only(a, n):
+    x = a["self"]
+    return None if getattr(x, "dtype", None) == torch.bool else f"only bool operands are supported, not {x.dtype}"
+
+
+@rule("logical_not")
+def _logical_not(t, node, a):
+    x = a["self"]
+    return t.add("eq", x, t.const(False, "bool") if x.dtype.value == "bool" else t.lift(0, x))
+
+
+rule("bitwise_not", check=_bool_only)(_logical_not)
+
+
+@rule("logical_and", "bitwise_and.Tensor", check=lambda a, n: _bool_only(a, n) or _bool_only({"self": a["other"]}, n))
+def _and(t, node, a):
+    return t.add("where", _truth(t, a["self"]), _truth(t, a["other"]), t.const(False, "bool"))
+
+
+@rule("logical_or", "bitwise_or.Tensor", check=lambda a, n: _bool_only(a, n) or _bool_only({"self": a["other"]}, n))
+def _or(t, node, a):
+    return t.add("where", _truth(t, a["self"]), t.const(True, "bool"), _truth(t, a["other"]))
+
+
+def _truth(t, x):
+    return x if x.dtype.value == "bool" else t.add("ne", x, t.lift(0, x))
+
+
+def _same(t, node, a):
+    """Casts and copies: the translator casts to torch's result dtype when it differs."""
+    return a["self"]
+
+
+rule("to", "_to_copy", "type_as", "clone", "contiguous", "alias", "detach", "lift_fresh_copy")(_same)
+
+
+@rule("dropout", check=lambda a, n: None if a["train"] is False or a["p"] == 0 else "dropout in training mode")
+def _dropout(t, node, a):
+    return a["input"]
+
+
+def fill(t, node, value):
+    """A tensor of torch's output shape holding one value."""
+    out = t.lift(value, t.out_dtype(node))
+    dtype = t.out_dtype(node)
+    if out.dtype != dtype:
+        out = t.add("cast", out, dtype=dtype)
+    shape = t.out_shape(node)
+    return t.add("broadcast", out, shape=shape) if shape else out
+
+
+rule("ones", "ones_like", "new_ones")(lambda t, n, a: fill(t, n, 1))
+rule("zeros", "zeros_like", "new_zeros")(lambda t, n, a: fill(t, n, 0))
+rule("full", "full_like", "new_full")(lambda t, n, a: fill(t, n, a["fill_value"]))
+rule("scalar_tensor")(lambda t, n, a: fill(t, n, a["s"]))
+
+
+@rule("arange", check=lambda a, n: None if a.get("step", 1) == 1 else "only step 1 is supported")
+def _arange(t, node, a):
+    start = a.get("start") or 0
+    out = t.add("iota", shape=t.out_shape(node), axis=0, dtype=t.out_dtype(node))
+    return out if start == 0 else binary(t, "add", out, start)
+
+
+def _tri(keep_lower: bool):
+    def fn(t, node, a):
+        x, diag = a["self"], a.get("diagonal", 0) or 0
+        rows, cols = x.shape[-2], x.shape[-1]
+        i = t.add("iota", shape=(rows, cols), axis=0, dtype="i64")
+        j = t.add("iota", shape=(rows, cols), axis=1, dtype="i64")
+        bound = i if diag == 0 else binary(t, "add", i, diag)
+        keep = t.add("le", j, bound) if keep_lower else t.add("ge", j, bound)
+        zero = t.const(False, "bool") if x.dtype.value == "bool" else t.lift(0, x)
+        return t.add("where", keep, x, zero)
+    return fn
+
+
+rule("tril")(_tri(True))
+rule("triu")(_tri(False))

@@ -1,0 +1,236 @@
+"""Layout and indexing aten ops: views, permutes, expands, repeats, slices, splits,
+cat/stack, gather/index_select/index/embedding, and the matmul family."""
+from __future__ import annotations
+
+from ..ir import dims as D
+from .aten_elementwise import binary
+from .aten_map import rule
+
+_BIG = 2 ** 62  # torch spells "to the end" as INT64_MAX
+
+
+def reshape(t, x, shape):
+    shape = tuple(shape)
+    if len(shape) == x.rank and all(D.equal(a, b) for a, b in zip(shape, x.shape)):
+        return x
+    return t.add("reshape", x, shape=shape)
+
+
+def permute(t, x, perm):
+    perm = [p % x.rank for p in perm]
+    return x if perm == list(range(x.rank)) else t.add("permute", x, perm=perm)
+
+
+def swap(t, x, a, b):
+    perm = list(range(x.rank))
+    if x.rank:
+        a, b = a % x.rank, b % x.rank
+        perm[a], perm[b] = perm[b], perm[a]
+    return permute(t, x, perm)
+
+
+def unsqueeze(t, x, axis):
+    return reshape(t, x, x.shape[:axis] + (D.dim(1),) + x.shape[axis:])
+
+
+def broadcast(t, x, shape):
+    return reshape(t, x, shape) if tuple(shape) == x.shape else t.add("broadcast", x, shape=tuple(shape))
+
+
+def repeat_interleave(t, x, repeats, axis):
+    """Each slice along axis repeated `repeats` times in place: insert an axis after
+    it, broadcast it to `repeats`, merge the two."""
+    if repeats == 1:
+        return x
+    wide = unsqueeze(t, x, axis + 1)
+    shape = list(wide.shape)
+    shape[axis + 1] = D.dim(repeats)
+    merged = list(x.shape)
+    merged[axis] = x.shape[axis] * repeats
+    return reshape(t, t.add("broadcast", wide, shape=tuple(shape)), merged)
+
+
+# Pure views: the output shape torch computed is the reshape target.
+rule("view", "_unsafe_view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze",
+     check=lambda a, n: "view as another dtype is not supported" if "dtype" in a and "size" not in a else None
+     )(lambda t, n, a: reshape(t, a["self"], t.out_shape(n)))
+rule("transpose.int", "swapaxes")(lambda t, n, a: swap(t, a["self"], a.get("dim0", a.get("axis0")),
+                                                       a.get("dim1", a.get("axis1"))))
+rule("t", "numpy_T", "mT")(lambda t, n, a: swap(t, a["self"], -2, -1) if a["self"].rank >= 2 else a["self"])
+rule("permute")(lambda t, n, a: permute(t, a["self"], a["dims"]))
+rule("expand", "expand_as", "broadcast_to")(lambda t, n, a: broadcast(t, a["self"], t.out_shape(n)))
+
+
+@rule("movedim.int")
+def _movedim(t, node, a):
+    x = a["self"]
+    order = [d for d in range(x.rank) if d != a["source"] % x.rank]
+    order.insert(a["destination"] % x.rank, a["source"] % x.rank)
+    return permute(t, x, order)
+
+
+@rule("repeat_interleave.self_int",
+      check=lambda a, n: None if isinstance(a["repeats"], int) else "repeats must be a Python int")
+def _repeat_interleave(t, node, a):
+    x = a["self"]
+    if a.get("dim") is None:
+        x = reshape(t, x, (t.out_shape(node)[0] / a["repeats"],))
+        return repeat_interleave(t, x, a["repeats"], 0)
+    return repeat_interleave(t, x, a["repeats"], a["dim"] % x.rank)
+
+
+@rule("repeat", check=lambda a, n: None if all(isinstance(r, int) for r in a["repeats"]) else "repeats must be ints")
+def _repeat(t, node, a):
+    """Tiling: out[..., i] = x[..., i % n]; a new axis of extent r before each one."""
+    reps = list(a["repeats"])
+    x = a["self"]
+    x = reshape(t, x, (D.dim(1),) * (len(reps) - x.rank) + x.shape)
+    tiled = [s for r, d in zip(reps, x.shape) for s in (D.dim(r), d)]
+    merged = [d * r for r, d in zip(reps, x.shape)]
+    wide = reshape(t, x, [s for d in x.shape for s in (D.dim(1), d)])
+    return reshape(t, broadcast(t, wide, tiled), merged)
+
+
+def _index(value, extent):
+    """A slice bound as a dim: None is 0, negative counts from the end."""
+    if value is None:
+        return D.dim(0)
+    if isinstance(value, int):
+        return D.dim(value) if value >= 0 else extent + value
+    return D.dim(value)
+
+
+@rule("slice.Tensor", check=lambda a, n: None if a.get("step", 1) == 1 else "only step 1 is supported")
+def _slice(t, node, a):
+    x = a["self"]
+    axis = a["dim"] % x.rank
+    start = _index(a["start"], x.shape[axis])
+    length = t.out_shape(node)[axis]  # torch already clamped the end
+    return x if D.equal(length, x.shape[axis]) else t.add("slice", x, axis=axis, start=start, stop=start + length)
+
+
+@rule("narrow")
+def _narrow(t, node, a):
+    x = a["self"]
+    axis = a["dim"] % x.rank
+    start = _index(a["start"], x.shape[axis])
+    return t.add("slice", x, axis=axis, start=start, stop=start + D.dim(a["length"]))
+
+
+@rule("select.int")
+def _select(t, node, a):
+    x = a["self"]
+    axis = a["dim"] % x.rank
+    start = _index(a["index"], x.shape[axis])
+    return reshape(t, t.add("slice", x, axis=axis, start=start, stop=start + 1), t.out_shape(node))
+
+
+@rule("split", "split_with_sizes", "chunk", "unbind", "tensor_split.sections")
+def _pieces(t, node, a):
+    """Consecutive slices along an axis, lengths as torch computed them."""
+    x = a["self"]
+    axis = a.get("dim", 0) % x.rank
+    keep = node.target._schema.name.split("::")[-1] != "unbind"
+    out, start = [], D.dim(0)
+    for piece in node.meta["val"]:
+        shape = tuple(t.symbols.to_dim(d) for d in piece.shape)
+        length = shape[axis] if keep else D.dim(1)
+        part = t.add("slice", x, axis=axis, start=start, stop=start + length)
+        out.append(reshape(t, part, shape))
+        start = start + length
+    return tuple(out)
+
+
+@rule("cat")
+def _cat(t, node, a):
+    xs = [x for x in a["tensors"] if not (x.rank == 1 and x.shape[0] == 0)]  # torch skips legacy empty (0,)
+    if len(xs) == 1:
+        return xs[0]
+    return t.add("concat", *xs, axis=a["dim"] % xs[0].rank)
+
+
+@rule("stack")
+def _stack(t, node, a):
+    xs = a["tensors"]
+    axis = a["dim"] % (xs[0].rank + 1)
+    parts = [unsqueeze(t, x, axis) for x in xs]
+    return parts[0] if len(parts) == 1 else t.add("concat", *parts, axis=axis)
+
+
+@rule("gather")
+def _gather(t, node, a):
+    x = a["self"]
+    return t.add("gather", x, a["index"], axis=a["dim"] % x.rank)
+
+
+@rule("index_select")
+def _index_select(t, node, a):
+    x = a["self"]
+    return t.add("take", x, a["index"], axis=a["dim"] % x.rank)
+
+
+@rule("embedding")
+def _embedding(t, node, a):
+    return t.add("take", a["weight"], a["indices"], axis=0)
+
+
+def _one_int_index(a, n):
+    import torch
+
+    present = [i for i in a["indices"] if i is not None]
+    if len(present) != 1:
+        return "only indexing with one index tensor is supported"
+    if present[0].dtype not in (torch.int64, torch.int32):
+        return f"only integer index tensors are supported, not {present[0].dtype}"
+    return None
+
+
+@rule("index.Tensor", check=_one_int_index)
+def _index_tensor(t, node, a):
+    axis = next(i for i, idx in enumerate(a["indices"]) if idx is not None)
+    return t.add("take", a["self"], a["indices"][axis], axis=axis)
+
+
+# -- matmul family ---------------------------------------------------------------
+def matmul(t, x, y):
+    """torch.matmul, including its rank-1 rules (a vector gets a unit axis, dropped after)."""
+    xv, yv = x.rank == 1, y.rank == 1
+    if xv:
+        x = unsqueeze(t, x, 0)
+    if yv:
+        y = unsqueeze(t, y, 1)
+    out = t.add("matmul", x, y)
+    if xv or yv:
+        shape = list(out.shape)
+        if yv:
+            del shape[-1]
+        if xv:
+            del shape[-1 if yv else -2]
+        out = reshape(t, out, shape)
+    return out
+
+
+rule("matmul", "mm", "bmm")(lambda t, n, a: matmul(t, a["self"], a["other"] if "other" in a else a["mat2"]))
+
+
+@rule("linear")
+def _linear(t, node, a):
+    out = matmul(t, a["input"], swap(t, a["weight"], -2, -1) if a["weight"].rank >= 2 else a["weight"])
+    return out if a.get("bias") is None else t.add("add", out, a["bias"])
+
+
+@rule("addmm", "baddbmm")
+def _addmm(t, node, a):
+    prod = matmul(t, a["mat1"] if "mat1" in a else a["batch1"], a["mat2"] if "mat2" in a else a["batch2"])
+    if a.get("alpha", 1) != 1:
+        prod = binary(t, "mul", prod, a["alpha"])
+    bias = a["self"] if a.get("beta", 1) == 1 else binary(t, "mul", a["self"], a["beta"])
+    return t.add("add", bias, prod)
+
+
+@rule("einsum")
+def _einsum(t, node, a):
+    from .einsum import einsum
+
+    return einsum(t, a["equation"], list(a["tensors"]))
+

@@ -1,0 +1,107 @@
+"""The table of aten ops cleave can capture: one Rule per op (or per overload).
+
+A rule is `fn(translator, fx_node, args) -> value` plus an optional `check(args,
+fx_node) -> reason | None` for arguments it cannot express (a slice step, a dropout
+probability). `is_supported` reads the same table, so the runtime can split an FX
+graph into regions cleave compiles and regions left to torch.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+_SIZE_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
+# Assertions torch.export inserts; they compute nothing.
+IGNORED = {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range",
+           "sym_constrain_range_for_size"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    fn: Callable
+    check: Callable | None = None
+
+    def unsupported(self, args, fx_node=None) -> str | None:
+        return self.check(args, fx_node) if self.check else None
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(*names: str, check: Callable | None = None):
+    """Register fn for aten ops given as 'softmax' (every overload) or 'div.Tensor_mode'."""
+    def register(fn):
+        for name in names:
+            if name in RULES:
+                raise ValueError(f"aten op {name} has two rules")
+            RULES[name] = Rule(fn, check)
+        return fn
+    return register
+
+
+def rule_for(fx_node) -> Rule | None:
+    target = fx_node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    packet = target._schema.name.split("::")[-1]
+    return RULES.get(f"{packet}.{target._overloadname}") or RULES.get(packet)
+
+
+def is_ignored(fx_node) -> bool:
+    target = fx_node.target
+    return isinstance(target, torch._ops.OpOverload) and target._schema.name.split("::")[-1] in IGNORED
+
+
+def is_supported(fx_node) -> bool:
+    """Whether `capture` can translate this FX node (aten-level graphs, as torch.export
+    or aot_autograd produce). Placeholders and outputs always are."""
+    from ..interpreter import IR_DTYPES
+
+    if fx_node.op in ("placeholder", "output"):
+        return True
+    if fx_node.op != "call_function":
+        return False
+    val = fx_node.meta.get("val")
+    if isinstance(val, _SIZE_TYPES) or fx_node.target is operator.getitem or is_ignored(fx_node):
+        return True
+    found = rule_for(fx_node)
+    if found is None:
+        return False
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    if any(isinstance(v, torch.Tensor) and v.dtype not in IR_DTYPES for v in vals):
+        return False
+    return found.unsupported(meta_args(fx_node), fx_node) is None
+
+
+def supported_ops() -> list[str]:
+    return sorted(RULES)
+
+
+def bind_args(fx_node, convert) -> dict:
+    """The op's arguments by schema name, defaults filled in, each passed through convert."""
+    out = {}
+    for i, arg in enumerate(fx_node.target._schema.arguments):
+        if i < len(fx_node.args) and not arg.kwarg_only:
+            out[arg.name] = convert(fx_node.args[i])
+        elif arg.name in fx_node.kwargs:
+            out[arg.name] = convert(fx_node.kwargs[arg.name])
+        else:
+            out[arg.name] = arg.default_value if arg.has_default_value() else None
+    return out
+
+
+def meta_args(fx_node) -> dict:
+    def meta(raw):
+        if isinstance(raw, torch.fx.Node):
+            return raw.meta.get("val")
+        if isinstance(raw, (list, tuple)):
+            return type(raw)(meta(r) for r in raw)
+        return raw
+
+    return bind_args(fx_node, meta)
+
+
+from . import aten_attention, aten_elementwise, aten_layout, aten_reduce  # noqa: E402,F401  (they register rules)

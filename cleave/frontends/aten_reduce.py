@@ -1,0 +1,140 @@
+"""Reductions and the composite ops built on them: sum/mean/amax/amin/var/std,
+softmax (as *safe* softmax, exactly the workloads' `safe_softmax`), log_softmax,
+logsumexp, topk."""
+from __future__ import annotations
+
+import math
+
+import sympy
+
+from .aten_map import rule
+
+
+def axes(dims, rank: int) -> list[int]:
+    """Normalized reduction axes; None or [] means every axis."""
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+        return list(range(rank))
+    dims = [dims] if isinstance(dims, int) else dims
+    return sorted({d % rank for d in dims})
+
+
+def reduce(t, x, op: str, dims: list[int], keepdim: bool):
+    for axis in sorted(dims, reverse=True):  # last first, so earlier axis numbers stay valid
+        x = t.add("reduce", x, op=op, axis=axis, keepdim=bool(keepdim))
+    return x
+
+
+def count(t, x, dims: list[int], minus=0):
+    """The number of elements reduced over, as a scalar of x's dtype (a `size` node
+    when symbolic, like the DSL's mean)."""
+    n = math.prod((x.shape[d] for d in dims), start=sympy.Integer(1)) - minus
+    return t.const(float(n), x.dtype) if n.is_number else t.add("size", value=n, dtype=x.dtype)
+
+
+def _cast_arg(t, x, dtype):
+    return x if dtype is None else t.add("cast", x, dtype=str(dtype))
+
+
+@rule("sum")
+def _sum(t, node, a):
+    x = _cast_arg(t, a["self"], a.get("dtype"))
+    return reduce(t, x, "sum", axes(a.get("dim"), x.rank), a.get("keepdim", False))
+
+
+@rule("mean")
+def _mean(t, node, a):
+    x = _cast_arg(t, a["self"], a.get("dtype"))
+    dims = axes(a.get("dim"), x.rank)
+    return t.add("div", reduce(t, x, "sum", dims, a.get("keepdim", False)), count(t, x, dims))
+
+
+def _extreme(op):
+    def fn(t, node, a):
+        x = a["self"]
+        return reduce(t, x, op, axes(a.get("dim"), x.rank), a.get("keepdim", False))
+    return fn
+
+
+rule("amax", "max.default")(_extreme("max"))
+rule("amin", "min.default")(_extreme("min"))
+
+
+def variance(t, x, dims, correction, keepdim):
+    mean = t.add("div", reduce(t, x, "sum", dims, True), count(t, x, dims))
+    squares = t.add("square", t.add("sub", x, mean))
+    return t.add("div", reduce(t, squares, "sum", dims, keepdim), count(t, x, dims, minus=correction))
+
+
+def _correction(a) -> int:
+    if a.get("correction") is not None:
+        return a["correction"]
+    return 1 if a.get("unbiased", True) else 0
+
+
+_NON_INT_CORRECTION = (lambda a, n: "a fractional correction is not supported"
+                       if a.get("correction") is not None and a["correction"] != int(a["correction"]) else None)
+
+
+@rule("var", check=_NON_INT_CORRECTION)
+def _var(t, node, a):
+    x = a["self"]
+    return variance(t, x, axes(a.get("dim"), x.rank), int(_correction(a)), a.get("keepdim", False))
+
+
+@rule("std", check=_NON_INT_CORRECTION)
+def _std(t, node, a):
+    return t.add("sqrt", _var(t, node, a))
+
+
+def safe_softmax(t, x, axis: int):
+    """softmax as max-subtracted exp over its sum: the same nodes as
+    cleave.workloads.attention.safe_softmax."""
+    m = t.add("reduce", x, op="max", axis=axis, keepdim=True)
+    e = t.add("exp", t.add("sub", x, m))
+    return t.add("div", e, t.add("reduce", e, op="sum", axis=axis, keepdim=True))
+
+
+def log_sum_exp(t, x, axis: int, keepdim: bool):
+    m = t.add("reduce", x, op="max", axis=axis, keepdim=True)
+    total = t.add("reduce", t.add("exp", t.add("sub", x, m)), op="sum", axis=axis, keepdim=keepdim)
+    m_out = m if keepdim else t.add("reduce", x, op="max", axis=axis, keepdim=False)
+    return t.add("add", t.add("log", total), m_out)
+
+
+def _softmax_input(t, a):
+    x = a.get("self", a.get("input"))
+    if a.get("half_to_float"):
+        return t.add("cast", x, dtype="f32")
+    return _cast_arg(t, x, a.get("dtype"))
+
+
+@rule("softmax", "_softmax", "_safe_softmax")
+def _softmax(t, node, a):
+    x = _softmax_input(t, a)
+    return safe_softmax(t, x, a["dim"] % x.rank)
+
+
+@rule("log_softmax", "_log_softmax")
+def _log_softmax(t, node, a):
+    x = _softmax_input(t, a)
+    axis = a["dim"] % x.rank
+    return t.add("sub", x, log_sum_exp(t, x, axis, keepdim=True))
+
+
+@rule("logsumexp", check=lambda a, n: None if isinstance(a["dim"], int) or len(a["dim"]) == 1
+      else "only one axis is supported")
+def _logsumexp(t, node, a):
+    x = a["self"]
+    return log_sum_exp(t, x, axes(a["dim"], x.rank)[0], a.get("keepdim", False))
+
+
+@rule("topk", check=lambda a, n: None if isinstance(a["k"], int) else "k must be a Python int")
+def _topk(t, node, a):
+    x, k = a["self"], a["k"]
+    axis = a["dim"] % x.rank
+    if a.get("largest", True):
+        return (t.add("topk", x, k=k, axis=axis, which="values"), t.add("topk", x, k=k, axis=axis, which="indices"))
+    flipped = t.add("neg", x)  # smallest k of x are the largest k of -x
+    return (t.add("neg", t.add("topk", flipped, k=k, axis=axis, which="values")),
+            t.add("topk", flipped, k=k, axis=axis, which="indices"))
+

@@ -1,0 +1,149 @@
+"""cleave.capture: a PyTorch function -> an IR graph with symbolic dims, via torch.export."""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ..ir import Graph, rebuild
+from . import aten_map
+from .errors import CaptureError, UnsupportedOpError, source_of
+from .symbols import SymbolMap
+from .translate import Translator, ir_dtype
+
+
+def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:
+    """Trace `fn(*example_inputs)` and translate it into an IR graph.
+
+    `dynamic` names the axes that stay symbolic: `{"q": {0: "b"}, "k": {2: "L"}}`
+    (parameter name -> axis -> symbol; equal names are one symbol), or `"all"`
+    (every axis, named `<param>_<axis>`; torch merges axes it proves equal and keeps
+    size-1 axes static). Other axes become ints. Graph inputs take the parameter names.
+    Raises UnsupportedOpError (naming the aten op and the source line) for an op cleave
+    cannot express, CaptureError when torch cannot trace the function.
+    """
+    params = _param_names(fn, len(example_inputs))
+    for pname, x in zip(params, example_inputs):
+        if not isinstance(x, torch.Tensor):
+            raise CaptureError(f"capture: example input {pname!r} is a {type(x).__name__}, not a tensor "
+                               f"(bind non-tensor arguments with functools.partial)")
+    named = _dynamic_axes(params, example_inputs, dynamic)
+    ep = _export(fn, params, example_inputs, named, dynamic == "all")
+    graph_name = name or getattr(fn, "__name__", None) or type(fn).__name__
+    return _translate(ep, params, named, dynamic == "all", graph_name)
+
+
+def _param_names(fn, count: int) -> list[str]:
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return [f"x{i}" for i in range(count)]
+    names = [p.name for p in sig.parameters.values()
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names += [f"x{i}" for i in range(len(names), count)]
+    return names[:count]
+
+
+def _dynamic_axes(params, inputs, dynamic) -> dict[str, dict[int, str]]:
+    """{param: {axis: symbol name}}, validated against the example inputs."""
+    if dynamic is None:
+        return {}
+    if dynamic == "all":
+        return {p: {a: f"{p}_{a}" for a in range(x.dim())} for p, x in zip(params, inputs)}
+    if not isinstance(dynamic, dict):
+        raise CaptureError(f"capture: dynamic must be None, 'all' or {{input: {{axis: name}}}}, not {dynamic!r}")
+    shapes = dict(zip(params, (x.shape for x in inputs)))
+    out = {}
+    for pname, axes in dynamic.items():
+        if pname not in shapes:
+            raise CaptureError(f"capture: dynamic names input {pname!r}, but the function takes {', '.join(params)}")
+        out[pname] = {}
+        for axis, sym in axes.items():
+            rank = len(shapes[pname])
+            if not -rank <= axis < rank:
+                raise CaptureError(f"capture: input {pname!r} has rank {rank}; dynamic axis {axis} is out of range")
+            if not (isinstance(sym, str) and sym.isidentifier()):
+                raise CaptureError(f"capture: input {pname!r} axis {axis}: symbol {sym!r} is not an identifier")
+            out[pname][axis % rank] = sym
+    return out
+
+
+class _Wrap(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _export(fn, params, inputs, named, auto: bool):
+    from torch.export import Dim, export
+
+    dims: dict[str, object] = {}
+    specs = []
+    for pname in params:
+        axes = named.get(pname, {})
+        if auto:
+            specs.append({a: Dim.AUTO for a in axes})
+        else:
+            specs.append({a: dims.setdefault(s, Dim(s)) for a, s in axes.items()} or None)
+    try:
+        return export(_Wrap(fn), _traceable(params, inputs, named), dynamic_shapes=(tuple(specs),))
+    except UnsupportedOpError:
+        raise
+    except Exception as err:  # torch raises many types; keep its message, drop its traceback
+        text = str(err).strip().splitlines()
+        detail = "\n".join(text[:12]) if text else type(err).__name__
+        raise CaptureError(f"capture: torch.export could not trace {getattr(fn, '__name__', fn)!s}: {detail}") from err
+
+
+def _traceable(params, inputs, named) -> tuple:
+    """torch specializes axes of size 0 and 1, so a dynamic axis with such an example
+    size is traced at size 2 (zeros: export traces shapes, not values)."""
+    out = []
+    for pname, x in zip(params, inputs):
+        small = [a for a in named.get(pname, {}) if x.shape[a] < 2]
+        if small:
+            shape = [2 if a in small else n for a, n in enumerate(x.shape)]
+            x = x.new_zeros(shape)
+        out.append(x)
+    return tuple(out)
+
+
+def _translate(ep, params, named, auto: bool, graph_name: str) -> Graph:
+    from torch.export.graph_signature import InputKind
+
+    symbols = SymbolMap()
+    kinds = {spec.arg.name: spec for spec in ep.graph_signature.input_specs}
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    user = [n for n in placeholders if kinds[n.name].kind == InputKind.USER_INPUT]
+    for pname, node in zip(params, user):  # name torch's symbols before reading any shape
+        for axis, size in enumerate(node.meta["val"].shape):
+            if axis in named.get(pname, {}) and isinstance(size, torch.SymInt):
+                symbols.name(size.node.expr, named[pname][axis])
+    graph = Graph(graph_name)
+    t = Translator(graph, symbols)
+    user_names = dict(zip((n.name for n in user), params))
+    for node in placeholders:
+        val = node.meta["val"]
+        spec = kinds[node.name]
+        input_name = user_names.get(node.name) or str(spec.target).replace(".", "_")
+        shape = tuple(t.size(d) for d in val.shape)
+        t.set(node, graph.input(input_name, shape, ir_dtype(val.dtype, f"input {input_name!r}")))
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and not aten_map.is_ignored(node):
+            t.translate(node)
+        elif node.op == "output":
+            _outputs(t, graph, node)
+    return rebuild(graph)
+
+
+def _outputs(t, graph, node) -> None:
+    values = [t.value(v) for v in node.args[0]]
+    for k, v in enumerate(values):
+        if not hasattr(v, "graph"):
+            raise UnsupportedOpError("output", source_of(node), f"output {k} is {v!r}, not a tensor")
+    names = ["out"] if len(values) == 1 else [f"out{k}" for k in range(len(values))]
+    graph.output(*values, names=names)

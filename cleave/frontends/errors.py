@@ -1,0 +1,57 @@
+"""Errors of the torch frontend, and where in the user's source an FX node came from."""
+from __future__ import annotations
+
+import os
+import re
+
+from ..ir import CleaveError
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_TORCH_DIR = None
+
+
+class CaptureError(CleaveError):
+    """torch could not trace the function, or its example inputs do not fit `dynamic`."""
+
+
+class UnsupportedOpError(CaptureError):
+    """An aten op (or an argument of it) has no IR mapping. `.op` names the aten op and
+    `.source` the user's file:line (None when torch recorded no stack trace); the
+    runtime turns this into a graph break."""
+
+    def __init__(self, op: str, source: str | None, reason: str = "has no cleave IR mapping"):
+        self.op, self.source, self.reason = op, source, reason
+        where = f" (at {source})" if source else ""
+        super().__init__(f"cannot capture {op}{where}: {reason}")
+
+
+def source_of(fx_node) -> str | None:
+    """The innermost user frame ('file:line') of the node's recorded stack trace,
+    skipping frames inside torch and inside this frontend."""
+    trace = fx_node.meta.get("stack_trace") if hasattr(fx_node, "meta") else None
+    if not trace:
+        return None
+    frames = _FRAME.findall(trace)
+    own = os.path.dirname(os.path.abspath(__file__))
+    for path, line in reversed(frames):
+        full = os.path.abspath(path)
+        if not full.startswith(_torch_dir()) and not full.startswith(own):
+            return f"{path}:{line}"
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else None
+
+
+def op_name(fx_node) -> str:
+    """'aten.softmax.int' for an OpOverload, the Python name for anything else."""
+    target = fx_node.target
+    if hasattr(target, "_schema"):
+        return str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def _torch_dir() -> str:
+    global _TORCH_DIR
+    if _TORCH_DIR is None:
+        import torch
+
+        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+    return _TORCH_DIR

@@ -1,0 +1,72 @@
+"""Torch's symbolic sizes (SymInt expressions over s0, s1, ...) as IR dims over the
+user's symbol names."""
+from __future__ import annotations
+
+import sympy
+
+from ..ir import dims as D
+
+# torch.utils._sympy.functions classes, by name so that torch 2.11..2.13 all work.
+_REWRITES = {
+    "FloorDiv": lambda a, b: sympy.floor(a / b),
+    "CleanDiv": lambda a, b: a / b,
+    "IntTrueDiv": lambda a, b: a / b,
+    "FloatTrueDiv": lambda a, b: a / b,
+    "CeilToInt": sympy.ceiling,
+    "FloorToInt": sympy.floor,
+    "ToFloat": lambda a: a,
+    "TruncToFloat": sympy.floor,
+    "PowByNatural": lambda a, b: a ** b,
+    "FloatPow": lambda a, b: a ** b,
+    "Mod": sympy.Mod,
+    "PythonMod": sympy.Mod,
+    "OpaqueUnaryFn_sqrt": sympy.sqrt,
+}
+
+
+class SymbolMap:
+    """torch symbol -> IR symbol; `to_dim` converts a size, `to_scalar` a SymFloat."""
+
+    def __init__(self):
+        self.subs: dict[sympy.Symbol, sympy.Symbol] = {}
+
+    def name(self, torch_expr, our_name: str) -> None:
+        """Record that a bare torch symbol is the user's `our_name`."""
+        if isinstance(torch_expr, sympy.Symbol) and torch_expr not in self.subs:
+            self.subs[torch_expr] = D.symbol(our_name)
+
+    def names(self) -> set[str]:
+        return {s.name for s in self.subs.values()}
+
+    def to_expr(self, value) -> sympy.Expr:
+        """An int, float, SymInt or SymFloat as a sympy expression over our symbols."""
+        if isinstance(value, bool):
+            return sympy.true if value else sympy.false
+        if isinstance(value, int):
+            return sympy.Integer(value)
+        if isinstance(value, float):
+            return sympy.Float(value)
+        node = getattr(value, "node", None)
+        expr = getattr(node, "expr", None)
+        if expr is None:
+            raise TypeError(f"not a size: {value!r}")
+        expr = _rewrite(expr).xreplace(self.subs)
+        unknown = [s for s in expr.free_symbols if s not in self.subs.values()]
+        if unknown:
+            raise ValueError(f"size {expr} depends on {', '.join(map(str, unknown))}, "
+                             f"which no input dimension defines (a data-dependent size)")
+        return sympy.simplify(expr) if not expr.is_Atom else expr
+
+    def to_dim(self, value) -> sympy.Expr:
+        return D.dim(self.to_expr(value))
+
+
+def _rewrite(expr):
+    """Replace torch's sympy function classes by plain sympy, innermost first."""
+    if expr.is_Atom:
+        return expr
+    args = [_rewrite(a) for a in expr.args]
+    fn = _REWRITES.get(type(expr).__name__)
+    if fn is not None:
+        return fn(*args)
+    return expr.func(*args) if args else expr

@@ -1,0 +1,152 @@
+"""Translate FX nodes (aten level) into IR nodes, one node at a time.
+
+The Translator owns the value of every FX node seen so far: an IR Node, a sympy
+scalar (a SymInt such as `q.size(2)`), a Python number, or a tuple of these (topk,
+split). Rules in `aten_map` do the per-op work; this module binds their arguments by
+the op's schema, checks the result against torch's own shape and dtype, and tags IR
+nodes with the user's source line.
+"""
+from __future__ import annotations
+
+import operator
+
+import sympy
+import torch
+
+from ..interpreter import IR_DTYPES
+from ..ir import Graph, Node
+from ..ir import dims as D
+from ..ir.dtypes import DType
+from . import aten_map
+from .errors import CaptureError, UnsupportedOpError, op_name, source_of
+from .symbols import SymbolMap
+
+_SIZE_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
+
+
+def ir_dtype(dtype: torch.dtype, what: str, source: str | None = None):
+    try:
+        return IR_DTYPES[dtype]
+    except KeyError:
+        raise UnsupportedOpError(what, source, f"dtype {dtype} has no IR equivalent") from None
+
+
+class Translator:
+    def __init__(self, graph: Graph, symbols: SymbolMap):
+        self.graph = graph
+        self.symbols = symbols
+        self.values: dict = {}
+        self.loc: str | None = None
+        self.op = ""
+
+    # -- driving ------------------------------------------------------------
+    def set(self, fx_node, value) -> None:
+        self.values[fx_node] = value
+
+    def translate(self, fx_node):
+        """Map one call_function node; its inputs must have been translated."""
+        self.op, self.loc = op_name(fx_node), source_of(fx_node)
+        val = fx_node.meta.get("val")
+        if isinstance(val, _SIZE_TYPES):
+            value = self.size(val)  # size arithmetic: torch already computed it symbolically
+        elif fx_node.target is operator.getitem:
+            value = self.value(fx_node.args[0])[fx_node.args[1]]
+        else:
+            rule = aten_map.rule_for(fx_node)
+            if rule is None:
+                raise UnsupportedOpError(self.op, self.loc)
+            args = self.bind(fx_node)
+            reason = rule.unsupported(aten_map.meta_args(fx_node), fx_node)
+            if reason:
+                raise UnsupportedOpError(self.op, self.loc, reason)
+            value = self._conform(rule.fn(self, fx_node, args), val)
+        self.values[fx_node] = value
+        return value
+
+    def bind(self, fx_node) -> dict:
+        return aten_map.bind_args(fx_node, self.value)
+
+    def value(self, raw):
+        if isinstance(raw, torch.fx.Node):
+            if raw not in self.values:
+                raise CaptureError(f"{self.op}: operand {raw.name} was not translated")
+            return self.values[raw]
+        if isinstance(raw, (list, tuple)):
+            return type(raw)(self.value(r) for r in raw)
+        return raw
+
+    def size(self, val):
+        try:
+            return self.symbols.to_expr(val)
+        except (TypeError, ValueError) as err:
+            raise UnsupportedOpError(self.op, self.loc, str(err)) from None
+
+    def _conform(self, out, val):
+        """Cast to torch's result dtype where IR promotion differs; a shape that
+        disagrees with torch's is a bug in a rule, reported as such."""
+        if isinstance(out, tuple) and isinstance(val, (tuple, list)):
+            return tuple(self._conform(o, v) for o, v in zip(out, val))
+        if not isinstance(out, Node) or not isinstance(val, torch.Tensor):
+            return out
+        want = tuple(self.symbols.to_dim(d) for d in val.shape)
+        if len(want) != out.rank or not all(D.equal(a, b) for a, b in zip(want, out.shape)):
+            raise CaptureError(f"{self.op}: cleave's mapping gives shape {D.fmt_shape(out.shape)} but torch "
+                               f"gives {D.fmt_shape(want)}" + (f" (at {self.loc})" if self.loc else ""))
+        dtype = ir_dtype(val.dtype, self.op, self.loc)
+        return out if out.dtype == dtype else self.add("cast", out, dtype=dtype)
+
+    # -- helpers for rules --------------------------------------------------
+    def add(self, op: str, /, *inputs, **attrs) -> Node:
+        return self.graph.add(op, *inputs, loc=self.loc, **attrs)
+
+    def const(self, value, dtype) -> Node:
+        return self.graph.add("const", value=value, dtype=dtype, loc=self.loc)
+
+    def lift(self, value, like) -> Node:
+        """A tensor operand: a Node as is; a Python or symbolic scalar as a const/size
+        node of the dtype torch would give it next to `like` (a Node or DType)."""
+        if isinstance(value, Node):
+            return value
+        like_dtype = like.dtype if isinstance(like, Node) else like
+        if isinstance(value, bool) or value is sympy.true or value is sympy.false:
+            return self.const(bool(value), "bool")
+        if isinstance(value, (int, float)):
+            if isinstance(value, float) and not like_dtype.is_float:
+                return self.const(value, "f32")
+            return self.const(value, like_dtype)
+        if isinstance(value, sympy.Expr):
+            dtype = like_dtype if like_dtype.is_float or value.is_integer else DType.f32
+            return self._scalar_expr(value, dtype)
+        raise UnsupportedOpError(self.op, self.loc, f"operand {value!r} is neither a tensor nor a number")
+
+    def _scalar_expr(self, expr: sympy.Expr, dtype) -> Node:
+        if expr.is_number:
+            return self.const(float(expr) if not expr.is_integer else int(expr), dtype)
+        if expr.is_integer:
+            return self.add("size", value=expr, dtype=dtype)
+        if isinstance(expr, sympy.Pow):
+            base = self._scalar_expr(expr.base, dtype)
+            if expr.exp == sympy.Rational(1, 2):
+                return self.add("sqrt", base)
+            if expr.exp == sympy.Rational(-1, 2):
+                return self.add("rsqrt", base)
+            if expr.exp == -1:
+                return self.add("recip", base)
+            return self.add("pow", base, self._scalar_expr(expr.exp, dtype))
+        if isinstance(expr, (sympy.Add, sympy.Mul)):
+            op = "add" if isinstance(expr, sympy.Add) else "mul"
+            parts = [self._scalar_expr(a, dtype) for a in expr.args]
+            out = parts[0]
+            for p in parts[1:]:
+                out = self.add(op, out, p)
+            return out
+        raise UnsupportedOpError(self.op, self.loc, f"scalar {expr} has no IR form")
+
+    def out_shape(self, fx_node) -> tuple:
+        return tuple(self.symbols.to_dim(d) for d in fx_node.meta["val"].shape)
+
+    def out_dtype(self, fx_node):
+        return ir_dtype(fx_node.meta["val"].dtype, self.op, self.loc)
+
+    def axis(self, axis: int, rank: int) -> int:
+        return axis % rank if rank else 0
