@@ -115,7 +115,7 @@ def instantiate(rule: Rule) -> list[RuleInstance]:
                 continue
             if _holds(rule, nodes, axes) and _uses_axis(nodes, axis):
                 out.append(RuleInstance(rule.name, lhs, rhs,
-                                        _conditions(lhs, rhs) + _rule_conditions(rule, nodes, axes))))
+                                        _conditions(lhs, rhs) + _rule_conditions(rule, nodes, axes)))
                 break
     if not out:
         raise RuleError(f"{rule.source}: rule {rule.name}: no small instance builds on both sides "
