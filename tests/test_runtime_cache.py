@@ -1,0 +1,261 @@
+"""The runtime's own layer (operator, artifact store, cache, buckets) with TEST
+DOUBLES standing in for the search and the scheduler: `DoubleSearch` returns the
+graph itself as the one candidate, `DoublePlan`s run the candidate through the
+reference interpreter. What is under test is the caching around them; the real
+pipeline is covered in test_runtime_e2e.py."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+import cleave
+from cleave import workloads
+from cleave.interpreter import interpret
+from cleave.ir import Candidate, parse_graph
+from cleave.runtime import artifact as A
+from cleave.runtime import cache
+from cleave.runtime.buckets import bucket, next_pow2
+from cleave.runtime.operator import CompiledOperator
+
+HERE = Path(__file__).parent
+
+
+# -- test doubles ------------------------------------------------------------
+@dataclass
+class DoubleKernel:
+    name: str
+    source: str
+    grid: str
+
+
+@dataclass
+class DoublePlan:
+    graph_text: str
+    split: int
+    kernels: list
+
+    tiles = {"double": 1}
+    cost = 0.0
+    dynamic = ()
+
+    def to_json(self):
+        return {"graph": self.graph_text, "split": self.split,
+                "kernels": [{"name": k.name, "source": k.source, "grid": k.grid} for k in self.kernels]}
+
+    @classmethod
+    def from_json(cls, d):
+        return cls(d["graph"], d["split"], [DoubleKernel(**k) for k in d["kernels"]])
+
+
+class DoubleSearch:
+    calls = 0
+
+    def __call__(self, graph, top_k=4):
+        DoubleSearch.calls += 1
+        return type("Result", (), {"candidates": [Candidate(graph, derivation=["double"])], "stats": {"e-nodes": 1}})
+
+
+def double_schedule(candidate, shapes, dynamic, top_k=4):
+    text = candidate.graph.text()
+    return [DoublePlan(text, split, [DoubleKernel(f"k{split}", f"# double kernel, split {split}\n# {text!r}\n", "(1,)")])
+            for split in (1, 2)]
+
+
+def double_launch(plan, inputs):
+    graph = parse_graph(plan.graph_text)
+    return interpret(graph, inputs)
+
+
+def install_doubles(monkeypatch=None):
+    import cleave.runtime.operator as operator
+    import cleave.scheduler as scheduler
+
+    patches = [(scheduler, "schedule", double_schedule), (scheduler, "launch", double_launch),
+               (scheduler, "Plan", DoublePlan), (operator, "_search_function", lambda: DoubleSearch())]
+    for obj, name, value in patches:
+        if monkeypatch:
+            monkeypatch.setattr(obj, name, value, raising=False)
+        else:
+            setattr(obj, name, value)
+
+
+# -- fixtures ----------------------------------------------------------------
+@pytest.fixture
+def doubles(monkeypatch, tmp_path):
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path / "cache"))
+    install_doubles(monkeypatch)
+    DoubleSearch.calls = 0
+
+
+def _inputs(name, **env):
+    w = workloads.get(name)
+    return w, w.inputs(env, seed=int(torch.randint(0, 10**6, ()).item()))
+
+
+def test_operator_serves_dynamic_shapes_with_one_search(doubles):
+    w = workloads.get("rmsnorm_matmul")
+    op = CompiledOperator(w.graph, {"s"})
+    for s in (3, 17, 40):
+        _, inputs = _inputs("rmsnorm_matmul", s=s, k=21, n=11)
+        got, = op(inputs)
+        want, = interpret(w.graph, inputs)
+        torch.testing.assert_close(got, want)
+    assert op.stats["searches"] == 1 and op.stats["compiles"] == 1 and op.stats["calls"] == 3
+    assert op.stats["from_cache"] == 0
+    # another static binding: scheduled again, never searched again
+    _, inputs = _inputs("rmsnorm_matmul", s=5, k=13, n=11)
+    op(inputs)
+    assert op.stats["searches"] == 1 and op.stats["compiles"] == 2
+
+
+def test_second_operator_loads_from_cache_without_search(doubles):
+    w, inputs = _inputs("gqa_decode", b=2, hkv=1, g=3, L=29, d=16)
+    CompiledOperator(w.graph, {"b", "L"})(inputs)
+    again = CompiledOperator(w.graph, {"b", "L"})
+    got, = again(inputs)
+    torch.testing.assert_close(got, interpret(w.graph, inputs)[0])
+    assert again.stats["from_cache"] == 1 and again.stats["searches"] == 0 and again.stats["compiles"] == 0
+    assert DoubleSearch.calls == 1
+    files = {p.suffix for p in again.entry.rglob("*") if p.is_file()}
+    assert files == {".json", ".py"}  # plain files only, no pickle
+
+
+def test_key_depends_on_dynamic_axes_and_graph(doubles):
+    g1 = workloads.get("gqa_decode").graph
+    assert CompiledOperator(g1, {"b"}).key != CompiledOperator(g1, {"b", "L"}).key
+    assert CompiledOperator(g1, {"b"}).key == CompiledOperator(workloads.get("gqa_decode").graph, {"b"}).key
+    assert CompiledOperator(g1, {"b"}).key != CompiledOperator(workloads.get("rmsnorm_matmul").graph, {"b"}).key
+    fields = CompiledOperator(g1, {"b"}).fields
+    assert {"graph", "dynamic", "device", "cleave", "triton", "torch"} <= set(fields)
+
+
+@pytest.mark.parametrize("damage", ["tamper_plans", "truncate_operator", "tamper_kernel"])
+def test_damaged_entry_is_rebuilt_with_a_warning(doubles, damage):
+    w, inputs = _inputs("rmsnorm_matmul", s=7, k=9, n=5)
+    first = CompiledOperator(w.graph, {"s"})
+    first(inputs)
+    entry = first.entry
+    if damage == "tamper_plans":
+        path = next(entry.glob("spec-*/plans.json"))
+        path.write_text(path.read_text().replace('"split": 1', '"split": 3'))
+    elif damage == "truncate_operator":
+        path = entry / "operator.json"
+        path.write_text(path.read_text()[:50])
+        for spec in entry.glob("spec-*"):  # force the candidates to be read
+            (spec / "plans.json").unlink()
+    else:
+        path = next(entry.glob("spec-*/kernels/*.py"))
+        path.write_text(path.read_text() + "import os\n")
+    op = CompiledOperator(w.graph, {"s"})
+    with pytest.warns(UserWarning, match="damaged cache entry"):
+        got, = op(inputs)
+    torch.testing.assert_close(got, interpret(w.graph, inputs)[0])
+    assert op.stats["compiles"] == 1
+    assert op.stats["searches"] == (1 if damage == "truncate_operator" else 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # rebuilt entry is whole again
+        fresh = CompiledOperator(w.graph, {"s"})
+        fresh(inputs)
+    assert fresh.stats["from_cache"] == 1 and fresh.stats["compiles"] == 0
+
+
+def _script(body: str) -> str:
+    return textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(HERE)!r})
+        import torch
+        import test_runtime_cache as d
+        from cleave import workloads
+        from cleave.runtime.operator import CompiledOperator
+        d.install_doubles()
+        w = workloads.get("gqa_decode")
+        inputs = w.inputs({{"b": 2, "hkv": 1, "g": 3, "L": 29, "d": 16}}, seed=1)
+    """) + textwrap.dedent(body)
+
+
+def test_two_processes_compile_the_same_operator_at_once(doubles, tmp_path):
+    body = """
+        op = CompiledOperator(w.graph, {"b", "L"})
+        op(inputs)
+        print(op.stats["searches"] + op.stats["from_cache"])
+    """
+    env = {**os.environ}
+    procs = [subprocess.Popen([sys.executable, "-c", _script(body)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert out.strip() == "1"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        op = CompiledOperator(workloads.get("gqa_decode").graph, {"b", "L"})
+        inputs = workloads.get("gqa_decode").inputs({"b": 2, "hkv": 1, "g": 3, "L": 29, "d": 16})
+        op(inputs)
+    assert op.stats["from_cache"] == 1 and op.stats["searches"] == 0
+
+
+def test_cache_hit_path_imports_no_search_egglog_or_z3(doubles):
+    w = workloads.get("gqa_decode")
+    CompiledOperator(w.graph, {"b", "L"})(w.inputs({"b": 2, "hkv": 1, "g": 3, "L": 29, "d": 16}, seed=1))
+    body = """
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("egglog", "z3") or name == "cleave.search":
+                    raise ImportError(f"blocked import of {name}")
+        sys.meta_path.insert(0, Block())
+        op = CompiledOperator(w.graph, {"b", "L"})
+        op(inputs)
+        assert op.stats["from_cache"] == 1, op.stats
+        print("ok", [m for m in ("egglog", "z3", "cleave.search") if m in sys.modules])
+    """
+    proc = subprocess.run([sys.executable, "-c", _script(body)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok []"
+
+
+def test_atomic_json_and_checksums(tmp_path):
+    path = tmp_path / "x" / "a.json"
+    A.write_json(path, {"a": [1, 2]})
+    assert A.read_json(path) == {"a": [1, 2]}
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp files left
+    with pytest.raises(A.ArtifactMissing):
+        A.read_json(tmp_path / "none.json")
+    data = json.loads(path.read_text())
+    data["body"]["a"] = [1, 3]
+    path.write_text(json.dumps(data))
+    with pytest.raises(A.ArtifactError, match="checksum"):
+        A.read_json(path)
+
+
+def test_tuning_choices_merge(tmp_path):
+    A.save_tuning(tmp_path, {"d": 16}, {"L=64,b=2": 1})
+    A.save_tuning(tmp_path, {"d": 16}, {"L=128,b=2": 0})
+    assert A.load_tuning(tmp_path, {"d": 16}) == {"L=64,b=2": 1, "L=128,b=2": 0}
+    assert A.load_tuning(tmp_path, {"d": 32}) == {}
+
+
+def test_buckets():
+    assert [next_pow2(n) for n in (1, 2, 3, 64, 65)] == [1, 2, 4, 64, 128]
+    assert bucket({"b": 3, "L": 100, "d": 16}, {"b", "L"}) == "L=128,b=4"
+    assert bucket({"d": 16}, set()) == ""
+
+
+def test_cache_ls_and_clear(doubles, capsys):
+    from cleave.cli.main import main
+
+    w, inputs = _inputs("rmsnorm_matmul", s=7, k=9, n=5)
+    CompiledOperator(w.graph, {"s"})(inputs)
+    assert main(["cache", "ls"]) == 0
+    out = capsys.readouterr().out
+    assert "rmsnorm_matmul" in out and "1 operator" in out
+    assert main(["cache", "clear"]) == 0
+    assert cache.entries() == []
