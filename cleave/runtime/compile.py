@@ -64,13 +64,16 @@ class CompiledFunction:
 
     def _build(self, args):
         from .. import capture
-        from ..frontends import UnsupportedOpError
+        from ..frontends.errors import CaptureError, UnsupportedOpError
 
         try:
             graph = capture(self.fn, *args, dynamic=self.dynamic, name=getattr(self.fn, "__name__", None))
         except UnsupportedOpError as err:
             self.ctx.warn_unsupported(err.op, getattr(self.fn, "__name__", "fn"))
             self._dynamo = _dynamo_compile(self.fn, self.ctx, {err.op})
+            return None
+        except CaptureError:  # torch.export cannot take fn whole: dynamo splits it into graphs it can
+            self._dynamo = _dynamo_compile(self.fn, self.ctx, set())
             return None
         symbols = _dynamic_symbols(graph, self.dynamic, self._params)
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))

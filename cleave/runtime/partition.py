@@ -117,12 +117,14 @@ class Region:
         return runner(*args)
 
     def _build(self, args):
-        from ..frontends import UnsupportedOpError
         from .. import capture
+        from ..frontends.errors import CaptureError, UnsupportedOpError
 
-        dynamic = {p.name: axes for p, axes in self.dynamic.items() if axes}
+        names = [p.name for p, a in zip(self.placeholders, args) if isinstance(a, torch.Tensor)]
+        dynamic = {name: self.dynamic[name] for name in names if self.dynamic.get(name)}
         try:
-            graph = capture(self.gm, *args, dynamic=dynamic or None, name=_name(self.gm))
+            graph = capture(_tensor_function(self.gm, self.placeholders, args), *[a for a in args
+                            if isinstance(a, torch.Tensor)], dynamic=dynamic or None, name=_name(self.gm))
         except UnsupportedOpError as err:
             self.ctx.warn_unsupported(err.op, _name(self.gm))
             name = op_name(err.op)
@@ -130,10 +132,34 @@ class Region:
                 self.ctx.eager_regions += 1
                 return self.gm
             return build(self.gm, self.ctx, self.unsupported | {name})
+        except CaptureError as err:
+            self.ctx.warn_unsupported(f"capture of {_name(self.gm)} ({err})", _name(self.gm))
+            self.ctx.eager_regions += 1
+            return self.gm
         symbols = {sym for axes in dynamic.values() for sym in axes.values()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         op = self.ctx.operator(graph, symbols, device)  # search and schedule run lazily, on its first call
         return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, _name(self.gm))
+
+
+def _tensor_function(gm, placeholders, args):
+    """gm as a function of its tensor inputs only, named like its placeholders (capture
+    reads parameter names); the non-tensor inputs are bound to this call's values,
+    which the region's signature includes."""
+    import inspect
+
+    tensor_names = [p.name for p, a in zip(placeholders, args) if isinstance(a, torch.Tensor)]
+    fixed = {p.name: a for p, a in zip(placeholders, args) if not isinstance(a, torch.Tensor)}
+    order = [p.name for p in placeholders]
+
+    def fn(*tensors):
+        given = {**fixed, **dict(zip(tensor_names, tensors))}
+        return gm(*(given[n] for n in order))
+
+    fn.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in tensor_names])
+    fn.__name__ = _name(gm)
+    return fn
 
 
 class Launcher:

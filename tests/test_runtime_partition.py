@@ -1,0 +1,48 @@
+"""Graph breaks (the runtime's partitioning layer) with the real frontend and the
+search/scheduler TEST DOUBLES of test_runtime_cache.py: an op the frontend cannot
+map runs eagerly, the rest is compiled, results match eager, one warning per op."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import cleave
+from cleave.runtime.partition import op_name
+
+from test_runtime_cache import DoubleSearch, install_doubles
+
+
+@pytest.fixture
+def doubles(monkeypatch, tmp_path):
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path / "cache"))
+    install_doubles(monkeypatch)
+    DoubleSearch.calls = 0
+    torch._dynamo.reset()
+
+
+def sorted_softmax(x, w):
+    y = torch.softmax((x @ w).float(), dim=-1)
+    top, _ = torch.sort(y, dim=-1, descending=True)
+    return (top * 2.0).sum(-1)
+
+
+def test_op_names_match_across_levels():
+    assert op_name(torch.sort) == op_name("sort") == op_name("aten.sort.default") == "sort"
+    assert op_name(torch.ops.aten.sort.stable) == "sort"
+
+
+def test_graph_break_on_sort_is_correct_and_warns_once(doubles):
+    compiled = cleave.compile(sorted_softmax, dynamic={"x": {0: "s"}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for s in (3, 8, 13):
+            x, w = torch.randn(s, 7), torch.randn(7, 5)
+            torch.testing.assert_close(compiled(x, w), sorted_softmax(x, w))
+    sort_warnings = [w for w in caught if "sort" in str(w.message)]
+    assert len(sort_warnings) == 1, [str(w.message) for w in caught]
+    stats = compiled.stats
+    assert stats["graph_breaks"] >= 1 and stats["unsupported"] == ["aten.sort.default"]
+    assert stats["operators"] >= 1 and stats["searches"] == stats["operators"]  # one search per operator
+    assert stats["calls"] == 3
