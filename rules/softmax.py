@@ -8,14 +8,6 @@ family rescale
 rule exp-sub-separate: exp(sub(x, c)) => mul(exp(x), exp(neg(c)))
   why: exp(x - c) = exp(x) * exp(-c): with c constant along a reduced axis, a running c rescales by exp(c_old - c_new)
 
-rule normalize-after-matmul: matmul(div(x, c), y) => div(matmul(x, y), c)
-  if flat(c, -1)
-  why: a row divisor constant along the contracted axis commutes with the MatMul (softmax's division moves after P@V)
-
-rule softmax-shift: div(exp(sub(x, c)), rsum(exp(sub(x, c)), a)) => div(exp(sub(x, rmax(x, a))), rsum(exp(sub(x, rmax(x, a))), a))
-  if flat(c, a)
-  why: softmax is invariant to a shift constant along its axis; the row max is the safe one
-
 rule split-softmax-sum: rsum(exp(sub(x, c)), a) => squeeze(rsum(mul(rsum(exp(sub(split(x, a, -inf), rmax(split(x, a, -inf), a))), a), exp(sub(rmax(split(x, a, -inf), a), unsqueeze(c, a)))), a-1), a)
   if splittable(x, a) and flat(c, a) and nonempty(x, a)
   why: sum_a exp(x - c) = sum_chunks exp(m_i - c) * sum_chunk exp(x - m_i), m_i the chunk max; -inf padding adds exp(-inf) = 0
@@ -25,6 +17,14 @@ rule split-softmax-matmul: matmul(exp(sub(x, c)), y) => squeeze(rsum(mul(matmul(
   why: exp(x - c) @ y = sum_chunks exp(m_i - c) * (exp(x_i - m_i) @ y_i): each chunk's partial output is rescaled by its max
 
 family softmax
+
+rule normalize-after-matmul: matmul(div(x, c), y) => div(matmul(x, y), c)
+  if flat(c, -1)
+  why: a row divisor constant along the contracted axis commutes with the MatMul (softmax's division moves after P@V)
+
+rule softmax-shift: div(exp(sub(x, c)), rsum(exp(sub(x, c)), a)) => div(exp(sub(x, rmax(x, a))), rsum(exp(sub(x, rmax(x, a))), a))
+  if flat(c, a)
+  why: softmax is invariant to a shift constant along its axis; the row max is the safe one
 
 rule topk-softmax-values: topk_values(div(exp(sub(x, c)), rsum(exp(sub(x, c)), a)), k, a) => div(exp(sub(topk_values(x, k, a), c)), rsum(exp(sub(x, c)), a))
   if flat(c, a)

@@ -1,0 +1,242 @@
+"""The egglog vocabulary of the search and the compilation of DSL rules to it.
+
+Tensor terms are one sort, `Tn`. Dims never enter egglog: each term carries only
+its rank and the axes (counted from the right) along which it is constant
+(`flat`), computed by the analysis ruleset below; the encoder seeds them for the
+input graph, and `splittable`/`extent` facts, which only the encoder can decide
+(they need the dims), exist for the input graph's terms only.
+"""
+from __future__ import annotations
+
+from egglog import (EGraph, Expr, String, StringLike, eq, function, i64, i64Like, relation, rewrite, rule, ruleset,
+                    set_, var)
+
+from cleave.rules.dsl import REDUCE, UNARY, Axis, Leaf, Rule, RuleError, Term, Var
+
+MAX_RANK = 8
+
+
+class Tn(Expr):
+    """A tensor term."""
+
+
+@function
+def LeafT(key: i64Like) -> Tn: ...
+
+
+@function
+def Op1(key: i64Like, x: Tn) -> Tn: ...
+
+
+@function
+def Op2(key: i64Like, x: Tn, y: Tn) -> Tn: ...
+
+
+@function
+def Op3(key: i64Like, x: Tn, y: Tn, z: Tn) -> Tn: ...
+
+
+@function
+def Un(op: StringLike, x: Tn) -> Tn: ...
+
+
+@function
+def Bin(op: StringLike, x: Tn, y: Tn) -> Tn: ...
+
+
+@function
+def Where(c: Tn, x: Tn, y: Tn) -> Tn: ...
+
+
+@function
+def MatMul(x: Tn, y: Tn) -> Tn: ...
+
+
+@function
+def Red(op: StringLike, a: i64Like, x: Tn) -> Tn: ...
+
+
+@function
+def Split(a: i64Like, pad: StringLike, x: Tn) -> Tn: ...
+
+
+@function
+def Sq(a: i64Like, x: Tn) -> Tn: ...
+
+
+@function
+def Unsq(a: i64Like, x: Tn) -> Tn: ...
+
+
+@function
+def Swap(x: Tn) -> Tn: ...
+
+
+@function
+def TopK(which: StringLike, k: i64Like, a: i64Like, x: Tn) -> Tn: ...
+
+
+@function(merge=lambda old, new: old)
+def rank(t: Tn) -> i64: ...
+
+
+flat = relation("flat", Tn, i64)
+splittable = relation("splittable", Tn, i64)
+extent = relation("extent", Tn, Tn, i64)
+AxisId = relation("AxisId", i64)
+
+CONSTRUCTORS = ("LeafT", "Op1", "Op2", "Op3", "Un", "Bin", "Where", "MatMul", "Red", "Split", "Sq", "Unsq",
+                "Swap", "TopK")
+
+
+# -- terms <-> egglog ---------------------------------------------------------
+
+def to_egg(t, tvars=None, avars=None):
+    """A rules/dsl term (concrete, or a pattern with variables) as an egglog expression."""
+    def axis(a: Axis):
+        if a.var is None:
+            return i64(a.offset)
+        v = avars.setdefault(a.var, var(a.var, i64))
+        return v + a.offset if a.offset else v
+
+    def go(t):
+        if isinstance(t, Var):
+            return tvars.setdefault(t.name, var(t.name, Tn))
+        if isinstance(t, Leaf):
+            args = [go(a) for a in t.args]
+            return (LeafT, Op1, Op2, Op3)[len(args)](t.key, *args)
+        op, args = t.op, t.args
+        if op in UNARY:
+            return Un(op, go(args[0]))
+        if op in REDUCE:
+            return Red(REDUCE[op], axis(args[1]), go(args[0]))
+        if op == "where":
+            return Where(*(go(a) for a in args))
+        if op == "matmul":
+            return MatMul(go(args[0]), go(args[1]))
+        if op == "split":
+            return Split(axis(args[1]), args[2], go(args[0]))
+        if op == "squeeze":
+            return Sq(axis(args[1]), go(args[0]))
+        if op == "unsqueeze":
+            return Unsq(axis(args[1]), go(args[0]))
+        if op == "swap":
+            return Swap(go(args[0]))
+        if op.startswith("topk_"):
+            k = args[1]
+            k = avars.setdefault(k.name, var(k.name, i64)) if isinstance(k, Var) else i64(k)
+            return TopK(op[5:], k, axis(args[2]), go(args[0]))
+        return Bin(op, go(args[0]), go(args[1]))
+
+    tvars = {} if tvars is None else tvars
+    avars = {} if avars is None else avars
+    return go(t)
+
+
+def from_node(op: str, args: list):
+    """A term from an extracted e-node: `op` a constructor name, `args` its children
+    (terms for tensors, Python values for primitives)."""
+    if op == "LeafT":
+        return Leaf(args[0])
+    if op in ("Op1", "Op2", "Op3"):
+        return Leaf(args[0], tuple(args[1:]))
+    if op == "Un":
+        return Term(args[0], (args[1],))
+    if op == "Bin":
+        return Term(args[0], (args[1], args[2]))
+    if op == "Where":
+        return Term("where", tuple(args))
+    if op == "MatMul":
+        return Term("matmul", tuple(args))
+    if op == "Red":
+        return Term("r" + args[0], (args[2], Axis(None, args[1])))
+    if op == "Split":
+        return Term("split", (args[2], Axis(None, args[0]), args[1]))
+    if op in ("Sq", "Unsq"):
+        return Term("squeeze" if op == "Sq" else "unsqueeze", (args[1], Axis(None, args[0])))
+    if op == "Swap":
+        return Term("swap", (args[0],))
+    if op == "TopK":
+        return Term("topk_" + args[0], (args[3], args[1], Axis(None, args[2])))
+    raise RuleError(f"unknown e-node {op!r}")
+
+
+def compile_rule(r: Rule):
+    """One DSL rule as an egglog rewrite (conditions become facts in the query)."""
+    tvars: dict = {}
+    avars: dict = {}
+    lhs = to_egg(r.lhs, tvars, avars)
+    rhs = to_egg(r.rhs, tvars, avars)
+    facts = []
+    for c in r.conditions:
+        if c.kind == "nonempty":  # a constraint on the binding, recorded on the candidate
+            continue
+        ts = [to_egg(a, tvars, avars) for a in c.args if isinstance(a, Var)]
+        a = c.args[-1]
+        av = i64(a.offset) if a.var is None else (avars[a.var] + a.offset if a.offset else avars[a.var])
+        facts.append({"flat": flat, "splittable": splittable, "extent": extent}[c.kind](*ts, av))
+    return rewrite(lhs).to(rhs, *facts)
+
+
+# -- the analysis: rank and constant axes of every term ------------------------
+
+def analysis_ruleset():
+    t, x, y, z = (var(n, Tn) for n in "txyz")
+    a, b, r, rx, ry, rz, k = (var(n, i64) for n in ("a", "b", "r", "rx", "ry", "rz", "k"))
+    op = var("op", String)
+    rules = []
+
+    def eq_(a_, b_):
+        return eq(a_).to(b_)
+
+    def rank_rule(pattern, facts, value):
+        rules.append(rule(eq_(t, pattern), *facts).then(set_(rank(t)).to(value)))
+
+    rx_f = eq(rx).to(rank(x))
+    ry_f = eq(ry).to(rank(y))
+    rz_f = eq(rz).to(rank(z))
+    rank_rule(Un(op, x), [rx_f], rx)
+    rank_rule(Bin(op, x, y), [rx_f, ry_f], rx.max(ry))
+    rank_rule(Where(x, y, z), [rx_f, ry_f, rz_f], rx.max(ry).max(rz))
+    rank_rule(MatMul(x, y), [rx_f, ry_f], rx.max(ry))
+    rank_rule(Red(op, a, x), [rx_f], rx)
+    rank_rule(Split(a, op, x), [rx_f], rx + 1)
+    rank_rule(Sq(a, x), [rx_f], rx - 1)
+    rank_rule(Unsq(a, x), [rx_f, rx + a >= 0], rx + 1)
+    rank_rule(Unsq(a, x), [rx_f, rx + a < 0], rx)
+    rank_rule(Swap(x), [rx_f], rx)
+    rank_rule(TopK(op, k, a, x), [rx_f], rx)
+
+    def flat_rule(pattern, facts, axis):
+        rules.append(rule(eq_(t, pattern), *facts).then(flat(t, axis)))
+
+    flat_rule(Un(op, x), [flat(x, b)], b)
+    flat_rule(Bin(op, x, y), [flat(x, b), flat(y, b)], b)
+    flat_rule(Where(x, y, z), [flat(x, b), flat(y, b), flat(z, b)], b)
+    flat_rule(Red(op, a, x), [], a)
+    flat_rule(Red(op, a, x), [flat(x, b)], b)
+    flat_rule(MatMul(x, y), [flat(y, -1)], i64(-1))
+    flat_rule(MatMul(x, y), [flat(x, -2)], i64(-2))
+    flat_rule(MatMul(x, y), [flat(x, b), flat(y, b), b <= -3], b)
+    flat_rule(Split(a, op, x), [flat(x, b), b > a], b)
+    flat_rule(Split(a, op, x), [flat(x, b), b < a], b - 1)
+    flat_rule(Sq(a, x), [flat(x, b), b >= a], b)
+    flat_rule(Sq(a, x), [flat(x, b), b < a - 1], b + 1)
+    flat_rule(Unsq(a, x), [flat(x, b), b >= a], b)
+    flat_rule(Unsq(a, x), [flat(x, b), b < a], b - 1)
+    flat_rule(Unsq(a, x), [], a - 1)
+    flat_rule(Swap(x), [flat(x, -2)], i64(-3))
+    flat_rule(Swap(x), [flat(x, -3)], i64(-2))
+    flat_rule(Swap(x), [flat(x, -1)], i64(-1))
+    flat_rule(Swap(x), [flat(x, b), b <= -4], b)
+    flat_rule(TopK(op, k, a, x), [flat(x, b), b < a], b)
+    flat_rule(TopK(op, k, a, x), [flat(x, b), b > a], b)
+    # An axis the term does not have is one it is constant along (broadcasting).
+    rules.append(rule(AxisId(b), eq(r).to(rank(t)), r + b < 0).then(flat(t, b)))
+    return ruleset(*rules, name="analysis")
+
+
+def new_egraph() -> EGraph:
+    eg = EGraph()
+    eg.register(*(AxisId(-i) for i in range(1, MAX_RANK + 1)))
+    return eg

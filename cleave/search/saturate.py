@@ -1,0 +1,113 @@
+"""Staged equality saturation with budgets.
+
+Rule families run in phases (SCHEDULE); within a phase, one rewrite iteration
+alternates with the analysis run to saturation, until nothing changes or a
+budget (iterations, e-nodes, seconds) is hit. A budget returns the e-graph as
+it is, with a warning: extraction still finds the best candidate so far.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+
+from egglog import ruleset, set_
+
+from . import egraph as E
+from .encode import Encoded, seeds
+
+# Phases: algebraic rewrites first, then splits (which look up the terms the first
+# phase made, e.g. the division moved after the MatMul), then the cleanups of a
+# split's axis bookkeeping.
+SCHEDULE = (
+    ("rewrite", ("algebra", "reduction", "normalization", "softmax", "rope")),
+    ("split", ("rescale", "split")),
+    ("cleanup", ("layout", "algebra", "reduction")),
+)
+
+
+@dataclass
+class Budgets:
+    iterations: int = 30
+    enodes: int = 20000
+    seconds: float = 30.0
+
+
+class BudgetWarning(UserWarning):
+    """Saturation stopped at a budget; the candidates are the best found so far."""
+
+
+@dataclass
+class Saturated:
+    egraph: object
+    roots: list
+    seconds: float = 0.0
+    iterations: int = 0
+    enodes: int = 0
+    fired: dict = field(default_factory=dict)
+    stopped: str | None = None
+
+
+def _size(eg) -> int:
+    sizes = eg.all_function_sizes()
+    return sum(n for fn, n in sizes if getattr(fn, "__name__", str(fn)) in E.CONSTRUCTORS) if sizes else 0
+
+
+def saturate(enc: Encoded, rules, budgets: Budgets, progress: bool = True) -> Saturated:
+    start = time.perf_counter()
+    eg = E.new_egraph()
+    roots = [eg.let(f"out{i}", E.to_egg(t)) for i, t in enumerate(enc.outputs)]
+    for kind, *args in seeds(enc):
+        if kind == "rank":
+            eg.register(set_(E.rank(E.to_egg(args[0]))).to(E.i64(args[1])))
+        else:
+            rel = {"flat": E.flat, "splittable": E.splittable, "extent": E.extent}[kind]
+            eg.register(rel(*(E.to_egg(a) for a in args[:-1]), args[-1]))
+    analysis = E.analysis_ruleset()
+    compiled = {r.name: (r, E.compile_rule(r)) for r in rules}
+    by_decl = {str(rw.decl): name for name, (_, rw) in compiled.items()}
+    out = Saturated(eg, roots)
+    for phase, families in SCHEDULE:
+        active = [rw for r, rw in compiled.values() if r.family in families]
+        if not active or out.stopped:
+            continue
+        rs = ruleset(*active, name=f"phase-{phase}")
+        for step in range(budgets.iterations):
+            eg.run(analysis.saturate())
+            report = eg.run(1, ruleset=rs)
+            out.iterations += 1
+            fired = []
+            for decl, n in report.num_matches_per_rule.items():
+                name = by_decl.get(str(decl))
+                if name and n:
+                    out.fired[name] = out.fired.get(name, 0) + n
+                    fired.append(name)
+            out.enodes = _size(eg)
+            elapsed = time.perf_counter() - start
+            if progress:
+                print(f"[cleave search] {enc.graph.name}: phase {phase} iteration {step + 1}: "
+                      f"{out.enodes} e-nodes, {elapsed:.2f}s, fired {', '.join(sorted(set(fired))) or 'nothing'}",
+                      file=sys.stderr)
+            if not report.updated:
+                break
+            stop = _over(budgets, out, elapsed)
+            if stop:
+                out.stopped = stop
+                warnings.warn(f"search of {enc.graph.name}: {stop}; returning the best candidates so far",
+                              BudgetWarning, stacklevel=3)
+                break
+    eg.run(analysis.saturate())
+    out.enodes = _size(eg)
+    out.seconds = time.perf_counter() - start
+    return out
+
+
+def _over(b: Budgets, s: Saturated, elapsed: float) -> str | None:
+    if s.iterations >= b.iterations:
+        return f"iteration budget {b.iterations} reached"
+    if s.enodes >= b.enodes:
+        return f"e-node budget {b.enodes} reached ({s.enodes} e-nodes)"
+    if elapsed >= b.seconds:
+        return f"time budget {b.seconds}s reached"
+    return None
