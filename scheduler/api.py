@@ -1,0 +1,149 @@
+"""`schedule`: bind, partition, tile, generate and rank plans for one candidate."""
+from __future__ import annotations
+
+import itertools
+import math
+
+from cleave.ir import BindingError, Candidate, Graph
+from cleave.ir import dims as D
+from cleave.ir.graph import rebuild
+
+from .codegen import Emitter, fact_table
+from .cost import kernel_time
+from .partition import KernelSpec, Store, partition
+from .plan import Buffer, Kernel, Plan
+from .target import H200
+from .tiles import aliases, enumerate_tilings, remap
+
+
+def split_symbols(graph: Graph) -> list[str]:
+    out = []
+    for n in graph.live_nodes():
+        if n.op == "split":
+            out += [s.name for s in n.attrs["count"].free_symbols]
+    return sorted(set(out))
+
+
+def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
+    alias = aliases(spec.views, t)
+    views = remap(spec.views, alias)
+    subs = {views.labels[a].sym: views.labels[b].sym for a, b in alias.items()}
+    stores = [Store(r, s.buffer, tuple(e.xreplace(subs) for e in s.view), s.node)
+              for s, r in zip(spec.stores, views.roots)]
+    spec = KernelSpec(spec.name, views, stores, spec.root_labels)
+    em = Emitter(spec, t, facts, env, dynamic)
+    source, bufs, grid = em.program(spec.name, symbols, dynamic)
+    programs = 1
+    for lab in spec.root_labels:
+        programs *= -(-D.evaluate(lab.extent, env) // t.block[lab.id])
+    seconds = kernel_time(em.stats, programs, t.num_warps, t.num_stages, target)
+    return seconds, source, bufs, grid
+
+
+def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
+    found = []
+    errors = []
+    for t in enumerate_tilings(spec.views, spec.root_labels, env, dynamic, target):
+        try:
+            seconds, source, bufs, grid = _compile(spec, t, facts, env, dynamic, symbols, target)
+        except (BindingError, ValueError) as err:
+            errors.append(str(err))
+            continue
+        if seconds is None:
+            continue
+        tiles = {f"X{i}": b for i, b in t.block.items()}
+        found.append((seconds, Kernel(spec.name, source, grid, bufs + symbols, {}, t.num_warps, t.num_stages),
+                      tiles))
+    if not found:
+        raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
+                           + (f" ({errors[0]})" if errors else ""))
+    found.sort(key=lambda f: f[0])
+    return found[:keep]
+
+
+def _split_candidates(graph, env, sym, base_programs, target) -> list[int]:
+    """s = 1 and values near 2*SMs / (programs without a split)."""
+    n = None
+    for node in graph.live_nodes():
+        if node.op == "split" and sym in {s.name for s in node.attrs["count"].free_symbols}:
+            n = D.evaluate(node.inputs[0].shape[node.attrs["axis"]], env)
+    near = max(1, math.ceil(2 * target.sms / max(base_programs, 1)))
+    out = {1}
+    for c in (near // 2, near, near * 2):
+        if 1 < c <= max(1, n // 16):
+            out.add(c)
+    return sorted(out)
+
+
+def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), top_k: int = 4,
+             target=H200, split: dict[str, int] | None = None) -> list[Plan]:
+    """Ranked plans (best first) for a candidate at a binding of its symbols. Symbols
+    in `dynamic` stay runtime arguments (one compile serves all their values); split
+    counts are chosen here unless `split` fixes them."""
+    if isinstance(candidate, Graph):
+        candidate = Candidate(candidate)
+    graph = rebuild(candidate.graph)
+    if graph.text() != candidate.graph.text():
+        raise BindingError("scheduler: the candidate graph is not renumbered (pass ir.rebuild(graph)); "
+                           "fact node ids would not match")
+    facts = fact_table(graph, candidate.facts)
+    dynamic = set(dynamic)
+    splits = split_symbols(graph)
+    env = dict(shapes)
+    missing = [s.name for s in graph.symbols() if s.name not in env and s.name not in splits]
+    if missing:
+        raise BindingError(f"scheduler: no value for symbol(s) {', '.join(missing)}")
+    bad = dynamic & set(splits)
+    if bad:
+        raise BindingError(f"scheduler: split count(s) {sorted(bad)} cannot be dynamic")
+    symbols = sorted(s.name for s in graph.symbols())
+    options = []
+    if split:
+        grid_choices = [dict(split)]
+    elif splits:
+        base = _schedule_at(graph, facts, {**env, **{s: 1 for s in splits}}, dynamic, symbols, target, 1)
+        programs = _programs(base[0]) if base else 1
+        grid_choices = [dict(zip(splits, c)) for c in itertools.product(
+            *(_split_candidates(graph, env, s, programs, target) for s in splits))]
+    else:
+        grid_choices = [{}]
+    for sc in grid_choices:
+        options += _schedule_at(graph, facts, {**env, **sc}, dynamic, symbols, target, top_k, sc)
+    options.sort(key=lambda p: p.cost)
+    return options[:top_k]
+
+
+def _programs(plan: Plan) -> int:
+    from .exprs import evaluate
+
+    return max(evaluate(k.grid[0], plan.env) for k in plan.kernels)
+
+
+def _schedule_at(graph, facts, env, dynamic, symbols, target, top_k, split=None) -> list[Plan]:
+    graph.check(env)
+    specs = partition(graph, env)
+    per_kernel = [_kernel_options(s, facts, env, dynamic, symbols, target, top_k) for s in specs]
+    plans = []
+    for rank in range(top_k):
+        chosen = [opts[min(rank, len(opts) - 1)] for opts in per_kernel]
+        if rank and all(len(o) <= rank for o in per_kernel):
+            break
+        kernels = [c[1] for c in chosen]
+        tiles = {}
+        for spec, c in zip(specs, chosen):
+            tiles.update({f"{spec.name}.{k}": v for k, v in c[2].items()})
+        plans.append(_plan(graph, specs, kernels, tiles, sum(c[0] for c in chosen), env, dynamic, split or {}))
+    return plans
+
+
+def _plan(graph, specs, kernels, tiles, cost, env, dynamic, split) -> Plan:
+    def buf(node, name):
+        return Buffer(name, [D.fmt(d) for d in node.shape], str(node.dtype))
+
+    inputs = [buf(n, name) for name, n in graph.inputs.items()]
+    outputs = [buf(n, name) for name, n in zip(graph.output_names, graph.outputs)]
+    produced = {st.buffer: st.node for spec in specs for st in spec.stores}
+    inter = [Buffer(name, [D.fmt(d) for d in node.shape], "f32" if node.dtype.is_float else str(node.dtype))
+             for name, node in produced.items() if name not in graph.output_names]
+    return Plan(graph.text(), kernels, inputs, outputs, inter, dict(split), tiles, cost, sorted(dynamic),
+                {k: v for k, v in env.items()})

@@ -1,0 +1,555 @@
+"""Triton codegen from a kernel's instances and its tiling (the intra-block pass).
+
+The program is a tree of blocks: the top block (the program's output tile) and one
+`for` loop per group of reductions over a loop label. Each value is emitted in its
+*home*: the innermost enclosing block whose loop labels it varies over (so the q
+tile is loaded before the kv loop: loop-invariant hoisting). Reductions over one
+loop label whose results do not feed each other share a loop (horizontal fusion);
+one that consumes another's result over the same label joins its loop only through
+a proven Separable fact (the running y, and the accumulators rescaled by
+H(y_new)/H(y_old) each step); otherwise it runs in a later loop (another pass).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from cleave.ir import ShapeError
+from cleave.ir import dims as D
+from cleave.ir.dtypes import DType
+
+from .exprs import code
+from .fexpr import Y_NEW, Y_OLD, fcode, parse_rescale
+from .partition import KernelSpec, buffer_name
+from .tiles import Tiling, is_full
+
+TL = {DType.f64: "tl.float64", DType.f32: "tl.float32", DType.f16: "tl.float16", DType.bf16: "tl.bfloat16",
+      DType.i64: "tl.int64", DType.i32: "tl.int32", DType.bool: "tl.int1"}
+LOW = ("tl.bfloat16", "tl.float16")
+NEUTRAL = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
+COMBINE = {"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}
+UNARY = {"exp": "tl.exp({x})", "log": "tl.log({x})", "sqrt": "tl.sqrt({x})", "rsqrt": "tl.rsqrt({x})",
+         "neg": "-{x}", "recip": "1.0 / {x}", "silu": "{x} * tl.sigmoid({x})", "sigmoid": "tl.sigmoid({x})",
+         "tanh": "2.0 * tl.sigmoid(2.0 * {x}) - 1.0", "square": "{x} * {x}", "cos": "tl.cos({x})",
+         "sin": "tl.sin({x})", "abs": "tl.abs({x})"}
+BINARY = {"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
+          "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})", "pow": "tl.exp(tl.log({a}) * {b})",
+          "lt": "{a} < {b}", "le": "{a} <= {b}", "gt": "{a} > {b}", "ge": "{a} >= {b}", "eq": "{a} == {b}",
+          "ne": "{a} != {b}"}
+
+
+@dataclass
+class Val:
+    name: str
+    dims: tuple  # label ids, in canonical order
+    ty: str
+    zero: bool = False  # a masked load: exactly 0 outside the valid indices
+
+
+@dataclass
+class Block:
+    parent: "Block | None"
+    chain: tuple  # loop label ids, outermost first
+    lines: list = field(default_factory=list)
+    cache: dict = field(default_factory=dict)
+    trips: float = 1.0  # iterations of this block per program
+
+
+@dataclass
+class Stats:
+    """What the cost model reads, per program."""
+    bytes: float = 0.0
+    flops: float = 0.0
+    smem: int = 0
+    acc_elems: int = 0
+
+
+class Emitter:
+    def __init__(self, spec: KernelSpec, t: Tiling, facts: dict, env: dict, dynamic: set):
+        self.spec, self.t, self.env, self.dynamic = spec, t, env, dynamic
+        self.views = spec.views
+        self.labels = {lab.id: lab for lab in self.views.labels}
+        self.facts = facts  # node id of F -> (factor node id, rescale expr)
+        self.n = 0
+        self.stats = Stats()
+        used = set()
+        for inst in self.views.memo.values():
+            used |= inst.labels | ({inst.reduced.id} if inst.reduced else set())
+        grid = [lab.id for lab in spec.root_labels]
+        loops = [i for i in used if t.role[i] == "loop"]
+        full = [i for i in used if i not in grid and i not in loops]
+        self.canon = [i for i in grid if not is_full(t, i)] + sorted(loops) + [i for i in grid if is_full(t, i)] + sorted(full)
+        self.accs = [i for i in self.views.memo.values() if i.reduced is not None and t.role[i.reduced.id] == "loop"]
+        self.pending: set = set()
+
+    # -- small helpers ----------------------------------------------------
+    def var(self, block: Block, expr: str, dims, ty: str, prefix="v") -> Val:
+        name = f"{prefix}{self.n}"
+        self.n += 1
+        block.lines.append(f"{name} = {expr}")
+        return Val(name, tuple(dims), ty)
+
+    def dims(self, labels) -> tuple:
+        return tuple(i for i in self.canon if i in labels and self.t.block[i] > 1)
+
+    def idx(self, lid: int, dims) -> str:
+        if self.t.block[lid] == 1:
+            return f"tid{lid}" if self.t.role[lid] == "grid" else "0"
+        if list(dims) == [lid]:
+            return f"idx{lid}"
+        return f"idx{lid}[" + ", ".join(":" if d == lid else "None" for d in dims) + "]"
+
+    def names(self, dims) -> dict:
+        return {lab.sym: self.idx(lab.id, dims) for lab in self.views.labels}
+
+    def valid(self, lid: int, dims) -> str | None:
+        lab, b = self.labels[lid], self.t.block[lid]
+        static = self.t.static.get(lid)
+        if static is not None and (static % b == 0 or (b == 1 and self.t.role[lid] != "loop")):
+            return None
+        return f"({self.idx(lid, dims)} < {code(lab.extent)})"
+
+    def align(self, v: Val, dims) -> str:
+        if v.dims == tuple(dims) or not v.dims:
+            return v.name
+        missing = [d for d in v.dims if d not in dims]
+        if missing:
+            raise ShapeError(f"scheduler: internal: value {v.name} varies over labels {missing} not in {dims}")
+        return f"{v.name}[" + ", ".join(":" if d in v.dims else "None" for d in dims) + "]"
+
+    def f32(self, v: Val, dims=None) -> str:
+        s = self.align(v, dims) if dims is not None else v.name
+        return f"{s}.to(tl.float32)" if v.ty in LOW or v.ty in ("tl.int64", "tl.int32") else s
+
+    @staticmethod
+    def find(block: Block, inst) -> Val | None:
+        while block is not None:
+            if id(inst) in block.cache:
+                return block.cache[id(inst)]
+            block = block.parent
+        return None
+
+    def home(self, block: Block, labels) -> Block:
+        depth = max([block.chain.index(i) + 1 for i in labels if self.t.role[i] == "loop" and i in block.chain],
+                    default=0)
+        while len(block.chain) > depth:
+            block = block.parent
+        return block
+
+    def is_acc(self, inst) -> bool:
+        return inst.reduced is not None and self.t.role[inst.reduced.id] == "loop" and not inst.leaf
+
+    # -- values -----------------------------------------------------------
+    def ensure(self, block: Block, inst) -> Val:
+        found = self.find(block, inst)
+        if found is not None:
+            return found
+        missing = [i for i in inst.labels if self.t.role[i] == "loop" and i not in block.chain]
+        if missing:
+            raise ShapeError(f"scheduler: node %{inst.node.id} ({inst.node.op}) varies over loop label "
+                             f"X{missing[0]} outside its loop")
+        h = self.home(block, inst.labels)
+        if self.is_acc(inst):
+            self.group(h, inst)
+            return self.find(h, inst)
+        args = [self.ensure(h, x) for x in inst.inputs]
+        h = self.home(block, inst.labels)
+        val = self.compute(h, inst, args)
+        h.cache[id(inst)] = val
+        return val
+
+    def compute(self, b: Block, inst, args) -> Val:
+        n, op = inst.node, inst.op
+        dims = self.dims(inst.labels)
+        if op == "load":
+            return self.load(b, inst, dims)
+        if op == "const":
+            ty = TL[n.dtype]
+            value = n.attrs["value"]
+            lit = repr(float(value)) if n.dtype.is_float else str(int(value))
+            if n.dtype.is_float and abs(value) == float("inf"):
+                lit = 'float("inf")' if value > 0 else 'float("-inf")'
+            return self.var(b, f"tl.full([], {lit}, {ty})", (), ty)
+        if op == "size":
+            return self.var(b, f"tl.zeros([], tl.float32) + {code(n.attrs['value'])}", (), "tl.float32")
+        if op == "iota":
+            e = code(inst.view[n.attrs["axis"]], self.names(dims))
+            return self.var(b, e, dims, "tl.int32")
+        if op in UNARY:
+            return self.var(b, UNARY[op].format(x=self.f32(args[0])), dims, "tl.float32")
+        if op == "cast":
+            ty = TL[n.dtype]
+            out = self.var(b, f"{args[0].name}.to({ty})", args[0].dims, ty)
+            out.zero = args[0].zero
+            return out
+        if op in BINARY:
+            a, c = args
+            ty = "tl.int1" if op in ("lt", "le", "gt", "ge", "eq", "ne") else (
+                "tl.float32" if n.dtype.is_float else TL[n.dtype])
+            conv = self.f32 if n.dtype.is_float else self.align
+            if op in ("lt", "le", "gt", "ge", "eq", "ne") and not (a.ty in ("tl.int32", "tl.int64") and c.ty in ("tl.int32", "tl.int64")):
+                conv = self.f32
+            return self.var(b, BINARY[op].format(a=conv(a, dims), b=conv(c, dims)), dims, ty)
+        if op == "where":
+            c, x, y = args
+            conv = self.f32 if n.dtype.is_float else self.align
+            return self.var(b, f"tl.where({self.align(c, dims)}, {conv(x, dims)}, {conv(y, dims)})", dims,
+                            "tl.float32" if n.dtype.is_float else TL[n.dtype])
+        if op in ("broadcast", "permute", "reshape", "slice"):
+            return args[0]
+        if op == "concat":
+            axis, e = n.attrs["axis"], code(inst.view[n.attrs["axis"]], self.names(dims))
+            offset, expr = D.dim(0), None
+            bounds = []
+            for x in n.inputs:
+                offset = offset + x.shape[axis]
+                bounds.append(code(offset))
+            expr = self.f32(args[-1], dims)
+            for v, bound in zip(reversed(args[:-1]), reversed(bounds[:-1])):
+                expr = f"tl.where({e} < {bound}, {self.f32(v, dims)}, {expr})"
+            return self.var(b, expr, dims, "tl.float32")
+        if op == "split":
+            axis = n.attrs["axis"]
+            merged = inst.view[axis] * n.shape[axis + 1] + inst.view[axis + 1]
+            bound = code(n.inputs[0].shape[axis])
+            pad = n.attrs["pad"]
+            if pad is None:
+                return self.var(b, self.align(args[0], dims), dims, args[0].ty)
+            lit = 'float("-inf")' if pad == float("-inf") else ('float("inf")' if pad == float("inf") else repr(float(pad)))
+            return self.var(b, f"tl.where({code(merged, self.names(dims))} < {bound}, {self.f32(args[0], dims)}, {lit})",
+                            dims, "tl.float32")
+        if op == "reduce":
+            return self.reduce_full(b, inst, args[0], dims)
+        if op == "matmul":
+            return self.dot(b, inst, args[0], args[1], dims)
+        if op == "topk":
+            return self.topk(b, inst, args[0], dims)
+        raise ShapeError(f"scheduler: no Triton lowering for op {op!r} (node %{n.id})")
+
+    def load(self, b: Block, inst, dims) -> Val:
+        node = inst.node
+        shape = node.shape
+        names = self.names(dims)
+        terms, mask = [], []
+        for k, e in enumerate(inst.view):
+            stride = sympy.Mul(*shape[k + 1:]) if k + 1 < len(shape) else sympy.Integer(1)
+            e = sympy.sympify(e)
+            if e == 0:
+                continue
+            terms.append(f"{code(e, names)} * {code(stride)}" if stride != 1 else code(e, names))
+            lab = self.views.by_sym().get(e)
+            if lab is None or not D.equal(lab.extent, shape[k]):
+                mask.append(f"({code(e, names)} < {code(shape[k])})")
+                if any(c < 0 for c in sympy.Poly(e, *e.free_symbols).coeffs()) if e.free_symbols else e < 0:
+                    mask.append(f"({code(e, names)} >= 0)")
+        for lid in inst.labels:
+            v = self.valid(lid, dims)
+            if v:
+                mask.append(v)
+        ptr = f"{buffer_name(self.views.graph, node)}_ptr"
+        addr = ptr + (" + " + " + ".join(terms) if terms else "")
+        m = f", mask={' & '.join(dict.fromkeys(mask))}, other=0" if mask else ""
+        elems = 1
+        for d in dims:
+            elems *= self.t.block[d]
+        ty = self.buffer_dtype(node)
+        self.stats.bytes += elems * _size(ty) * b.trips
+        out = self.var(b, f"tl.load({addr}{m})", dims, ty)
+        out.zero = True
+        return out
+
+    def buffer_dtype(self, node) -> str:
+        if node.op == "input" or any(node is o for o in self.views.graph.outputs):
+            return TL[node.dtype]
+        return "tl.float32" if node.dtype.is_float else TL[node.dtype]
+
+    def masked(self, v: Val, lid: int, neutral: str) -> str:
+        valid = self.valid(lid, v.dims)
+        x = self.f32(v)
+        return f"tl.where({valid}, {x}, {neutral})" if valid else x
+
+    def partial_reduce(self, b: Block, inst, x: Val) -> Val:
+        """Reduce x over the instance's reduced label within one tile."""
+        op, r = inst.node.attrs["op"], inst.reduced.id
+        out = tuple(d for d in x.dims if d != r)
+        if r not in x.dims:  # constant along r (or a single element)
+            if op == "sum" and self.t.block[r] > 1:
+                return self.var(b, f"{self.f32(x)} * {self.count(r)}", out, "tl.float32")
+            return x
+        fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[op]
+        return self.var(b, f"{fn}({self.masked(x, r, NEUTRAL[op])}, axis={x.dims.index(r)})", out, "tl.float32")
+
+    def count(self, lid: int) -> str:
+        """How many valid indices of label lid the current tile holds."""
+        valid = self.valid(lid, (lid,))
+        return f"tl.sum(({valid}).to(tl.float32), axis=0)" if valid else f"{self.t.block[lid]}.0"
+
+    def reduce_full(self, b: Block, inst, x: Val, dims) -> Val:
+        return self.partial_reduce(b, inst, x)
+
+    def dot(self, b: Block, inst, a: Val, c: Val, dims, acc: str | None = None) -> Val:
+        k = inst.reduced.id
+        m = self.dims(inst.labels)
+        na, nc = inst.node.inputs
+        mk = [d for d in a.dims if d != k]
+        kn = [d for d in c.dims if d != k]
+        blocks_ok = all(self.t.block[d] >= 16 for d in mk + kn + [k])
+        shape_ok = len(mk) == 1 and len(kn) == 1 and mk != kn and k in a.dims and k in c.dims
+        elems = 1
+        for d in m:
+            elems *= self.t.block[d]
+        self.stats.flops += 2 * elems * self.t.block[k] * b.trips
+        if blocks_ok and shape_ok and tuple(m) in ((mk[0], kn[0]), (kn[0], mk[0])):
+            # Padded contraction lanes must contribute 0: a masked load is 0 there,
+            # a computed operand is masked (one zero side suffices, the other is finite).
+            if self.valid(k, a.dims) and not (a.zero or c.zero):
+                a = self.var(b, f"tl.where({self.valid(k, a.dims)}, {a.name}, 0.0).to({a.ty})", a.dims, a.ty)
+            low = (a.ty in LOW or self._low(na)) and (c.ty in LOW or self._low(nc))
+            lo, hi = self.operand(a, na, (mk[0], k), low), self.operand(c, nc, (k, kn[0]), low)
+            prec = "" if low else ", input_precision=\"ieee\""
+            self.stats.smem = max(self.stats.smem, (self.t.block[mk[0]] + self.t.block[kn[0]]) * self.t.block[k] * 2)
+            expr = f"tl.dot({lo}, {hi}{', ' + acc if acc else ''}{prec})"
+            if (mk[0], kn[0]) != tuple(m):
+                if acc:
+                    raise ShapeError("scheduler: internal: transposed dot accumulator")
+                expr = f"tl.trans({expr})"
+            return self.var(b, expr, m, "tl.float32")
+        full = self.dims(set(a.dims) | set(c.dims))
+        prod = f"{self.f32(a, full)} * {self.f32(c, full)}"
+        valid = self.valid(k, full)
+        if valid:
+            prod = f"tl.where({valid}, {prod}, 0.0)"
+        expr = f"tl.sum({prod}, axis={full.index(k)})" if k in full else prod
+        if acc:
+            expr = f"{acc} + {expr}"
+        return self.var(b, expr, m, "tl.float32")
+
+    @staticmethod
+    def _low(node) -> bool:
+        return node.dtype in (DType.bf16, DType.f16)
+
+    def operand(self, v: Val, node, order, low: bool) -> str:
+        """A tl.dot operand: in the graph's low precision (tensor cores) or fp32."""
+        s = v.name
+        if low:
+            ty = v.ty if v.ty in LOW else (TL[node.dtype] if self._low(node) else "tl.bfloat16")
+            s = f"{s}.to({'DOT_BF16' if ty == 'tl.bfloat16' else ty})"
+        elif v.ty != "tl.float32":
+            s = f"{s}.to(tl.float32)"
+        return s if v.dims == tuple(order) else f"tl.trans({s})"
+
+    def topk(self, b: Block, inst, x: Val, dims) -> Val:
+        node = inst.node
+        key = ("topk", id(inst.inputs[0]), node.attrs["k"], tuple(inst.view))
+        if key not in b.cache:
+            r = inst.reduced.id
+            kexpr = inst.view[node.attrs["axis"]]
+            klab = self.views.by_sym()[kexpr].id
+            pos = x.dims.index(r)
+            work = self.var(b, self.masked(x, r, 'float("-inf")'), x.dims, "tl.float32")
+            vals = self.var(b, f"tl.zeros({[self.t.block[d] for d in dims]}, tl.float32)", dims, "tl.float32")
+            idxs = self.var(b, f"tl.zeros({[self.t.block[d] for d in dims]}, tl.int64)", dims, "tl.int64")
+            red = Val("", tuple(d for d in x.dims if d != r), "")
+            ri, ki = self.idx(r, x.dims), self.idx(klab, dims)
+            b.lines += [
+                f"for kk in tl.static_range({node.attrs['k']}):",
+                f"    best = tl.max({work.name}, axis={pos})",
+                f"    hit = tl.min(tl.where({work.name} == {self.align(Val('best', red.dims, ''), x.dims)}, {ri}, {self.t.block[r]}), axis={pos})",
+                f"    {vals.name} = tl.where({ki} == kk, {self.align(Val('best', red.dims, ''), dims)}, {vals.name})",
+                f"    {idxs.name} = tl.where({ki} == kk, {self.align(Val('hit', red.dims, ''), dims)}, {idxs.name})",
+                f"    {work.name} = tl.where({ri} == {self.align(Val('hit', red.dims, ''), x.dims)}, float(\"-inf\"), {work.name})",
+            ]
+            b.cache[key] = (vals, idxs)
+        vals, idxs = b.cache[key]
+        return vals if node.attrs["which"] == "values" else idxs
+
+    # -- loops ------------------------------------------------------------
+    def depends(self, a, b_inst, stop_factor: bool) -> bool:
+        """Whether a's inputs reach b; with stop_factor, paths through a Separable node
+        whose factor is b's node do not count."""
+        seen, stack = set(), list(a.inputs)
+        while stack:
+            i = stack.pop()
+            if id(i) in seen:
+                continue
+            seen.add(id(i))
+            if i is b_inst:
+                return True
+            if stop_factor and self.facts.get(i.node.id, (None,))[0] == b_inst.node.id:
+                continue
+            stack.extend(i.inputs)
+        return False
+
+    def covered(self, a, b_inst) -> bool:
+        sum_like = a.op == "matmul" or (a.op == "reduce" and a.node.attrs["op"] == "sum")
+        return sum_like and b_inst.op == "reduce" and not self.depends(a, b_inst, stop_factor=True)
+
+    def group(self, h: Block, inst):
+        x = inst.reduced.id
+        pool = [a for a in self.accs if a.reduced.id == x and self.find(h, a) is None
+                and self.home(h, a.labels) is h and all(i in h.chain for i in a.labels if self.t.role[i] == "loop")]
+        wave: dict = {}
+
+        def w(a):
+            if id(a) not in wave:
+                wave[id(a)] = 0
+                wave[id(a)] = max([w(c) + (0 if self.covered(a, c) else 1) for c in pool
+                                   if c is not a and self.depends(a, c, False)], default=0)
+            return wave[id(a)]
+
+        members = [a for a in pool if w(a) == w(inst)]
+        order = []
+        for a in sorted(members, key=lambda a: sum(self.depends(a, c, False) for c in members)):
+            order.append(a)
+        factors = {id(c) for a in order for c in order if c is not a and self.depends(a, c, False)}
+        self.emit_loop(h, x, order, factors)
+
+    def emit_loop(self, h: Block, x: int, order, factors):
+        accs = {}
+        for a in order:
+            dims = self.dims(a.labels)
+            kind = "sum" if a.op == "matmul" else a.node.attrs["op"]
+            shape = [self.t.block[d] for d in dims]
+            init = "tl.zeros({s}, tl.float32)" if kind == "sum" else f"tl.full({{s}}, {NEUTRAL[kind]}, tl.float32)"
+            accs[id(a)] = self.var(h, init.format(s=shape), dims, "tl.float32", prefix="acc")
+            self.stats.acc_elems += max(1, _prod(shape))
+        lab = self.labels[x]
+        bx = self.t.block[x]
+        trips = -(-D.evaluate(lab.extent, self.env) // bx)
+        body = Block(h, h.chain + (x,), trips=h.trips * trips)
+        body.lines.append(f"idx{x} = start{x} + tl.arange(0, {bx})")
+        alphas = {}
+        for a in order:
+            acc = accs[id(a)]
+            scale = [alphas[id(c)] for c in order if id(c) in alphas and self.depends(a, c, False)]
+            if scale:
+                factor = " * ".join(self.align(s, acc.dims) for s in scale)
+                body.lines.append(f"{acc.name} = {acc.name} * {factor}")
+            if a.op == "matmul":
+                lhs, rhs = self.ensure(body, a.inputs[0]), self.ensure(body, a.inputs[1])
+                part = self.dot(body, a, lhs, rhs, acc.dims, acc=acc.name)
+                body.lines.append(f"{acc.name} = {part.name}")
+                continue
+            kind = a.node.attrs["op"]
+            part = self.partial_reduce(body, a, self.ensure(body, a.inputs[0]))
+            if id(a) in factors:
+                old = self.var(body, acc.name, acc.dims, acc.ty, prefix="old")
+                body.lines.append(f"{acc.name} = " + COMBINE[kind].format(a=acc.name, b=self.align(part, acc.dims)))
+                fact = self.rescale_for(a, order)
+                if fact is not None:
+                    r = fcode(fact, {Y_OLD: old.name, Y_NEW: acc.name})
+                    alphas[id(a)] = self.var(body, f"tl.where({old.name} == {acc.name}, 1.0, {r})", acc.dims,
+                                             "tl.float32", prefix="alpha")
+                if kind in ("max", "min"):  # an empty prefix leaves +-inf: read it as 0 in the separated node
+                    body.cache[id(a)] = self.var(body, f"tl.where(tl.abs({acc.name}) == float(\"inf\"), 0.0, {acc.name})",
+                                                 acc.dims, "tl.float32", prefix="run")
+                else:
+                    body.cache[id(a)] = acc
+            else:
+                body.lines.append(f"{acc.name} = " + COMBINE[kind].format(a=acc.name, b=self.align(part, acc.dims)))
+        hi = self.loop_bound(h, x)
+        h.lines.append(f"for start{x} in range(0, {hi}, {bx}):")
+        h.lines += ["    " + line for line in body.lines]
+        for a in order:
+            h.cache[id(a)] = accs[id(a)]
+
+    def rescale_for(self, factor, order):
+        for a in order:
+            if a is factor or not self.depends(a, factor, False):
+                continue
+            for node_id, (fid, expr) in self.facts.items():
+                if fid == factor.node.id:
+                    return expr
+        return None
+
+    def loop_bound(self, h: Block, x: int) -> str:
+        return code(self.labels[x].extent)
+
+    # -- the kernel -------------------------------------------------------
+    def program(self, name: str, symbols: list, dynamic: list) -> tuple[str, list, list]:
+        top = Block(None, ())
+        g = self.spec.views.graph
+        grid_terms = []
+        decode = []
+        for lid in reversed(self.canon_grid()):
+            lab, bx = self.labels[lid], self.t.block[lid]
+            tiles = f"(({code(lab.extent)} + {bx - 1}) // {bx})" if bx > 1 else code(lab.extent)
+            grid_terms.append(f"cdiv({code(lab.extent)}, {bx})" if bx > 1 else code(lab.extent))
+            decode.append(f"tid{lid} = pid % {tiles}")
+            decode.append(f"pid = pid // {tiles}")
+            if bx > 1:
+                decode.append(f"idx{lid} = tid{lid} * {bx} + tl.arange(0, {bx})")
+        top.lines += ["pid = tl.program_id(0).to(tl.int64)"] + decode
+        for lab in self.views.labels:
+            if self.t.role[lab.id] == "full" and self.t.block[lab.id] > 1:
+                top.lines.append(f"idx{lab.id} = tl.arange(0, {self.t.block[lab.id]})")
+        for st in self.spec.stores:
+            v = self.ensure(top, st.inst)
+            self.store(top, st, v)
+        bufs = []
+        for inst in self.views.memo.values():
+            if inst.leaf:
+                bufs.append(buffer_name(g, inst.node))
+        outs = [st.buffer for st in self.spec.stores]
+        bufs = list(dict.fromkeys(sorted(set(bufs)) + outs))
+        params = [f"{b}_ptr" for b in bufs] + [s if s in dynamic else f"{s}: tl.constexpr" for s in symbols]
+        dns = f"(do_not_specialize={sorted(s for s in symbols if s in dynamic)!r})" if any(s in dynamic for s in symbols) else ""
+        comment = [f"# X{lab.id}: extent {D.fmt(lab.extent)}, {self.t.role[lab.id]}, block {self.t.block[lab.id]}"
+                   for lab in self.views.labels]
+        src = ["import os", "", "import triton", "import triton.language as tl", "",
+               "# Triton's CPU interpreter computes bf16 tl.dot wrongly; it gets fp32 operands there.",
+               "DOT_BF16 = tl.constexpr(tl.float32 if os.environ.get(\"TRITON_INTERPRET\") == \"1\" else tl.bfloat16)",
+               "", ""] + comment + [
+            f"@triton.jit{dns}", f"def {name}({', '.join(params)}):"] + ["    " + ln for ln in top.lines]
+        grid = " * ".join(grid_terms) or "1"
+        return "\n".join(src) + "\n", bufs, [grid]
+
+    def canon_grid(self) -> list:
+        return [lab.id for lab in self.spec.root_labels]
+
+    def store(self, b: Block, st, v: Val):
+        dims = self.dims(self.views.labels_of(st.view))
+        names = self.names(dims)
+        shape = st.node.shape
+        terms, mask = [], []
+        for k, e in enumerate(st.view):
+            e = sympy.sympify(e)
+            stride = sympy.Mul(*shape[k + 1:]) if k + 1 < len(shape) else sympy.Integer(1)
+            if e == 0:
+                continue
+            terms.append(f"{code(e, names)} * {code(stride)}" if stride != 1 else code(e, names))
+        for lid in self.views.labels_of(st.view):
+            m = self.valid(lid, dims)
+            if m:
+                mask.append(m)
+        elems = _prod([self.t.block[d] for d in dims])
+        self.stats.bytes += elems * 4
+        addr = f"{st.buffer}_ptr" + (" + " + " + ".join(terms) if terms else "")
+        value = self.align(v, dims)
+        if v.dims != dims and v.dims and dims:
+            value = f"tl.broadcast_to({value}, {[self.t.block[d] for d in dims]})"
+        elif not v.dims and dims:
+            value = f"tl.full({[self.t.block[d] for d in dims]}, 0, {v.ty}) + {value}"
+        m = f", mask={' & '.join(mask)}" if mask else ""
+        b.lines.append(f"tl.store({addr}, {value}.to({st.buffer}_ptr.dtype.element_ty){m})")
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def _size(ty: str) -> int:
+    return {"tl.float64": 8, "tl.int64": 8, "tl.float32": 4, "tl.int32": 4, "tl.bfloat16": 2, "tl.float16": 2,
+            "tl.int1": 1}[ty]
+
+
+def fact_table(graph, facts) -> dict:
+    """Separable facts keyed by the F node's id, with the rescale parsed."""
+    out = {}
+    for f in facts:
+        out[f.node] = (f.factor, parse_rescale(f.rescale))
+    return out

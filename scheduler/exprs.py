@@ -1,0 +1,47 @@
+"""Print sympy index and extent expressions as Triton/Python integer code."""
+from __future__ import annotations
+
+import sympy
+
+
+def code(expr, names: dict | None = None) -> str:
+    """Integer code for `expr`; `names` maps symbols to the code that stands for them
+    (an index tensor with its broadcast, a kernel argument)."""
+    names = names or {}
+    return _p(sympy.sympify(expr), names)
+
+
+def _p(e, names) -> str:
+    if e in names:
+        return names[e]
+    if isinstance(e, sympy.Symbol):
+        return e.name
+    if isinstance(e, sympy.Integer):
+        return str(int(e))
+    if isinstance(e, sympy.Rational):
+        raise ValueError(f"index expression {e} is not an integer")
+    if isinstance(e, sympy.Add):
+        terms = [_p(a, names) for a in e.args]
+        return "(" + " + ".join(terms) + ")"
+    if isinstance(e, sympy.Mul):
+        num, den = sympy.fraction(e)
+        if den != 1:
+            return f"({_p(num, names)} // {_p(den, names)})"
+        return "(" + " * ".join(_p(a, names) for a in e.args) + ")"
+    if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and e.exp > 0:
+        return "(" + " * ".join([_p(e.base, names)] * int(e.exp)) + ")"
+    if isinstance(e, sympy.ceiling):
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        n, d = _p(num, names), _p(den, names)
+        return f"(({n} + {d} - 1) // {d})"
+    if isinstance(e, sympy.floor):
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        return f"({_p(num, names)} // {_p(den, names)})"
+    if isinstance(e, sympy.Mod):
+        return f"({_p(e.args[0], names)} % {_p(e.args[1], names)})"
+    raise ValueError(f"cannot print index expression {e}")
+
+
+def evaluate(text: str, env: dict[str, int]) -> int:
+    """Evaluate a printed grid or shape expression with integer symbol values."""
+    return int(eval(text, {"__builtins__": {}, "cdiv": lambda a, b: -(-a // b)}, dict(env)))

@@ -1,0 +1,107 @@
+"""Kernel boundaries. All outputs start in one kernel; a Split whose count is bound
+above 1 is there to be run in parallel, so every per-chunk reduction (one whose value
+still varies over the chunk-count label) is materialised by a producer kernel whose
+grid includes that label, and the consumer (the combine) reads it back."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from cleave.ir import Graph, Node
+from cleave.ir import dims as D
+
+from .views import Instance, Views, forward_view, store_chain
+
+
+@dataclass
+class Store:
+    inst: Instance  # the value computed
+    buffer: str  # where it goes
+    view: tuple  # index of the buffer's dims
+    node: Node  # the node whose value the buffer holds (its shape and dtype)
+
+
+@dataclass
+class KernelSpec:
+    name: str
+    views: Views
+    stores: list[Store]
+    root_labels: list  # Label, the grid's labels in order of the output dims
+
+
+def buffer_name(graph: Graph, node: Node) -> str:
+    if node.op == "input":
+        return node.attrs["name"]
+    for name, out in zip(graph.output_names, graph.outputs):
+        if out is node:
+            return name
+    return f"t{node.id}"
+
+
+def _build(graph: Graph, roots: list[Node], leaves: set) -> KernelSpec:
+    views = Views(graph, set(leaves))
+    by_pos: dict = {}
+    stores, root_labels = [], []
+    for out in roots:
+        inner, chain = store_chain(out)
+        view = []
+        for i, d in enumerate(inner.shape):
+            if D.is_one(d):
+                view.append(sympy.Integer(0))
+                continue
+            key = (i, d)
+            if key not in by_pos:
+                by_pos[key] = views.label(d, "out")
+                root_labels.append(by_pos[key])
+            view.append(by_pos[key].sym)
+        inst = views.get(inner, tuple(view))
+        stores.append(Store(inst, buffer_name(graph, out), forward_view(chain, tuple(view)), out))
+    views.roots = [s.inst for s in stores]
+    return KernelSpec(graph.name, views, stores, root_labels)
+
+
+def _split_labels(views: Views, env: dict) -> set:
+    """Labels that index the chunk-count axis of a Split bound above 1."""
+    out = set()
+    table = views.by_sym()
+    for inst in views.memo.values():
+        if inst.op == "split":
+            e = sympy.sympify(inst.view[inst.node.attrs["axis"]])
+            if e in table and D.evaluate(inst.node.attrs["count"], env) > 1:
+                out.add(table[e].id)
+    return out
+
+
+def _per_chunk(views: Views, chunk_labels: set) -> list[Node]:
+    """The outermost reductions whose value still varies over a chunk-count label."""
+    found, seen = {}, set()
+    stack = list(views.roots)
+    while stack:
+        inst = stack.pop()
+        if id(inst) in seen:
+            continue
+        seen.add(id(inst))
+        if inst.reduced is not None and inst.labels & chunk_labels and not inst.leaf:
+            found[inst.node.id] = inst.node
+            continue
+        stack.extend(inst.inputs)
+    return [found[k] for k in sorted(found)]
+
+
+def partition(graph: Graph, env: dict) -> list[KernelSpec]:
+    """Kernels in launch order (producers first)."""
+    kernels: list[KernelSpec] = []
+
+    def visit(roots, leaves):
+        spec = _build(graph, roots, leaves)
+        chunk = _split_labels(spec.views, env)
+        produced = _per_chunk(spec.views, chunk) if chunk else []
+        if produced:
+            visit(produced, leaves)
+            spec = _build(graph, roots, leaves | {n.id for n in produced})
+        spec.name = f"{graph.name}_k{len(kernels)}"
+        kernels.append(spec)
+
+    visit(list(graph.outputs), set())
+    return kernels

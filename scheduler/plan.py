@@ -1,0 +1,74 @@
+"""What the scheduler hands the runtime: a Plan of generated Triton kernels, plain
+JSON-able, with everything `launch` needs (no IR objects, no egglog, no z3)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Buffer:
+    """A tensor the plan reads or writes: a graph input, a graph output or an
+    intermediate between two kernels. `shape` holds dim expressions over symbols."""
+    name: str
+    shape: list[str]
+    dtype: str  # IR dtype name
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Buffer":
+        return cls(d["name"], list(d["shape"]), d["dtype"])
+
+
+@dataclass
+class Kernel:
+    """One generated kernel. `args` lists the launch arguments in order: buffer names
+    (passed as tensors), then symbol names (ints); `constexprs` are the block sizes,
+    num_warps and num_stages baked in at launch."""
+    name: str
+    source: str
+    grid: list[str]
+    args: list[str]
+    constexprs: dict[str, int] = field(default_factory=dict)
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "source": self.source, "grid": list(self.grid), "args": list(self.args),
+                "constexprs": dict(self.constexprs), "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Kernel":
+        return cls(d["name"], d["source"], list(d["grid"]), list(d["args"]), dict(d["constexprs"]),
+                   d["num_warps"], d["num_stages"])
+
+
+@dataclass
+class Plan:
+    """A ranked schedule of one candidate: kernels in launch order. `graph` is the
+    candidate's text form (the runtime binds symbols through it); `env` the binding it
+    was scheduled at; symbols in `dynamic` are read from the tensors at each launch."""
+    graph: str
+    kernels: list[Kernel]
+    inputs: list[Buffer]
+    outputs: list[Buffer]
+    intermediates: list[Buffer]
+    split: dict[str, int]
+    tiles: dict[str, int]
+    cost: float
+    dynamic: list[str]
+    env: dict[str, int]
+
+    def to_json(self) -> dict:
+        return {"graph": self.graph, "kernels": [k.to_json() for k in self.kernels],
+                "inputs": [b.to_json() for b in self.inputs], "outputs": [b.to_json() for b in self.outputs],
+                "intermediates": [b.to_json() for b in self.intermediates], "split": dict(self.split),
+                "tiles": dict(self.tiles), "cost": self.cost, "dynamic": list(self.dynamic), "env": dict(self.env)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Plan":
+        return cls(d["graph"], [Kernel.from_json(k) for k in d["kernels"]],
+                   [Buffer.from_json(b) for b in d["inputs"]], [Buffer.from_json(b) for b in d["outputs"]],
+                   [Buffer.from_json(b) for b in d["intermediates"]], dict(d["split"]), dict(d["tiles"]),
+                   float(d["cost"]), list(d["dynamic"]), dict(d["env"]))

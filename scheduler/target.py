@@ -1,0 +1,23 @@
+"""The GPU a plan is scheduled for: the few numbers the cost model and the tile
+enumeration read."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    sms: int
+    smem_per_block: int  # bytes
+    bandwidth: float  # bytes / s, measured copy bandwidth
+    matmul_flops: float  # bf16 tensor-core flop / s, measured
+    launch_overhead: float  # s per kernel launch
+    # Reduced dims up to this size are held whole in one block instead of a loop:
+    # a MatMul's contraction (the head dim) and a plain reduction (a row).
+    full_matmul: int = 256
+    full_reduce: int = 16384
+
+
+H200 = Target("H200", sms=132, smem_per_block=227 * 1024, bandwidth=4.3e12, matmul_flops=790e12,
+              launch_overhead=3e-6)

@@ -1,0 +1,153 @@
+"""Tile enumeration: a role and a block size for every label of a kernel.
+
+Roles: "grid" (an output dim; one program per tile), "full" (one block covers the
+whole extent: small reduced dims such as the head dim, or a whole row) and "loop"
+(a reduced dim iterated tile by tile inside the program: iterative tiling). Blocks
+are powers of two (tl.arange) and at least 16 on every dim a tl.dot touches, padded
+and masked (4 q heads per kv head become 16 rows).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import sympy
+
+from cleave.ir import dims as D
+
+from .views import Instance, Label, Views
+
+DOT_MIN = 16
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@dataclass
+class Tiling:
+    role: dict[int, str]  # label id -> grid | full | loop
+    block: dict[int, int]
+    num_warps: int = 4
+    num_stages: int = 2
+    static: dict[int, int] = field(default_factory=dict)  # label id -> extent when not dynamic
+
+
+def dot_labels(views: Views) -> set:
+    table, out = views.by_sym(), set()
+    for inst in views.memo.values():
+        if inst.op == "matmul":
+            out.add(inst.reduced.id)
+            for e in inst.view[-2:]:
+                if e in table:
+                    out.add(table[e].id)
+    return out
+
+
+def _is_dynamic(lab: Label, dynamic: set) -> bool:
+    return any(s.name in dynamic for s in lab.extent.free_symbols)
+
+
+def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) -> list[dict]:
+    """Per label, the (role, block) options to enumerate."""
+    dots = dot_labels(views)
+    inner = {lab.id for lab in root_labels[-1:]}
+    roots = {lab.id for lab in root_labels}
+    out = {}
+    for lab in views.labels:
+        n = D.evaluate(lab.extent, env)
+        dyn = _is_dynamic(lab, dynamic)
+        floor = DOT_MIN if lab.id in dots else 1
+        full = max(next_pow2(n), floor)
+        if lab.id in roots:
+            if lab.id in dots or lab.id in inner:
+                opts = [b for b in (16, 32, 64, 128) if b >= floor and b < full] + [full]
+                if not dyn and full <= 256 and lab.id in inner and lab.id not in dots:
+                    opts = [full]
+                if dyn:
+                    opts = [b for b in (16, 32, 64, 128) if b >= floor]
+                if not dyn and lab.id in inner and full <= 16384 and lab.id not in dots:
+                    opts = sorted(set(opts + [full]))
+                out[lab.id] = [("grid", b) for b in opts[-4:]]
+            else:
+                out[lab.id] = [("grid", 1)]
+            continue
+        limit = target_full_limit(target, lab)
+        if lab.origin == "topk" or (not dyn and full <= limit):
+            out[lab.id] = [("full", full)]
+        else:
+            out[lab.id] = [("loop", b) for b in (32, 64, 128) if b < full or dyn] or [("loop", DOT_MIN)]
+    return out
+
+
+def target_full_limit(target, lab: Label) -> int:
+    return target.full_matmul if lab.origin == "matmul" else target.full_reduce
+
+
+def enumerate_tilings(views: Views, root_labels: list, env: dict, dynamic: set, target, limit: int = 96):
+    opts = choices(views, root_labels, env, dynamic, target)
+    ids = [lab.id for lab in views.labels]
+    static = {lab.id: D.evaluate(lab.extent, env) for lab in views.labels if not _is_dynamic(lab, dynamic)}
+    combos = itertools.product(*(opts[i] for i in ids))
+    for combo in itertools.islice(combos, limit):
+        role = {i: c[0] for i, c in zip(ids, combo)}
+        block = {i: c[1] for i, c in zip(ids, combo)}
+        for warps in (4, 8):
+            for stages in ((2, 3) if "loop" in role.values() else (2,)):
+                yield Tiling(role, block, warps, stages, static)
+
+
+def is_full(t: Tiling, lid: int) -> bool:
+    """One block covers the whole extent (a full label, or a grid label of one tile)."""
+    return t.role[lid] == "full" or (lid in t.static and t.block[lid] >= t.static[lid])
+
+
+def aliases(views: Views, t: Tiling) -> dict[int, int]:
+    """Labels that may share one index variable: same role, block and extent, never
+    together in one value. Full labels then read one tile once (LayerNorm's row),
+    and loop labels of one axis share one loop (horizontal fusion)."""
+    together: dict[int, set] = {lab.id: set() for lab in views.labels}
+    for inst in views.memo.values():
+        labs = set(inst.labels) | ({inst.reduced.id} if inst.reduced else set())
+        for inp in inst.inputs:
+            labs |= inp.labels
+        for a in labs:
+            together[a] |= labs - {a}
+    classes: list[list[int]] = []
+    out = {}
+    for lab in views.labels:
+        kind = "full" if is_full(t, lab.id) else t.role[lab.id]
+        if kind == "grid":
+            continue
+        for cls in classes:
+            rep = views.labels[cls[0]]
+            if (("full" if is_full(t, rep.id) else t.role[rep.id]) == kind and t.block[rep.id] == t.block[lab.id]
+                    and D.equal(rep.extent, lab.extent) and not any(m in together[lab.id] for m in cls)):
+                cls.append(lab.id)
+                out[lab.id] = rep.id
+                break
+        else:
+            classes.append([lab.id])
+    return out
+
+
+def remap(views: Views, alias: dict[int, int]) -> Views:
+    """The same instances with aliased labels replaced by their representative."""
+    subs = {views.labels[a].sym: views.labels[b].sym for a, b in alias.items()}
+    new = Views(views.graph, views.leaves, labels=views.labels)
+    done: dict[int, Instance] = {}
+
+    def go(inst: Instance) -> Instance:
+        if id(inst) in done:
+            return done[id(inst)]
+        view = tuple(sympy.sympify(e).xreplace(subs) for e in inst.view)
+        key = (inst.node.id, view)
+        if key not in new.memo:
+            reduced = views.labels[alias.get(inst.reduced.id, inst.reduced.id)] if inst.reduced else None
+            labels = frozenset(alias.get(x, x) for x in inst.labels)
+            new.memo[key] = Instance(inst.node, view, [go(i) for i in inst.inputs], labels, reduced, inst.leaf)
+        done[id(inst)] = new.memo[key]
+        return new.memo[key]
+
+    new.roots = [go(r) for r in views.roots]
+    return new

@@ -1,0 +1,229 @@
+"""Tile maps, derived backwards from a kernel's outputs (the inter-block pass).
+
+Every dimension of every value a kernel computes is indexed by an affine
+expression over *labels*: one label per output dimension and one fresh label per
+reduced axis (a reduction, a MatMul's contraction, a top-k). Walking the graph
+from the outputs, each op maps its result's index expressions to its operands'
+(elementwise: same; MatMul: rows from A, columns from B, a fresh contracted
+label; reduction: a fresh label on the reduced axis; reshape/slice/concat/split:
+affine re-indexing). A node reached under two different maps becomes two
+instances (it is recomputed, e.g. RoPE's rotated halves); one reached twice under
+the same map is one instance, computed once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from cleave.ir import Graph, Node, ShapeError
+from cleave.ir import dims as D
+
+ELEMENTWISE = {"exp", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh", "square", "cos",
+               "sin", "abs", "cast", "add", "sub", "mul", "div", "max", "min", "pow", "lt", "le", "gt",
+               "ge", "eq", "ne", "where", "broadcast"}
+
+
+@dataclass(eq=False)
+class Label:
+    id: int
+    extent: sympy.Expr  # over graph symbols
+    origin: str  # "out" (an output dim) or the op that reduces it: "reduce", "matmul", "topk"
+
+    @property
+    def sym(self) -> sympy.Symbol:
+        return sympy.Symbol(f"X{self.id}", integer=True, nonnegative=True)
+
+
+@dataclass(eq=False)
+class Instance:
+    """One node computed under one tile map (`view`: an index expression per dim)."""
+    node: Node
+    view: tuple
+    inputs: list["Instance"]
+    labels: frozenset  # label ids the value varies over
+    reduced: Label | None = None  # the label this instance reduces (reduce, matmul, topk)
+    leaf: bool = False  # read from memory: a graph input or a materialised node
+
+    @property
+    def op(self) -> str:
+        return "load" if self.leaf else self.node.op
+
+
+@dataclass
+class Views:
+    """The instances of one kernel, built from its roots."""
+    graph: Graph
+    leaves: set  # node ids read from memory
+    labels: list[Label] = field(default_factory=list)
+    memo: dict = field(default_factory=dict)
+    roots: list = field(default_factory=list)  # (instance, store view over the stored node's dims)
+
+    def label(self, extent, origin) -> Label:
+        lab = Label(len(self.labels), D.dim(extent), origin)
+        self.labels.append(lab)
+        return lab
+
+    def by_sym(self) -> dict:
+        return {lab.sym: lab for lab in self.labels}
+
+    def labels_of(self, exprs) -> frozenset:
+        table = self.by_sym()
+        out = set()
+        for e in exprs:
+            out |= {table[s].id for s in sympy.sympify(e).free_symbols if s in table}
+        return frozenset(out)
+
+    # -- the backward walk ------------------------------------------------
+    def get(self, node: Node, view: tuple) -> Instance:
+        key = (node.id, view)
+        inst = self.memo.get(key)
+        if inst is None:
+            inst = self._derive(node, view)
+            self.memo[key] = inst
+        return inst
+
+    def _derive(self, n: Node, view: tuple) -> Instance:
+        if n.id in self.leaves or n.op == "input":
+            return Instance(n, view, [], self.labels_of(view), leaf=True)
+        op = n.op
+        if op in ("const", "size"):
+            return Instance(n, view, [], frozenset())
+        if op == "iota":
+            return Instance(n, view, [], self.labels_of([view[n.attrs["axis"]]]))
+        if op in ELEMENTWISE:
+            ins = [self.get(x, broadcast_view(view, n.shape, x.shape)) for x in n.inputs]
+            return Instance(n, view, ins, frozenset().union(*(i.labels for i in ins)))
+        if op == "matmul":
+            a, b = n.inputs
+            k = self.label(a.shape[-1], "matmul")
+            batch = view[:-2]
+            va = broadcast_view(batch, n.shape[:-2], a.shape[:-2]) + (view[-2], k.sym)
+            vb = broadcast_view(batch, n.shape[:-2], b.shape[:-2]) + (k.sym, view[-1])
+            ins = [self.get(a, va), self.get(b, vb)]
+            return Instance(n, view, ins, (ins[0].labels | ins[1].labels) - {k.id}, reduced=k)
+        if op == "reduce":
+            x, axis = n.inputs[0], n.attrs["axis"]
+            r = self.label(x.shape[axis], "reduce")
+            inner = list(view)
+            if n.attrs["keepdim"]:
+                inner[axis] = r.sym
+            else:
+                inner.insert(axis, r.sym)
+            inst = self.get(x, tuple(inner))
+            return Instance(n, view, [inst], inst.labels - {r.id}, reduced=r)
+        if op == "topk":
+            x, axis = n.inputs[0], n.attrs["axis"]
+            r = self.label(x.shape[axis], "topk")
+            inner = list(view)
+            inner[axis] = r.sym
+            inst = self.get(x, tuple(inner))
+            return Instance(n, view, [inst], (inst.labels - {r.id}) | self.labels_of([view[axis]]), reduced=r)
+        if op == "permute":
+            perm = n.attrs["perm"]
+            inner = [None] * len(perm)
+            for i, p in enumerate(perm):
+                inner[p] = view[i]
+            return self._through(n, tuple(inner))
+        if op == "reshape":
+            return self._through(n, reshape_back(n.inputs[0].shape, n.shape, view, n))
+        if op == "slice":
+            inner = list(view)
+            inner[n.attrs["axis"]] = view[n.attrs["axis"]] + n.attrs["start"]
+            return self._through(n, tuple(inner))
+        if op == "concat":
+            axis, offset, ins = n.attrs["axis"], D.dim(0), []
+            for x in n.inputs:
+                inner = list(view)
+                inner[axis] = view[axis] - offset
+                ins.append(self.get(x, tuple(inner)))
+                offset = offset + x.shape[axis]
+            return Instance(n, view, ins, frozenset().union(*(i.labels for i in ins)) | self.labels_of([view[axis]]))
+        if op == "split":
+            axis = n.attrs["axis"]
+            inner_extent = n.shape[axis + 1]
+            merged = view[axis] * inner_extent + view[axis + 1]
+            inst = self.get(n.inputs[0], view[:axis] + (merged,) + view[axis + 2:])
+            return Instance(n, view, [inst], inst.labels | self.labels_of(view[axis:axis + 2]))
+        raise ShapeError(f"scheduler: op {op!r} (node %{n.id}{' at ' + n.loc if n.loc else ''}) "
+                         f"has no tiling rule")
+
+    def _through(self, n: Node, inner: tuple) -> Instance:
+        """A pure re-indexing op: the value is its operand's under the new map."""
+        inst = self.get(n.inputs[0], inner)
+        return Instance(n, inner, [inst], inst.labels)
+
+
+def broadcast_view(view, out_shape, in_shape) -> tuple:
+    """Right-aligned broadcasting: an operand dim of 1 is indexed by 0."""
+    pad = len(out_shape) - len(in_shape)
+    return tuple(sympy.Integer(0) if D.is_one(d) else view[pad + i] for i, d in enumerate(in_shape))
+
+
+def reshape_groups(src, dst, node) -> list[tuple[list[int], list[int]]]:
+    """Pair contiguous groups of non-unit dims of equal product (symbolically)."""
+    a = [i for i, d in enumerate(src) if not D.is_one(d)]
+    b = [i for i, d in enumerate(dst) if not D.is_one(d)]
+    groups, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        ga, gb = [a[i]], [b[j]]
+        pa, pb = src[a[i]], dst[b[j]]
+        i, j = i + 1, j + 1
+        while not D.equal(pa, pb):
+            num, den = sympy.fraction(sympy.cancel(pa / pb))
+            if den == 1 and j < len(b):
+                gb.append(b[j]); pb = pb * dst[b[j]]; j += 1
+            elif i < len(a):
+                ga.append(a[i]); pa = pa * src[a[i]]; i += 1
+            else:
+                break
+        if not D.equal(pa, pb):
+            break
+        groups.append((ga, gb))
+    if i != len(a) or j != len(b):
+        raise ShapeError(f"scheduler: reshape %{node.id} from {D.fmt_shape(src)} to {D.fmt_shape(dst)} "
+                         f"does not split into groups of equal size")
+    return groups
+
+
+def _strides(shape, idx):
+    out, acc = [], sympy.Integer(1)
+    for i in reversed(idx):
+        out.append(acc)
+        acc = acc * shape[i]
+    return list(reversed(out))
+
+
+def reshape_back(src, dst, view, node) -> tuple:
+    """Index of the reshape's operand (shape src) from its result's index (shape dst)."""
+    inner = [sympy.Integer(0)] * len(src)
+    for ga, gb in reshape_groups(src, dst, node):
+        flat = sum((view[k] * s for k, s in zip(gb, _strides(dst, gb))), sympy.Integer(0))
+        for k, s in zip(ga, _strides(src, ga)):
+            inner[k] = flat if len(ga) == 1 else sympy.Mod(sympy.floor(flat / s), src[k])
+    return tuple(inner)
+
+
+def reshape_forward(src, dst, view, node) -> tuple:
+    """Index of the reshape's result (shape dst) from its operand's index (shape src)."""
+    return reshape_back(dst, src, view, node)
+
+
+def store_chain(out: Node) -> tuple[Node, list[Node]]:
+    """Peel trailing reshapes/permutes off an output: the kernel computes the inner
+    node and stores it through the chain's forward index map (a merge stays affine)."""
+    chain = []
+    while out.op in ("reshape", "permute") and out.inputs[0].op != "input":
+        chain.append(out)
+        out = out.inputs[0]
+    return out, chain
+
+
+def forward_view(chain: list[Node], view: tuple) -> tuple:
+    """Map an index of the inner node through the peeled chain to the output's index."""
+    for n in reversed(chain):
+        if n.op == "permute":
+            view = tuple(view[p] for p in n.attrs["perm"])
+        else:
+            view = reshape_forward(n.inputs[0].shape, n.shape, view, n)
+    return view
