@@ -1,0 +1,86 @@
+"""`cleave.search(graph)`: saturate, extract the top-k candidates, verify each."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from cleave.ir import Graph
+from cleave.ir.contracts import Candidate
+
+from . import cost as C
+from .check import check_candidate
+from .encode import encode
+from .extract import explore, find_class, read, to_candidate
+from .saturate import Budgets, saturate
+
+
+@dataclass
+class SearchResult:
+    candidates: list[Candidate]
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+
+def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = None, enodes: int | None = None,
+           seconds: float | None = None, progress: bool = True, verify: bool = True,
+           shapes: dict | None = None) -> SearchResult:
+    """Equality saturation of `graph` under `rules` (default: cleave.rules.all_rules()),
+    then the `top_k` cheapest distinct candidates, each checked against the reference
+    interpreter. `shapes` (symbol -> value) ranks at, and verifies at, the user's shapes."""
+    start = time.perf_counter()
+    if rules is None:
+        from cleave.rules import all_rules
+
+        rules = all_rules()
+    _require_sound(rules)
+    d = Budgets()
+    budgets = Budgets(iterations or d.iterations, enodes or d.enodes, seconds or d.seconds)
+    enc = encode(graph)
+    sat = saturate(enc, rules, budgets, progress)
+    classes = read(sat.egraph)
+    roots = [find_class(classes, t) for t in enc.outputs]
+    env = C.representative(graph, enc.reducible, shapes)
+    left = max(1.0, budgets.seconds - (time.perf_counter() - start))
+    found = explore(enc, classes, roots, env, seconds=left)
+    candidates = [to_candidate(r, rules, enc.outputs) for r, _ in found[:top_k]]
+    for c in candidates:
+        c.graph.name = graph.name
+        for origin, constraint in _nonempty_constraints(c.graph, rules, c.derivation):
+            c.graph._constrain(constraint)
+        if verify:
+            check_candidate(graph, c.graph)
+            if shapes:
+                check_candidate(graph, c.graph, shapes)
+    stats = {"seconds": round(time.perf_counter() - start, 3), "saturation_seconds": round(sat.seconds, 3),
+             "enodes": sat.enodes, "eclasses": len(classes), "iterations": sat.iterations,
+             "rules_fired": dict(sorted(sat.fired.items())), "visited": len(found), "stopped": sat.stopped}
+    return SearchResult(candidates, stats)
+
+
+def _require_sound(rules) -> None:
+    try:
+        from cleave.verify import require_sound
+    except ImportError:  # the verifier is not installed in this tree yet
+        return
+    require_sound(rules)
+
+
+def _nonempty_constraints(g: Graph, rules, derivation):
+    """Rules with a `nonempty` condition leave the split count a constraint: no chunk all padding."""
+    from cleave.ir.graph import Constraint
+
+    needs = {r.name for r in rules if r.name in derivation and any(c.kind == "nonempty" for c in r.conditions)}
+    if not needs:
+        return []
+    out = []
+    for n in g.live_nodes():
+        if n.op == "split" and n.attrs["pad"] == float("-inf"):
+            extent, s = n.inputs[0].shape[n.attrs["axis"]], n.attrs["count"]
+            from cleave.ir import cdiv
+
+            lhs = (s - 1) * cdiv(extent, s) + 1
+            out.append((n.id, Constraint("le", lhs, extent, f"no empty chunk ({', '.join(sorted(needs))}) %{n.id}")))
+    return out

@@ -1,0 +1,79 @@
+"""Candidate verification against the reference interpreter (fp64, random inputs)."""
+from __future__ import annotations
+
+import torch
+
+from cleave.interpreter import interpret
+from cleave.ir import BindingError, CleaveError, Graph
+from cleave.ir import dims as D
+
+SMALL = (5, 7, 6, 9, 11, 10, 13)
+
+
+class CandidateMismatch(CleaveError):
+    """A candidate computes something else than the graph it came from: a bug in a rule or in the search."""
+
+
+def small_binding(naive: Graph, cand: Graph, shapes: dict | None = None) -> dict[str, int]:
+    """Small odd values for the symbols (or the user's), then split counts that leave a
+    ragged, non-empty last chunk; bumped until every constraint holds."""
+    syms = sorted({s.name for g in (naive, cand) for s in g.symbols()})
+    plain = [s for s in syms if not s.startswith("s_")]
+    for scale in (1, 2, 4, 8):
+        env = {s: (shapes or {}).get(s, SMALL[i % len(SMALL)] * scale) for i, s in enumerate(plain)}
+        for s in syms:
+            if s.startswith("s_"):
+                env[s] = _ragged_count(_extent_of(cand, s, env))
+        try:
+            naive.check(env)
+            cand.check(env)
+            return env
+        except (BindingError, KeyError):
+            continue
+    raise CandidateMismatch(f"no small binding satisfies the constraints of {cand.name}:\n"
+                            + "\n".join(str(c) for c in cand.constraints))
+
+
+def _extent_of(g: Graph, count: str, env) -> int:
+    for n in g.live_nodes():
+        if n.op == "split" and str(n.attrs["count"]) == count:
+            return D.evaluate(n.inputs[0].shape[n.attrs["axis"]], env)
+    return 2
+
+
+def _ragged_count(n: int) -> int:
+    for c in range(3, n):
+        chunk = -(-n // c)
+        if n % c and (c - 1) * chunk < n:
+            return c
+    return max(1, min(2, n))
+
+
+def inputs_for(g: Graph, env: dict, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, node in g.inputs.items():
+        shape = [D.evaluate(d, env) for d in node.shape]
+        if node.dtype.is_float:
+            out[name] = torch.randn(shape, generator=gen, dtype=torch.float64)
+        else:
+            out[name] = torch.randint(0, 4, shape, generator=gen)
+    return out
+
+
+def check_candidate(naive: Graph, cand: Graph, shapes: dict | None = None, seed: int = 0) -> dict:
+    """Raise CandidateMismatch unless `cand` interprets equal to `naive` at a small binding
+    (or at the user's `shapes`: symbol -> value). Returns the binding used."""
+    env = small_binding(naive, cand, shapes)
+    ins = inputs_for(naive, env, seed)
+    want = interpret(naive, ins, compute_dtype=torch.float64, env=env)
+    got = interpret(cand, ins, compute_dtype=torch.float64, env=env)
+    for name, w, g in zip(naive.output_names, want, got):
+        same = (w.shape == g.shape and (torch.equal(w, g) if not w.is_floating_point()
+                                        else torch.allclose(w, g.to(w.dtype), rtol=1e-7, atol=1e-9)))
+        if not same:
+            raise CandidateMismatch(
+                f"candidate of {naive.name} differs on output {name!r} at "
+                + ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+                + f"\n--- input graph ---\n{naive.text()}--- candidate ---\n{cand.text()}")
+    return env
