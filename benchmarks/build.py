@@ -9,34 +9,8 @@ import argparse
 import json
 import pathlib
 import sys
-import time
 
-
-def build(name: str, out: pathlib.Path, top_plans: int) -> None:
-    import cleave
-    from cleave import workloads
-
-    w = workloads.get(name)
-    t0 = time.time()
-    result = cleave.search(w.graph)
-    searched = time.time() - t0
-    for preset, env in w.presets.items():
-        plans = []
-        for cand_index, candidate in enumerate(result.candidates):
-            for plan in cleave.schedule(candidate, env, dynamic=set(), top_k=top_plans):
-                plans.append((plan.cost, cand_index, plan))
-        plans.sort(key=lambda t: t[0])
-        chosen = plans[:top_plans]
-        record = {
-            "workload": name, "preset": preset, "env": env, "search_seconds": searched,
-            "candidates": [{"text": c.graph.text(), "derivation": c.derivation} for c in result.candidates],
-            "plan_candidates": [i for _, i, _ in chosen],
-            "plans": [p.to_json() for _, _, p in chosen],
-        }
-        path = out / f"{name}__{preset}.json"
-        path.write_text(json.dumps(record, indent=1))
-        print(f"{name} {preset}: {len(chosen)} plans, kernels per plan "
-              f"{[len(p.kernels) for _, _, p in chosen]}, search {searched:.1f}s -> {path}", file=sys.stderr)
+from cleave.benchmarking import plan_specs
 
 
 def main(argv=None) -> int:
@@ -50,7 +24,12 @@ def main(argv=None) -> int:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in args.only or workloads.names():
-        build(name, out, args.top_plans)
+        for spec in plan_specs(name, args.top_plans):
+            path = out / f"{name}__{spec['preset']}.json"
+            path.write_text(json.dumps(spec, indent=1))
+            kernels = [len(p["kernels"]) for p in spec["plans"]]
+            print(f"{name} {spec['preset']}: {len(kernels)} plans, kernels per plan {kernels}, "
+                  f"search {spec['search_seconds']:.1f}s -> {path}", file=sys.stderr)
     return 0
 
 

@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from cleave.workloads.attention import rotate_half
+from .attention import rotate_half
 
 ATTENTION = {"mha", "gqa", "mha_causal", "gqa_causal"}
 DECODE = {"gqa_decode", "mqa_decode"}

@@ -1,0 +1,120 @@
+"""Timing compiled plans against eager PyTorch, torch.compile, SDPA and
+flex_attention on the same inputs, as ratios. Used by `cleave bench` and by
+`benchmarks/run.py`; imports only torch, triton and cleave's runtime."""
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+
+def _bench(fn, warmup=25, rep=100) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if not out.is_floating_point():
+        return float((out.cpu() != ref.cpu()).float().mean())
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return math.inf
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None) -> list[dict]:
+    """Search a workload once, schedule it at each preset, and keep the best plans
+    by cost (the GPU profiles them). Needs the search, so it runs on the dev machine."""
+    import time
+
+    from . import search, schedule, workloads
+
+    w = workloads.get(name)
+    t0 = time.time()
+    result = search(w.graph)
+    searched = time.time() - t0
+    specs = []
+    for preset, env in w.presets.items():
+        if presets and preset not in presets:
+            continue
+        ranked = []
+        for index, candidate in enumerate(result.candidates):
+            ranked += [(plan.cost, index, plan) for plan in schedule(candidate, env, dynamic=set(), top_k=top_plans)]
+        ranked.sort(key=lambda t: t[0])
+        chosen = ranked[:top_plans]
+        specs.append({
+            "workload": name, "preset": preset, "env": env, "search_seconds": searched,
+            "candidates": [{"text": c.graph.text(), "derivation": c.derivation} for c in result.candidates],
+            "plan_candidates": [i for _, i, _ in chosen],
+            "plans": [p.to_json() for _, _, p in chosen],
+        })
+    return specs
+
+
+def bench_spec(spec: dict, skip_baselines: set[str] = frozenset()) -> dict:
+    """Time every plan of one preset and the baselines on the same CUDA inputs.
+    `spec` is a plan file's content (see benchmarks/build.py)."""
+    from cleave.scheduler import Plan, launch
+
+    from . import workloads
+    from .workloads.baselines import baselines
+
+    w = workloads.get(spec["workload"])
+    env = spec["env"]
+    inputs = w.inputs(env, seed=1234, device="cuda")
+    ref_inputs = {k: (v.float() if v.is_floating_point() else v) for k, v in inputs.items()}
+    reference = w.run_reference(ref_inputs)
+    row = {"workload": spec["workload"], "preset": spec["preset"], "env": env, "plans": []}
+    for k, plan_json in enumerate(spec["plans"]):
+        plan = Plan.from_json(plan_json)
+        try:
+            out = launch(plan, inputs)
+            torch.cuda.synchronize()
+            err = max(_rel_err(o, r) for o, r in zip(out, reference) if o.is_floating_point())
+            ms = _bench(lambda: launch(plan, inputs))
+        except Exception as exc:  # a plan that fails on the GPU is reported, not hidden
+            row["plans"].append({"index": k, "error": f"{type(exc).__name__}: {exc}"[:400]})
+            _log(f"  plan {k}: FAILED {exc}")
+            continue
+        row["plans"].append({"index": k, "ms": ms, "rel_err": err, "split": plan.split, "tiles": plan.tiles,
+                             "kernels": len(plan.kernels)})
+        _log(f"  plan {k}: {ms:.4f} ms  err {err:.2e}  split {plan.split}  tiles {plan.tiles}")
+    good = [p for p in row["plans"] if "ms" in p and p["rel_err"] <= 2e-2]
+    row["cleave_ms"] = min((p["ms"] for p in good), default=None)
+    row["baselines"] = {}
+    for name, fn in baselines(spec["workload"], w.reference).items():
+        if name in skip_baselines:
+            continue
+        try:
+            fn(**inputs)
+            torch.cuda.synchronize()
+            row["baselines"][name] = _bench(lambda: fn(**inputs))
+        except Exception as exc:
+            row["baselines"][name] = None
+            _log(f"  baseline {name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    names: list[str] = []
+    for r in rows:
+        names += [n for n in r["baselines"] if n not in names]
+    lines = ["| workload | preset | cleave ms | " + " | ".join(f"{n} ms" for n in names) + " | "
+             + " | ".join(f"×{n}" for n in names) + " | err |",
+             "|" + "---|" * (4 + 2 * len(names))]
+    for r in rows:
+        c = r["cleave_ms"]
+        times = [r["baselines"].get(n) for n in names]
+        errs = [p["rel_err"] for p in r["plans"] if "rel_err" in p]
+        cells = [r["workload"], r["preset"], f"{c:.4f}" if c else "failed"]
+        cells += [f"{t:.4f}" if t else "—" for t in times]
+        cells += [f"{t / c:.2f}" if (t and c) else "—" for t in times]
+        cells.append(f"{min(errs):.1e}" if errs else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
