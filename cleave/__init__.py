@@ -33,3 +33,10 @@ def explain(compiled, *args):
     from .runtime.explain import explain as _explain
 
     return _explain(compiled, *args)
+
+
+def search(graph, top_k=5, **kwargs):
+    """Algebraic search: the top-k rewritten candidates of a graph (see cleave.search)."""
+    from .search import search as _search
+
+    return _search(graph, top_k=top_k, **kwargs)

@@ -13,7 +13,7 @@ import sys
 from ..ir import CleaveError
 
 # Subcommand modules, in the order `cleave --help` lists them.
-COMMANDS = ("workloads", "show", "explain", "trace", "cache", "bench")
+COMMANDS = ("workloads", "show", "explain", "trace", "cache", "bench", "optimize", "rules")
 
 
 def build_parser() -> argparse.ArgumentParser:
