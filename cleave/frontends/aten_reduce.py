@@ -45,7 +45,8 @@ def _sum(t, node, a):
 def _mean(t, node, a):
     x = _cast_arg(t, a["self"], a.get("dtype"))
     dims = axes(a.get("dim"), x.rank)
-    return t.add("div", reduce(t, x, "sum", dims, a.get("keepdim", False)), count(t, x, dims))
+    n = count(t, x, dims)  # before the sum, as the DSL's mean builds it (graph keys follow node order)
+    return t.add("div", reduce(t, x, "sum", dims, a.get("keepdim", False)), n)
 
 
 def _extreme(op):
@@ -60,7 +61,8 @@ rule("amin", "min.default")(_extreme("min"))
 
 
 def variance(t, x, dims, correction, keepdim):
-    mean = t.add("div", reduce(t, x, "sum", dims, True), count(t, x, dims))
+    n = count(t, x, dims)
+    mean = t.add("div", reduce(t, x, "sum", dims, True), n)
     squares = t.add("square", t.add("sub", x, mean))
     return t.add("div", reduce(t, squares, "sum", dims, keepdim), count(t, x, dims, minus=correction))
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import types
 
 import torch
 
@@ -72,23 +73,32 @@ def _dynamic_axes(params, inputs, dynamic) -> dict[str, dict[int, str]]:
 class _Wrap(torch.nn.Module):
     def __init__(self, fn):
         super().__init__()
-        self.fn = fn
+        self.fn = _as_forward(fn)
 
     def forward(self, *args):
         return self.fn(*args)
 
 
+def _as_forward(fn):
+    """A copy of a plain function whose code is named `forward`: torch.export records
+    stack frames of functions named forward only, and errors should point at the
+    user's line, not at this wrapper."""
+    code = getattr(fn, "__code__", None)
+    if isinstance(fn, torch.nn.Module) or not isinstance(code, types.CodeType):
+        return fn
+    renamed = types.FunctionType(code.replace(co_name="forward"), fn.__globals__, fn.__name__,
+                                 fn.__defaults__, fn.__closure__)
+    renamed.__kwdefaults__ = fn.__kwdefaults__
+    return renamed
+
+
 def _export(fn, params, inputs, named, auto: bool):
     from torch.export import Dim, export
 
-    dims: dict[str, object] = {}
-    specs = []
-    for pname in params:
-        axes = named.get(pname, {})
-        if auto:
-            specs.append({a: Dim.AUTO for a in axes})
-        else:
-            specs.append({a: dims.setdefault(s, Dim(s)) for a, s in axes.items()} or None)
+    # DYNAMIC, not Dim(name): torch infers ranges itself (x[:4] needs n >= 4) instead of
+    # failing; axes sharing a name get one IR symbol, and binding checks they agree.
+    kind = Dim.AUTO if auto else Dim.DYNAMIC
+    specs = [{a: kind for a in named.get(pname, {})} or None for pname in params]
     try:
         return export(_Wrap(fn), _traceable(params, inputs, named), dynamic_shapes=(tuple(specs),))
     except UnsupportedOpError:
@@ -121,8 +131,13 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Graph:
     user = [n for n in placeholders if kinds[n.name].kind == InputKind.USER_INPUT]
     for pname, node in zip(params, user):  # name torch's symbols before reading any shape
         for axis, size in enumerate(node.meta["val"].shape):
-            if axis in named.get(pname, {}) and isinstance(size, torch.SymInt):
+            if axis not in named.get(pname, {}):
+                continue
+            if isinstance(size, torch.SymInt):
                 symbols.name(size.node.expr, named[pname][axis])
+            elif not auto:
+                raise CaptureError(f"capture: input {pname!r} axis {axis} ({named[pname][axis]}) cannot be dynamic: "
+                                   f"torch specialized it to {size} (the function's code depends on its value)")
     graph = Graph(graph_name)
     t = Translator(graph, symbols)
     user_names = dict(zip((n.name for n in user), params))
