@@ -57,7 +57,7 @@ class Lowering:
         return pos
 
     def _f32(self, x: Node) -> Node:
-        return x.cast("f32") if self.lowp and x.dtype in LOW else x
+        return x.cast("f32") if x.dtype in LOW else x
 
     def _mm(self, x: Node) -> Node:
         return x.cast(self.lowp) if self.lowp and x.dtype.is_float and x.dtype != self.lowp else x
@@ -72,7 +72,9 @@ class Lowering:
         try:
             if op == "matmul":
                 return g.add("matmul", self._mm(self(args[0])), self._mm(self(args[1])))
-            x = self._f32(self(args[0]))
+            x = self(args[0])
+            if op not in ("split", "squeeze", "unsqueeze", "swap"):  # layout keeps the dtype
+                x = self._f32(x)
             if op in REDUCE:
                 return g.add("reduce", x, op=REDUCE[op], axis=self._axis(args[1], x.rank, op), keepdim=1)
             if op == "squeeze":  # removes axis a-1 (extent 1)

@@ -1,0 +1,98 @@
+"""The algebraic search: rules, encoding round trip, derivations by structure, budgets."""
+import warnings
+
+import pytest
+import torch
+
+import cleave.rules as R
+import cleave.workloads as W
+from cleave.interpreter import interpret
+from cleave.search import BudgetWarning, check_candidate, search
+from cleave.search.check import inputs_for, small_binding
+from cleave.search.encode import encode
+
+
+def _ops(g, op):
+    return [n for n in g.live_nodes() if n.op == op]
+
+
+def _equal_to_naive(graph, cand):
+    check_candidate(graph, cand.graph)  # raises CandidateMismatch with both graphs
+
+
+def test_every_rule_has_instances_that_agree_numerically():
+    for rule in R.all_rules():
+        for inst in rule.instances():
+            env = {s.name: 7 for s in inst.lhs.symbols()} | {"s_N": 3}  # 7 = 3+3+1: ragged, no empty chunk
+            ins = inputs_for(inst.lhs, env, seed=3)
+            a = interpret(inst.lhs, ins, compute_dtype=torch.float64, env=env)[0]
+            b = interpret(inst.rhs, ins, compute_dtype=torch.float64, env=env)[0]
+            assert torch.allclose(a, b.to(a.dtype), rtol=1e-9, atol=1e-9), rule.name
+
+
+def test_load_file_and_errors(tmp_path):
+    f = tmp_path / "mine.rules"
+    f.write_text("family algebra\nrule neg-neg: neg(neg(x)) => x\n  why: negation is an involution\n")
+    (rule,) = R.load_file(f)
+    assert (rule.name, rule.family) == ("neg-neg", "algebra") and rule.instances()
+    f.write_text("family algebra\nrule bad: neg(x) => y\n  why: nope\n")
+    with pytest.raises(R.RuleError, match="bad"):
+        R.load_file(f)
+
+
+@pytest.mark.parametrize("name", ["mha_causal", "gqa_decode", "layernorm"])
+def test_round_trip_interprets_identically(name):
+    g = W.get(name).graph
+    enc = encode(g)
+    back, _ = enc.decode(enc.outputs)
+    env = small_binding(g, back)
+    ins = inputs_for(g, env, seed=1)
+    for x, y in zip(interpret(g, ins, torch.float64), interpret(back, ins, torch.float64)):
+        assert torch.equal(x, y)
+
+
+def test_moe_topk_on_logits_then_normalise_winners():
+    g = W.get("moe_routing").graph
+    best = search(g, top_k=3, progress=False).best
+    topks = _ops(best.graph, "topk")
+    assert topks and all(t.inputs[0].op == "input" for t in topks)
+    assert "topk-softmax-values" in " ".join(best.derivation) or "softmax-shift" in best.derivation
+    _equal_to_naive(g, best)
+
+
+def test_attention_division_after_pv_matmul_with_separable_max():
+    g = W.get("mha_causal").graph
+    best = search(g, top_k=3, progress=False).best
+    div = _ops(best.graph, "div")[-1]
+    assert any(x.op == "matmul" or (x.op == "cast" and x.inputs[0].op == "matmul") for x in div.inputs)
+    fact = best.facts[0]
+    exp = best.graph.nodes[fact.node]
+    assert exp.op == "exp" and best.graph.nodes[fact.factor].attrs["op"] == "max"
+    _equal_to_naive(g, best)
+
+
+def test_layernorm_one_pass():
+    g = W.get("layernorm").graph
+    best = search(g, progress=False).best
+    assert "variance-one-pass" in best.derivation
+    sums = [n for n in _ops(best.graph, "reduce") if n.attrs["op"] == "sum"]
+    assert all(s.inputs[0].op in ("input", "square", "cast") for s in sums)
+    _equal_to_naive(g, best)
+
+
+def test_matmul_split_k():
+    g = W.get("matmul").graph
+    res = search(g, progress=False)
+    assert any(_ops(c.graph, "split") and "split-k" in c.derivation for c in res.candidates)
+    for c in res.candidates:
+        _equal_to_naive(g, c)
+
+
+def test_tiny_budget_warns_and_returns_a_valid_candidate():
+    g = W.get("moe_routing").graph
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = search(g, iterations=1, progress=False)
+    assert any(issubclass(w.category, BudgetWarning) for w in caught)
+    assert res.candidates and res.stats["stopped"]
+    _equal_to_naive(g, res.best)
