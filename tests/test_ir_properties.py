@@ -44,8 +44,8 @@ class Builder:
         out = getattr(self, "_" + op)(x)
         self.nodes.append(out)
 
-    def _unary(self, x):
-        return self.g.add(self.draw(st.sampled_from(UNARY)  # nan from log(-x) is fine: shapes are checked), x)
+    def _unary(self, x):  # nan from log(-x) is fine: only shapes and dtypes are checked
+        return self.g.add(self.draw(st.sampled_from(UNARY)), x)
 
     def _partner(self, x):
         """A new input that broadcasts against x: some dims replaced by 1, maybe fewer of them."""
