@@ -51,11 +51,9 @@ class CompiledOperator:
 
     # -- running ----------------------------------------------------------
     def __call__(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        from ..scheduler import launch
-
         plan, _ = self.select(inputs)
         self.stats["calls"] += 1
-        return launch(plan, inputs)
+        return _scheduler("launch")(plan, inputs)
 
     def select(self, inputs: dict[str, torch.Tensor]):
         """(plan, spec) for these inputs: cached per shape tuple, so a repeated shape costs a dict lookup."""
@@ -75,9 +73,7 @@ class CompiledOperator:
             return spec.plans[0]
         key = bucket(env, self.dynamic)
         if key not in spec.tuning:
-            from ..scheduler import profile
-
-            best = profile(spec.plans, inputs)
+            best = _scheduler("profile")(spec.plans, inputs)
             spec.tuning[key] = next(i for i, p in enumerate(spec.plans) if p is best or p == best)
             A.save_tuning(self.entry, spec.static, {key: spec.tuning[key]})
             self.stats["tunings"] += 1
@@ -91,8 +87,7 @@ class CompiledOperator:
         return self.specs[k]
 
     def _load_spec(self, static) -> Spec | None:
-        from ..scheduler import Plan
-
+        Plan = _scheduler("Plan")
         try:
             body, _ = A.load_spec(self.entry, static)  # also checks every kernel file's checksum
             plans = [Plan.from_json(p) for p in body["plans"]]
@@ -106,8 +101,7 @@ class CompiledOperator:
         return Spec(static, body["candidate"], plans, A.load_tuning(self.entry, static), from_cache=True)
 
     def _build_spec(self, static, env) -> Spec:
-        from ..scheduler import schedule
-
+        schedule = _scheduler("schedule")
         candidates = self._candidates()
         start = time.perf_counter()
         reasons = []
@@ -160,6 +154,14 @@ class CompiledOperator:
             "name": self.graph.name, "fields": self.fields, "graph": self.graph.text(),
             "candidates": [_candidate_to_json(c) for c in cands], "search_stats": self.search_stats})
         return cands
+
+
+def _scheduler(name: str):
+    """A public function of cleave.scheduler (a submodule of the same name may shadow the attribute)."""
+    from .. import scheduler
+
+    obj = getattr(scheduler, name)
+    return getattr(obj, name) if isinstance(obj, type(scheduler)) else obj
 
 
 def _search_function():
