@@ -13,7 +13,7 @@ from .cost import kernel_time
 from .partition import KernelSpec, Store, partition
 from .plan import Buffer, Kernel, Plan
 from .target import H200
-from .tiles import aliases, enumerate_tilings, remap
+from .tiles import aliases, enumerate_tilings, launch_options, remap
 
 
 def split_symbols(graph: Graph) -> list[str]:
@@ -36,8 +36,7 @@ def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
     programs = 1
     for lab in spec.root_labels:
         programs *= -(-D.evaluate(lab.extent, env) // t.block[lab.id])
-    seconds = kernel_time(em.stats, programs, t.num_warps, t.num_stages, target)
-    return seconds, source, bufs, grid
+    return em.stats, programs, source, bufs, grid
 
 
 def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
@@ -45,15 +44,15 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
     errors = []
     for t in enumerate_tilings(spec.views, spec.root_labels, env, dynamic, target):
         try:
-            seconds, source, bufs, grid = _compile(spec, t, facts, env, dynamic, symbols, target)
+            stats, programs, source, bufs, grid = _compile(spec, t, facts, env, dynamic, symbols, target)
         except (BindingError, ValueError) as err:
             errors.append(str(err))
             continue
-        if seconds is None:
-            continue
         tiles = {f"X{i}": b for i, b in t.block.items()}
-        found.append((seconds, Kernel(spec.name, source, grid, bufs + symbols, {}, t.num_warps, t.num_stages),
-                      tiles))
+        for warps, stages in launch_options(t):
+            seconds = kernel_time(stats, programs, warps, stages, target)
+            if seconds is not None:
+                found.append((seconds, Kernel(spec.name, source, grid, bufs + symbols, {}, warps, stages), tiles))
     if not found:
         raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
                            + (f" ({errors[0]})" if errors else ""))

@@ -106,8 +106,8 @@ class Emitter:
     def valid(self, lid: int, dims) -> str | None:
         lab, b = self.labels[lid], self.t.block[lid]
         static = self.t.static.get(lid)
-        if static is not None and (static % b == 0 or (b == 1 and self.t.role[lid] != "loop")):
-            return None
+        if (b == 1 and self.t.role[lid] != "loop") or (static is not None and static % b == 0):
+            return None  # a program's own grid index, or tiles that divide the extent
         return f"({self.idx(lid, dims)} < {code(lab.extent)})"
 
     def align(self, v: Val, dims) -> str:
@@ -238,11 +238,11 @@ class Emitter:
             if e == 0:
                 continue
             terms.append(f"{code(e, names)} * {code(stride)}" if stride != 1 else code(e, names))
-            lab = self.views.by_sym().get(e)
-            if lab is None or not D.equal(lab.extent, shape[k]):
+            lo, hi = self.bounds(e)
+            if hi is None or not _provable(shape[k] - 1 - hi):
                 mask.append(f"({code(e, names)} < {code(shape[k])})")
-                if any(c < 0 for c in sympy.Poly(e, *e.free_symbols).coeffs()) if e.free_symbols else e < 0:
-                    mask.append(f"({code(e, names)} >= 0)")
+            if lo is None or not _provable(lo):
+                mask.append(f"({code(e, names)} >= 0)")
         for lid in inst.labels:
             v = self.valid(lid, dims)
             if v:
@@ -263,6 +263,26 @@ class Emitter:
         if node.op == "input" or any(node is o for o in self.views.graph.outputs):
             return TL[node.dtype]
         return "tl.float32" if node.dtype.is_float else TL[node.dtype]
+
+    def bounds(self, e):
+        """Least and greatest value of an affine index over its labels' valid ranges
+        (None where it is not affine): masks that these prove are left out."""
+        table = self.views.by_sym()
+        lo = hi = e
+        for sym in e.free_symbols:
+            if sym not in table:
+                continue
+            c = sympy.diff(e, sym)
+            if c.free_symbols & set(table) or sympy.diff(c, sym) != 0:
+                return None, None
+            top = table[sym].extent - 1
+            if _provable(c):
+                lo, hi = lo.subs(sym, 0), hi.subs(sym, top)
+            elif _provable(-c):
+                lo, hi = lo.subs(sym, top), hi.subs(sym, 0)
+            else:
+                return None, None
+        return lo, hi
 
     def masked(self, v: Val, lid: int, neutral: str) -> str:
         valid = self.valid(lid, v.dims)
@@ -481,8 +501,11 @@ class Emitter:
             if bx > 1:
                 decode.append(f"idx{lid} = tid{lid} * {bx} + tl.arange(0, {bx})")
         top.lines += ["pid = tl.program_id(0).to(tl.int64)"] + decode
+        used = set()
+        for inst in self.views.memo.values():
+            used |= inst.labels | ({inst.reduced.id} if inst.reduced else set())
         for lab in self.views.labels:
-            if self.t.role[lab.id] == "full" and self.t.block[lab.id] > 1:
+            if self.t.role[lab.id] == "full" and self.t.block[lab.id] > 1 and lab.id in used:
                 top.lines.append(f"idx{lab.id} = tl.arange(0, {self.t.block[lab.id]})")
         for st in self.spec.stores:
             v = self.ensure(top, st.inst)
@@ -533,6 +556,12 @@ class Emitter:
             value = f"tl.full({[self.t.block[d] for d in dims]}, 0, {v.ty}) + {value}"
         m = f", mask={' & '.join(mask)}" if mask else ""
         b.lines.append(f"tl.store({addr}, {value}.to({st.buffer}_ptr.dtype.element_ty){m})")
+
+
+def _provable(e) -> bool:
+    """e >= 0 for every positive integer binding of its symbols."""
+    e = sympy.simplify(e)
+    return bool(e.is_nonnegative) or (e.is_number and e >= 0)
 
 
 def _prod(xs) -> int:

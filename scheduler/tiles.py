@@ -84,17 +84,20 @@ def target_full_limit(target, lab: Label) -> int:
     return target.full_matmul if lab.origin == "matmul" else target.full_reduce
 
 
-def enumerate_tilings(views: Views, root_labels: list, env: dict, dynamic: set, target, limit: int = 96):
+def enumerate_tilings(views: Views, root_labels: list, env: dict, dynamic: set, target, limit: int = 24):
     opts = choices(views, root_labels, env, dynamic, target)
     ids = [lab.id for lab in views.labels]
     static = {lab.id: D.evaluate(lab.extent, env) for lab in views.labels if not _is_dynamic(lab, dynamic)}
     combos = itertools.product(*(opts[i] for i in ids))
     for combo in itertools.islice(combos, limit):
-        role = {i: c[0] for i, c in zip(ids, combo)}
-        block = {i: c[1] for i, c in zip(ids, combo)}
-        for warps in (4, 8):
-            for stages in ((2, 3) if "loop" in role.values() else (2,)):
-                yield Tiling(role, block, warps, stages, static)
+        yield Tiling({i: c[0] for i, c in zip(ids, combo)}, {i: c[1] for i, c in zip(ids, combo)}, static=static)
+
+
+def launch_options(t: Tiling):
+    """num_warps and num_stages to cost for one tiling (they do not change the code)."""
+    for warps in (4, 8):
+        for stages in ((2, 3) if "loop" in t.role.values() else (2,)):
+            yield warps, stages
 
 
 def is_full(t: Tiling, lid: int) -> bool:
