@@ -1,0 +1,102 @@
+"""check_rule: the shape proof, the numeric gate and the algebra provers, per rule instance.
+
+Order per instance: shapes (z3, every binding) -> numeric gate (cheap, catches most
+wrong rules) -> z3/sympy at each small binding. A rule is proven only if every
+instance passes all three; one confirmed counterexample makes it unsound; anything
+a prover could not decide makes it unknown.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+from ..ir import CleaveError
+from ..ir.contracts import RuleInstance
+from . import verdict as V
+from .bindings import choose
+from .numeric import numeric_gate
+from .prove import prove_at
+from .shapes import check_shapes
+from .verdict import UnsoundRule, Verdict
+
+
+def _instances(rule) -> tuple[str, list[RuleInstance]]:
+    if isinstance(rule, RuleInstance):
+        return rule.rule, [rule]
+    return rule.name, list(rule.instances())
+
+
+def _check_instance(inst: RuleInstance, timeout_ms: int):
+    """(status, methods, counterexample, notes) for one instance."""
+    label = f"instance {inst.lhs.name} -> {inst.rhs.name}"
+    try:
+        shapes = check_shapes(inst)
+    except ValueError as err:
+        return "unknown", set(), "", [f"{label}: shapes: {err}"]
+    if shapes.status == "refuted":
+        return "unsound", {"z3"}, f"shapes: {shapes.detail}", []
+    notes = [] if shapes.status == "proven" else [f"{label}: shapes unknown ({shapes.detail})"]
+    prover_bindings, numeric_bindings = choose(inst)
+    if not numeric_bindings:
+        return "unknown", set(), "", notes + [f"{label}: no binding with dims 1..9 satisfies the conditions"]
+    bad = numeric_gate(inst, numeric_bindings)
+    if bad:
+        return "unsound", {"numeric"}, f"numeric: {bad}", notes
+    methods: set[str] = set()
+    if not prover_bindings:
+        notes.append(f"{label}: every satisfying binding is too large for the provers")
+    for binding in prover_bindings:
+        try:
+            result = prove_at(inst, binding, timeout_ms)
+        except CleaveError as err:
+            notes.append(f"{label} at {binding}: {err}")
+            continue
+        if result.status == "refuted":
+            return "unsound", {result.method}, f"{result.method}: {result.detail}", notes
+        if result.status == "proven":
+            methods.add(result.method)
+        else:
+            notes.append(f"{label}: {result.detail}")
+    return ("proven" if not notes else "unknown"), methods, "", notes
+
+
+def check_rule(rule, *, timeout_ms: int = 5000, use_cache: bool = True) -> Verdict:
+    """The verdict on one rule (an object with `name` and `instances()`, or a RuleInstance)."""
+    name, instances = _instances(rule)
+    key = V.rule_key(instances)
+    if use_cache:
+        found = V.lookup(key, name)
+        if found is not None:
+            return found
+    start = time.perf_counter()
+    status, methods, counterexample, notes = "proven", set(), "", []
+    if not instances:
+        status, notes = "unknown", ["the rule has no instances to check"]
+    for inst in instances:
+        s, m, cex, n = _check_instance(inst, timeout_ms)
+        methods |= m
+        notes += n
+        if s == "unsound":
+            status, counterexample, methods = "unsound", cex, m
+            break
+        if s == "unknown":
+            status = "unknown"
+    method = "+".join(sorted(methods)) or "numeric"
+    result = Verdict(name, status, method, time.perf_counter() - start, counterexample, notes)
+    if use_cache:
+        V.store(key, result)
+    return result
+
+
+def check_rules(rules: Iterable, **kwargs) -> list[Verdict]:
+    return [check_rule(r, **kwargs) for r in rules]
+
+
+def require_sound(rules: Iterable, **kwargs) -> list[Verdict]:
+    """Every rule proven, or UnsoundRule naming the first one that is not (with its counterexample)."""
+    verdicts = check_rules(rules, **kwargs)
+    failed = [v for v in verdicts if not v.ok]
+    if failed:
+        more = f" (and {len(failed) - 1} more: {', '.join(v.rule for v in failed[1:])})" if len(failed) > 1 else ""
+        raise UnsoundRule(failed[0].explain() + more)
+    return verdicts

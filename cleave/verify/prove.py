@@ -1,0 +1,181 @@
+"""Prove lhs == rhs elementwise at one concrete binding: z3 first, sympy where z3 is unsure.
+
+z3 sees uninterpreted exp/log/sqrt plus ground instances of their laws (backends.py),
+so a z3 model may satisfy the laws yet not be real arithmetic: every model is
+re-checked in fp64 by the interpreter, and only a confirmed one is a counterexample.
+The proof holds on the real-valued domain (divisors non-zero, log arguments
+positive, sqrt arguments non-negative); IEEE specials coming from pads and
+constants are exact (scalars.py). Unknown is never proven.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import sympy
+import torch
+import z3
+
+from ..interpreter import torch_dtype
+from ..ir import CleaveError
+from ..ir.contracts import RuleInstance
+from .backends import SympyBackend, Z3Backend
+from .bindings import Binding
+from .lower import input_arrays, lower
+from .numeric import STYLES, evaluate, first_mismatch, random_inputs, show_inputs
+from .scalars import Algebra, Unsupported, is_num, is_special
+
+
+@dataclass
+class ProofResult:
+    status: str  # "proven", "refuted", "unknown"
+    method: str  # "z3", "sympy" or "" when neither decided
+    detail: str = ""
+
+
+def _lower_both(inst: RuleInstance, env, backend):
+    alg = Algebra(backend)
+    inputs = input_arrays(inst.lhs, env, alg)
+    lhs = lower(inst.lhs, env, inputs, alg)
+    rhs = lower(inst.rhs, env, {k: v for k, v in inputs.items() if k in inst.rhs.inputs}, alg)
+    return inputs, lhs, rhs
+
+
+def _static_equal(x, y) -> bool | None:
+    """True/False when both are concrete (numbers, specials, bools); None otherwise.
+    A special against a symbolic (always finite) value is never equal."""
+    concrete = lambda v: is_num(v) or is_special(v) or isinstance(v, bool)  # noqa: E731
+    if concrete(x) and concrete(y):
+        if is_special(x) and is_special(y):
+            return x == y or (x != x and y != y)
+        if is_special(x) or is_special(y):
+            return False
+        return x == y
+    if is_special(x) or is_special(y):
+        return False
+    return None
+
+
+def prove_z3(inst: RuleInstance, binding: Binding, timeout_ms: int) -> ProofResult:
+    env = binding.dict
+    backend = Z3Backend()
+    try:
+        inputs, lhs, rhs = _lower_both(inst, env, backend)
+    except Unsupported as err:
+        return ProofResult("unknown", "", f"z3 lowering: {err}")
+    alg = Algebra(backend)
+    differs = []
+    for a, b in zip(lhs, rhs):
+        for idx in np.ndindex(*a.shape):
+            x, y = a[idx], b[idx]
+            same = _static_equal(x, y)
+            if same is None:
+                differs.append(alg.lift(x) != alg.lift(y))
+            elif not same:  # differs for every input: any input is a counterexample
+                gen = torch.Generator().manual_seed(0)
+                return _confirm(inst, binding, random_inputs(inst.lhs, env, STYLES[0][1], gen))
+    if not differs:
+        return ProofResult("proven", "z3")
+    solver = z3.Solver()
+    solver.set("timeout", timeout_ms)
+    solver.add(*backend.laws())
+    solver.add(z3.Or(*differs))
+    result = solver.check()
+    if result == z3.unsat:
+        return ProofResult("proven", "z3")
+    if result == z3.unknown:
+        return ProofResult("unknown", "", f"z3 unknown at {binding}: {solver.reason_unknown()}")
+    return _confirm(inst, binding, _model_inputs(inst, inputs, solver.model()))
+
+
+def _model_inputs(inst: RuleInstance, inputs, model) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for name, arr in inputs.items():
+        node = inst.lhs.inputs[name]
+        values = np.empty(arr.shape, dtype=object)
+        for idx in np.ndindex(*arr.shape):
+            values[idx] = _model_value(model.eval(arr[idx], model_completion=True))
+        dtype = torch.float64 if node.dtype.is_float else torch_dtype(node.dtype)
+        tensors[name] = torch.tensor(values.tolist(), dtype=dtype).reshape(arr.shape)
+    return tensors
+
+
+def _confirm(inst: RuleInstance, binding: Binding, tensors: dict[str, torch.Tensor]) -> ProofResult:
+    """A candidate counterexample counts only if the interpreter agrees in fp64."""
+    env = binding.dict
+    try:
+        lhs, rhs = evaluate(inst, tensors, env)
+    except (CleaveError, RuntimeError, IndexError) as err:
+        return ProofResult("unknown", "", f"z3 model at {binding} could not be interpreted: {err}")
+    bad = first_mismatch(lhs, rhs)
+    if bad:
+        return ProofResult("refuted", "z3", f"at {binding}, inputs {show_inputs(tensors)}: {bad}")
+    return ProofResult("unknown", "", f"z3's counterexample at {binding} is not confirmed by fp64 arithmetic "
+                                      "(its exp/log values break a law it was not given)")
+
+
+def _model_value(v):
+    if z3.is_true(v) or z3.is_false(v):
+        return bool(z3.is_true(v))
+    if z3.is_int_value(v):
+        return v.as_long()
+    if z3.is_rational_value(v):
+        return float(v.as_fraction())
+    if z3.is_algebraic_value(v):
+        return float(v.approx(20).as_fraction())
+    return 0.0
+
+
+def prove_sympy(inst: RuleInstance, binding: Binding, max_ops: int = 400) -> ProofResult:
+    """lhs - rhs simplifies to 0 for every element (with exp(a+b) expanded)."""
+    try:
+        _, lhs, rhs = _lower_both(inst, binding.dict, SympyBackend())
+    except Unsupported as err:
+        return ProofResult("unknown", "", f"sympy lowering: {err}")
+    for a, b in zip(lhs, rhs):
+        for idx in np.ndindex(*a.shape):
+            x, y = a[idx], b[idx]
+            same = _static_equal(x, y)
+            if same is True:
+                continue
+            if same is False:
+                return ProofResult("unknown", "", f"sympy: element {list(idx)} differs ({x} vs {y})")
+            if not _sympy_zero(_sym(x), _sym(y), max_ops):
+                return ProofResult("unknown", "", f"sympy could not show element {list(idx)} equal at {binding}")
+    return ProofResult("proven", "sympy")
+
+
+def _sym(v):
+    if isinstance(v, bool):
+        return sympy.true if v else sympy.false
+    if is_num(v):
+        return sympy.Rational(v.numerator, v.denominator) if hasattr(v, "numerator") else sympy.Integer(v)
+    return v
+
+
+def _sympy_zero(x, y, max_ops: int) -> bool:
+    if x == y:
+        return True
+    if not (isinstance(x, sympy.Expr) and isinstance(y, sympy.Expr)):
+        return False
+    d = sympy.expand(x - y, power_exp=True)
+    if d == 0:
+        return True
+    if sympy.count_ops(d) > max_ops:
+        return False
+    return sympy.simplify(sympy.powsimp(d)) == 0
+
+
+def prove_at(inst: RuleInstance, binding: Binding, timeout_ms: int = 5000) -> ProofResult:
+    """z3 with a short timeout, then sympy, then z3 with the full timeout."""
+    first = prove_z3(inst, binding, min(timeout_ms, 1000))
+    if first.status != "unknown":
+        return first
+    second = prove_sympy(inst, binding)
+    if second.status == "proven":
+        return second
+    if timeout_ms > 1000 and ("timeout" in first.detail or "canceled" in first.detail):
+        third = prove_z3(inst, binding, timeout_ms)
+        if third.status != "unknown":
+            return third
+    return ProofResult("unknown", "", f"{first.detail}; {second.detail}")

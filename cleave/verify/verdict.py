@@ -1,0 +1,111 @@
+"""What the verifier says about a rule, the error that rejects it, and the verdict cache.
+
+Verdicts are cached by a hash of the rule's instance texts (and the verifier's
+version), in process and on disk under $CLEAVE_CACHE_DIR (else the user cache
+dir), so that saturation does not re-prove the library every time.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..ir import CleaveError
+from ..ir.contracts import RuleInstance
+
+# Bump when the verifier's semantics change, so that stale verdicts are not reused.
+VERIFIER_VERSION = "1"
+
+# proven: every instance proven (z3 or sympy) at every prover binding and the numeric
+# gate passed; unsound: a confirmed counterexample; unknown: no counterexample, but a
+# prover could not decide (the numeric gate passed): never accepted as sound.
+VERDICTS = ("proven", "unsound", "unknown")
+
+
+class UnsoundRule(CleaveError):
+    """A rule failed verification (a counterexample), or could not be proven."""
+
+
+@dataclass
+class Verdict:
+    rule: str
+    verdict: str
+    method: str  # the provers that decided, e.g. "z3", "z3+sympy"; "numeric" if only the gate ran to the end
+    seconds: float
+    counterexample: str = ""  # for unsound: the binding, the inputs and the differing element
+    notes: list[str] = field(default_factory=list)  # why a prover said unknown
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == "proven"
+
+    def line(self, width: int = 32) -> str:
+        return f"{self.rule:<{width}} {self.method:<10} {self.seconds:7.2f}s  {self.verdict}"
+
+    def explain(self) -> str:
+        if self.verdict == "unsound":
+            return f"rule {self.rule!r} is unsound: {self.counterexample}"
+        if self.verdict == "unknown":
+            why = "; ".join(self.notes) or "no prover decided"
+            return f"rule {self.rule!r} is not proven (unknown): {why}"
+        return f"rule {self.rule!r} is proven by {self.method}"
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("cached")
+        return d
+
+
+def rule_key(instances: list[RuleInstance]) -> str:
+    h = hashlib.sha256(VERIFIER_VERSION.encode())
+    for inst in instances:
+        h.update(inst.lhs.text().encode())
+        h.update(b"\0")
+        h.update(inst.rhs.text().encode())
+        h.update(b"\0")
+        h.update(repr(sorted(str(c) for c in inst.conditions)).encode())
+        h.update(b"\1")
+    return h.hexdigest()
+
+
+_MEMORY: dict[str, Verdict] = {}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("CLEAVE_CACHE_DIR")
+    if not root:
+        import platformdirs
+
+        root = platformdirs.user_cache_dir("cleave")
+    return Path(root) / "verify"
+
+
+def lookup(key: str, name: str) -> Verdict | None:
+    found = _MEMORY.get(key)
+    if found is None:
+        path = cache_dir() / f"{key}.json"
+        try:
+            found = Verdict(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+        _MEMORY[key] = found
+    return Verdict(name, found.verdict, found.method, found.seconds, found.counterexample, list(found.notes), True)
+
+
+def store(key: str, verdict: Verdict) -> None:
+    _MEMORY[key] = verdict
+    path = cache_dir() / f"{key}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(verdict.to_json()))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs a re-proof next time
+
+
+def clear_memory() -> None:
+    _MEMORY.clear()
