@@ -120,6 +120,18 @@ def _index(x, idx, w):
             vals, where)
 
 
+def _extremes(x, w):
+    top = x.max(dim=1)
+    return (top.values, top.indices, x.min(0, keepdim=True).indices, x.argmax(), x.argmin(-1),
+            torch.einsum("ij,kj,k->i", x, w, w[:, 1]), torch.einsum("ij->j", x))
+
+
+def _attention_masks(q, k, bias):
+    keep = bias > 0
+    return (F.scaled_dot_product_attention(q, k, k, attn_mask=keep),
+            F.scaled_dot_product_attention(q, k, k, attn_mask=bias, scale=0.3))
+
+
 def _masks(x, w):
     n = x.shape[-1]
     keep = torch.ones(n, n, dtype=torch.bool).triu(1)
@@ -134,7 +146,10 @@ def test_op_table_matches_torch_eager():
     w = torch.randn(9, 5, generator=gen, dtype=F64)
     idx = torch.randint(0, 5, (7, 2), generator=gen)
     cases = [(_norms, (x, w), {"x": {0: "m"}}), (_layout, (x, w), {"x": {0: "m"}}),
-             (_index, (x, idx, w), {"x": {0: "m"}, "idx": {0: "m"}}), (_masks, (x, w), {})]
+             (_index, (x, idx, w), {"x": {0: "m"}, "idx": {0: "m"}}), (_masks, (x, w), {}),
+             (_extremes, (x, w), {"x": {0: "m"}}),
+             (_attention_masks, (x[None], w[None], torch.randn(7, 9, generator=gen, dtype=F64)),
+              {"q": {1: "m"}, "k": {1: "n"}, "bias": {0: "m", 1: "n"}})]
     for fn, args, dyn in cases:
         g = cleave.capture(fn, *args, dynamic=dyn)
         names = list(g.inputs)
@@ -191,12 +206,13 @@ def test_is_supported_marks_the_nodes_capture_rejects():
 
     class M(torch.nn.Module):
         def forward(self, x):
-            return torch.sort(x.exp(), dim=-1).values.sum(-1)
+            return torch.sort(x.exp(), dim=-1).values.sum(-1) + x[::2].sum()
 
-    gm = export(M(), (torch.randn(3, 4),)).graph
+    gm = export(M(), (torch.randn(4, 4),)).graph
     verdict = {n.name: is_supported(n) for n in gm.nodes}
     assert verdict["sort"] is False
-    assert verdict["exp"] and verdict["sum_1"] and verdict["x"]
+    assert verdict["slice_1"] is False  # a step of 2: the op is known, the argument is not
+    assert verdict["exp"] and verdict["sum_1"] and verdict["x"] and verdict["getitem"]
 
 
 def test_unsupported_arguments_are_reported():

@@ -130,6 +130,42 @@ def _logsumexp(t, node, a):
     return log_sum_exp(t, x, axes(a["dim"], x.rank)[0], a.get("keepdim", False))
 
 
+def _arg_extreme(t, x, axis: int, largest: bool, keepdim: bool):
+    """argmax/argmin as the index of a top-1 (torch picks the first of equal values;
+    topk picks any of them)."""
+    src = x if largest else t.add("neg", x)
+    index = t.add("topk", src, k=1, axis=axis, which="indices")
+    if keepdim:
+        return index
+    return t.add("reshape", index, shape=index.shape[:axis] + index.shape[axis + 1:])
+
+
+def _extreme_dim(op):
+    def fn(t, node, a):
+        x, keep = a["self"], a.get("keepdim", False)
+        axis = a["dim"] % x.rank
+        values = t.add("reduce", x, op=op, axis=axis, keepdim=bool(keep))
+        return values, _arg_extreme(t, x, axis, op == "max", keep)
+    return fn
+
+
+def _arg(largest):
+    def fn(t, node, a):
+        x = a["self"]
+        if a.get("dim") is None:
+            x = t.add("reshape", x, shape=(math.prod(x.shape, start=sympy.Integer(1)),))
+            index = _arg_extreme(t, x, 0, largest, False)
+            return t.add("reshape", index, shape=t.out_shape(node)) if a.get("keepdim") else index
+        return _arg_extreme(t, x, a["dim"] % x.rank, largest, a.get("keepdim", False))
+    return fn
+
+
+rule("max.dim")(_extreme_dim("max"))
+rule("min.dim")(_extreme_dim("min"))
+rule("argmax")(_arg(True))
+rule("argmin")(_arg(False))
+
+
 @rule("topk", check=lambda a, n: None if isinstance(a["k"], int) else "k must be a Python int")
 def _topk(t, node, a):
     x, k = a["self"], a["k"]
