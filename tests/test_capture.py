@@ -179,6 +179,24 @@ def test_symbolic_head_dim_scale_becomes_a_size_node():
     _close(interpret(g, {"q": q2, "k": k2}, compute_dtype=F64), [attn(q2, k2)])
 
 
+def test_module_parameters_become_inputs_and_scalar_constants_consts():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(5, 3)
+
+        def forward(self, x):
+            return F.silu(self.proj(x)) * torch.tensor(2.0)
+
+    block = Block().double()
+    x = torch.randn(4, 5, dtype=F64)
+    g = cleave.capture(block, x, dynamic={"x": {0: "t"}})
+    assert list(g.inputs) == ["proj_weight", "proj_bias", "x"]
+    feeds = {"proj_weight": block.proj.weight.detach(), "proj_bias": block.proj.bias.detach(),
+             "x": torch.randn(9, 5, dtype=F64)}
+    _close(interpret(g, feeds, compute_dtype=F64), [block(feeds["x"]).detach()])
+
+
 # -- errors ------------------------------------------------------------------------
 def _sorts(x):
     return torch.sort(x, dim=-1).values * 2
@@ -220,6 +238,14 @@ def test_unsupported_arguments_are_reported():
         cleave.capture(lambda x: x[::2] + 1, torch.randn(6, 3))
     with pytest.raises(UnsupportedOpError, match=r"dropout_p"):
         cleave.capture(lambda q: F.scaled_dot_product_attention(q, q, q, dropout_p=0.5), torch.randn(2, 4, 8))
+
+
+def test_tensor_constant_made_inside_is_reported():
+    def fn(x):
+        return x * torch.tensor([1.0, 2.0, 3.0])
+
+    with pytest.raises(UnsupportedOpError, match=r"constant tensor of shape \[3\].*pass it as an input"):
+        cleave.capture(fn, torch.randn(4, 3))
 
 
 def test_dynamic_spec_errors_are_one_clear_line():

@@ -1,7 +1,7 @@
 """Property tests over random small graphs: the symbolic shape (and dtype) each node
 infers is what the interpreter produces at a binding, and the text form round-trips."""
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from cleave.interpreter import interpret, torch_dtype
@@ -41,6 +41,7 @@ class Builder:
                                                                      "split", "reshape") else 0)
         if x is None:
             return
+        event(op)  # `pytest --hypothesis-show-statistics` shows how often each op was drawn
         out = getattr(self, "_" + op)(x)
         self.nodes.append(out)
 

@@ -130,7 +130,7 @@ def _same(t, node, a):
     return a["self"]
 
 
-rule("to", "_to_copy", "type_as", "clone", "contiguous", "alias", "detach", "lift_fresh_copy")(_same)
+rule("to", "_to_copy", "type_as", "clone", "contiguous", "alias", "detach", "detach_", "lift_fresh_copy")(_same)
 
 
 @rule("dropout", check=lambda a, n: None if a["train"] is False or a["p"] == 0 else "dropout in training mode")

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-_SIZE_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
+SIZE_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 # Assertions torch.export inserts; they compute nothing.
 IGNORED = {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range",
            "sym_constrain_range_for_size"}
@@ -65,7 +65,7 @@ def is_supported(fx_node) -> bool:
     if fx_node.op != "call_function":
         return False
     val = fx_node.meta.get("val")
-    if isinstance(val, _SIZE_TYPES) or fx_node.target is operator.getitem or is_ignored(fx_node):
+    if isinstance(val, SIZE_TYPES) or fx_node.target is operator.getitem or is_ignored(fx_node):
         return True
     found = rule_for(fx_node)
     if found is None:

@@ -144,7 +144,11 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Graph:
     for node in placeholders:
         val = node.meta["val"]
         spec = kinds[node.name]
-        input_name = user_names.get(node.name) or str(spec.target).replace(".", "_")
+        if spec.kind == InputKind.CONSTANT_TENSOR:
+            t.set(node, _constant(t, ep.constants[spec.target], node))
+            continue
+        # parameters and buffers of a module become inputs named by their state_dict key
+        input_name = user_names.get(node.name) or str(spec.target).removeprefix("fn.").replace(".", "_")
         shape = tuple(t.size(d) for d in val.shape)
         t.set(node, graph.input(input_name, shape, ir_dtype(val.dtype, f"input {input_name!r}")))
     for node in ep.graph.nodes:
@@ -153,6 +157,19 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Graph:
         elif node.op == "output":
             _outputs(t, graph, node)
     return rebuild(graph)
+
+
+def _constant(t, value: torch.Tensor, node):
+    """A one-element tensor made inside the function becomes a const; larger ones would
+    need their values in the graph, which the IR does not hold."""
+    users = [u for u in node.users if u.op == "call_function"]
+    source = source_of(users[0]) if users else None
+    if value.numel() != 1:
+        raise UnsupportedOpError("tensor constant", source, f"a constant tensor of shape {list(value.shape)} is "
+                                 f"made inside the function; pass it as an input")
+    dtype = ir_dtype(value.dtype, "tensor constant", source)
+    out = t.graph.add("const", value=value.item(), dtype=dtype, loc=source)
+    return t.graph.add("reshape", out, shape=tuple(value.shape), loc=source) if value.dim() else out
 
 
 def _outputs(t, graph, node) -> None:

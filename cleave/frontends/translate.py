@@ -21,7 +21,6 @@ from . import aten_map
 from .errors import CaptureError, UnsupportedOpError, op_name, source_of
 from .symbols import SymbolMap
 
-_SIZE_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 
 
 def ir_dtype(dtype: torch.dtype, what: str, source: str | None = None):
@@ -47,7 +46,7 @@ class Translator:
         """Map one call_function node; its inputs must have been translated."""
         self.op, self.loc = op_name(fx_node), source_of(fx_node)
         val = fx_node.meta.get("val")
-        if isinstance(val, _SIZE_TYPES):
+        if isinstance(val, aten_map.SIZE_TYPES):
             value = self.size(val)  # size arithmetic: torch already computed it symbolically
         elif fx_node.target is operator.getitem:
             value = self.value(fx_node.args[0])[fx_node.args[1]]
@@ -147,6 +146,3 @@ class Translator:
 
     def out_dtype(self, fx_node):
         return ir_dtype(fx_node.meta["val"].dtype, self.op, self.loc)
-
-    def axis(self, axis: int, rank: int) -> int:
-        return axis % rank if rank else 0
