@@ -95,7 +95,8 @@ def partition(graph: Graph, env: dict) -> list[KernelSpec]:
 
     def visit(roots, leaves):
         spec = _build(graph, roots, leaves)
-        chunk = _split_labels(spec.views, env)
+        # a chunk label that is a grid label here already runs in parallel
+        chunk = _split_labels(spec.views, env) - {lab.id for lab in spec.root_labels}
         produced = _per_chunk(spec.views, chunk) if chunk else []
         if produced:
             visit(produced, leaves)
