@@ -100,7 +100,9 @@ def test_sdpa_gqa_matches_the_gqa_workload(causal):
 # -- the op table against torch eager, in fp64 -----------------------------------
 def _norms(x, w):
     return (torch.log_softmax(x, -1), torch.logsumexp(x, dim=0), x.var(-1, keepdim=True), x.std(0),
-            x.mean((0, 1)), F.linear(x, w, w[:, 0]), x.amax(0), torch.clamp(x, -0.5, 0.7), F.relu(x) ** 3)
+            x.mean((0, 1)), F.linear(x, w, w[:, 0]), x.amax(0), torch.clamp(x, -0.5, 0.7), F.relu(x) ** 3,
+            torch.addmm(w[:, 0][None], x, w.T), 2 - x, x.clamp_min(0.1),
+            torch.baddbmm(x[None], x[None], x.T[None] @ x[None]))
 
 
 def _layout(x, w):
@@ -109,7 +111,8 @@ def _layout(x, w):
     return (torch.cat([b, a[:, :1]], 1), top, x.select(0, 2), x.t().unsqueeze(0).expand(3, -1, -1),
             x.repeat(2, 3), x.repeat_interleave(3, dim=0), torch.einsum("ij,kj->ik", x, w),
             torch.einsum("bij,bjk->bik", x.view(1, *x.shape), x.T.reshape(1, x.shape[1], -1)),
-            x.movedim(0, 1).flatten(), w @ x[0])
+            x.movedim(0, 1).flatten(), w @ x[0], x.narrow(1, 1, 3), x.unbind(1)[2],
+            torch.tensor_split(x, 2, dim=1)[1])
 
 
 def _index(x, idx, w):
