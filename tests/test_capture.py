@@ -138,7 +138,7 @@ def _masks(x, w):
     keep = torch.ones(n, n, dtype=torch.bool).triu(1)
     pos = torch.arange(n) + 2
     filled = x[:n].masked_fill(keep, 0.25)
-    return (filled, torch.where(x > 0, x, -x * 2), x.tril(-1), pos * x, (x != 0.5) & (x < 1), 1.0 - x / 3)
+    return (filled, torch.where(x > 0, x, -x * 2), x.tril(-1), pos * x, (x != 0.5) & (x < 1), torch.logical_or(x, x > 1), 1.0 - x / 3)
 
 
 def test_op_table_matches_torch_eager():

@@ -111,14 +111,22 @@ def _logical_not(t, node, a):
 rule("bitwise_not", check=_bool_only)(_logical_not)
 
 
-@rule("logical_and", "bitwise_and.Tensor", "__and__.Tensor", check=lambda a, n: _bool_only(a, n) or _bool_only({"self": a["other"]}, n))
+def _both_bool(a, n):
+    return _bool_only(a, n) or _bool_only({"self": a["other"]}, n)
+
+
 def _and(t, node, a):
     return t.add("where", _truth(t, a["self"]), _truth(t, a["other"]), t.const(False, "bool"))
 
 
-@rule("logical_or", "bitwise_or.Tensor", "__or__.Tensor", check=lambda a, n: _bool_only(a, n) or _bool_only({"self": a["other"]}, n))
 def _or(t, node, a):
     return t.add("where", _truth(t, a["self"]), t.const(True, "bool"), _truth(t, a["other"]))
+
+
+rule("logical_and")(_and)
+rule("logical_or")(_or)
+rule("bitwise_and.Tensor", "__and__.Tensor", check=_both_bool)(_and)  # on integers these are bit ops
+rule("bitwise_or.Tensor", "__or__.Tensor", check=_both_bool)(_or)
 
 
 def _truth(t, x):
