@@ -86,11 +86,19 @@ def target_full_limit(target, lab: Label) -> int:
 
 def enumerate_tilings(views: Views, root_labels: list, env: dict, dynamic: set, target, limit: int = 24):
     opts = choices(views, root_labels, env, dynamic, target)
-    ids = [lab.id for lab in views.labels]
     static = {lab.id: D.evaluate(lab.extent, env) for lab in views.labels if not _is_dynamic(lab, dynamic)}
-    combos = itertools.product(*(opts[i] for i in ids))
-    for combo in itertools.islice(combos, limit):
-        yield Tiling({i: c[0] for i, c in zip(ids, combo)}, {i: c[1] for i, c in zip(ids, combo)}, static=static)
+    # Labels of one extent and the same options share one choice: reductions over one
+    # axis then get one block, so they can share one loop.
+    groups: dict = {}
+    for lab in views.labels:
+        groups.setdefault((str(lab.extent), tuple(opts[lab.id])), []).append(lab.id)
+    keys = list(groups)
+    for combo in itertools.islice(itertools.product(*(k[1] for k in keys)), limit):
+        role, block = {}, {}
+        for key, (r, b) in zip(keys, combo):
+            for i in groups[key]:
+                role[i], block[i] = r, b
+        yield Tiling(role, block, static=static)
 
 
 def launch_options(t: Tiling):
@@ -125,7 +133,7 @@ def aliases(views: Views, t: Tiling) -> dict[int, int]:
         for cls in classes:
             rep = views.labels[cls[0]]
             if (("full" if is_full(t, rep.id) else t.role[rep.id]) == kind and t.block[rep.id] == t.block[lab.id]
-                    and D.equal(rep.extent, lab.extent) and not any(m in together[lab.id] for m in cls)):
+                    and sympy.expand(rep.extent - lab.extent) == 0 and not any(m in together[lab.id] for m in cls)):
                 cls.append(lab.id)
                 out[lab.id] = rep.id
                 break

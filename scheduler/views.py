@@ -160,6 +160,10 @@ def broadcast_view(view, out_shape, in_shape) -> tuple:
     return tuple(sympy.Integer(0) if D.is_one(d) else view[pad + i] for i, d in enumerate(in_shape))
 
 
+def _eq(a, b) -> bool:
+    return a == b or sympy.expand(a - b) == 0
+
+
 def reshape_groups(src, dst, node) -> list[tuple[list[int], list[int]]]:
     """Pair contiguous groups of non-unit dims of equal product (symbolically)."""
     a = [i for i, d in enumerate(src) if not D.is_one(d)]
@@ -169,7 +173,7 @@ def reshape_groups(src, dst, node) -> list[tuple[list[int], list[int]]]:
         ga, gb = [a[i]], [b[j]]
         pa, pb = src[a[i]], dst[b[j]]
         i, j = i + 1, j + 1
-        while not D.equal(pa, pb):
+        while not _eq(pa, pb):
             num, den = sympy.fraction(sympy.cancel(pa / pb))
             if den == 1 and j < len(b):
                 gb.append(b[j]); pb = pb * dst[b[j]]; j += 1
@@ -177,7 +181,7 @@ def reshape_groups(src, dst, node) -> list[tuple[list[int], list[int]]]:
                 ga.append(a[i]); pa = pa * src[a[i]]; i += 1
             else:
                 break
-        if not D.equal(pa, pb):
+        if not _eq(pa, pb):
             break
         groups.append((ga, gb))
     if i != len(a) or j != len(b):
