@@ -18,6 +18,10 @@ _Z3_COMPARE = {
 }
 
 
+# Monotonicity is stated for every pair of exp atoms when there are at most this many.
+MONOTONE_PAIRS_UP_TO = 40
+
+
 class Z3Backend:
     def __init__(self):
         self._funcs: dict[tuple[str, int], z3.FuncDeclRef] = {}
@@ -97,9 +101,28 @@ class Z3Backend:
         self.premises.append(fact)
 
     def exp(self, a):
-        a = z3.simplify(_real(a))
-        self.exp_args.setdefault(a.get_id(), a)
-        return self._f("exp")(a)
+        """exp in normal form: exp(c0 + sum c_k t_k) = E(c0) * prod E(t_k)^c_k over the
+        non-linear atoms t_k of the argument. This applies exp(a+b) = exp(a)exp(b) and
+        exp(-a) = 1/exp(a) once and for all, so no pair laws are needed (they grow as
+        the square of the terms and dominated the time)."""
+        atoms, const = _linear(_real(a))
+        factors = []
+        if const != 0:
+            factors.append(self._exp_atom(z3.RealVal(const)))
+        for atom, c in atoms.values():
+            if c.denominator != 1:
+                factors.append(self._exp_atom(z3.simplify(z3.RealVal(c) * atom)))
+                continue
+            base = self._exp_atom(atom)
+            power = base if abs(c) == 1 else z3.Product(*([base] * abs(int(c))))
+            factors.append(power if c > 0 else 1 / power)
+        if not factors:
+            return z3.RealVal(1)
+        return factors[0] if len(factors) == 1 else z3.Product(*factors)
+
+    def _exp_atom(self, t):
+        self.exp_args.setdefault(t.get_id(), t)
+        return self._f("exp")(t)
 
     def log(self, a):
         a = z3.simplify(_real(a))
@@ -118,24 +141,18 @@ class Z3Backend:
 
     # -- ground laws ------------------------------------------------------
     def laws(self) -> list[z3.BoolRef]:
-        """Ground instances, over the terms that occur, of: exp(a) = exp(b)·exp(a-b),
-        exp > 0, exp(0) = 1, exp monotone, log(exp t) = t, exp(log a) = a,
-        log(a) = log(b) + log(a/b), log monotone, sqrt(a)² = a, sqrt ≥ 0, sqrt monotone."""
+        """Ground instances, over the terms that occur, of: exp > 0, exp monotone,
+        log(exp t) = t, exp(log a) = a, log(a) = log(b) + log(a/b), log monotone,
+        sqrt(a)^2 = a, sqrt >= 0, sqrt monotone (exp's algebra is in its normal form)."""
         E, L, S = self._f("exp"), self._f("log"), self._f("sqrt")
         out = list(self.premises)
         exps = list(self.exp_args.values())
-        out.append(E(z3.RealVal(0)) == 1)
         for a in exps:
             out.append(E(a) > 0)
             out.append(L(E(a)) == a)
-        for i, a in enumerate(exps):
-            for j, b in enumerate(exps):
-                if i == j:
-                    continue
-                d = z3.simplify(a - b)
-                out.append(E(a) == E(b) * E(d))
-                out.append(E(d) > 0)
-                if i < j:
+        if len(exps) <= MONOTONE_PAIRS_UP_TO:
+            for i, a in enumerate(exps):
+                for b in exps[i + 1:]:
                     out.append(z3.Implies(a < b, E(a) < E(b)))
                     out.append(z3.Implies(b < a, E(b) < E(a)))
         logs = list(self.log_args.values())
@@ -157,6 +174,40 @@ class Z3Backend:
                 out.append(z3.Implies(a < b, S(a) < S(b)))
                 out.append(z3.Implies(b < a, S(b) < S(a)))
         return out
+
+
+def _linear(e) -> tuple[dict[int, tuple], Fraction]:
+    """e as c0 + sum c_k t_k: {id(t_k): (t_k, c_k)}, c0; the t_k are its non-linear atoms."""
+    atoms: dict[int, tuple] = {}
+    const = Fraction(0)
+
+    def walk(t, c: Fraction):
+        nonlocal const
+        if z3.is_rational_value(t):
+            const += c * t.as_fraction()
+        elif z3.is_add(t):
+            for k in t.children():
+                walk(k, c)
+        elif z3.is_sub(t):
+            first, *rest = t.children()
+            walk(first, c)
+            for k in rest:
+                walk(k, -c)
+        elif t.decl().kind() == z3.Z3_OP_UMINUS:
+            walk(t.children()[0], -c)
+        elif z3.is_to_real(t):
+            walk(t.children()[0], c)
+        elif z3.is_mul(t) and len(t.children()) == 2 and z3.is_rational_value(t.children()[0]):
+            walk(t.children()[1], c * t.children()[0].as_fraction())
+        elif z3.is_mul(t) and len(t.children()) == 2 and z3.is_rational_value(t.children()[1]):
+            walk(t.children()[0], c * t.children()[1].as_fraction())
+        else:
+            key = t.get_id()
+            atom, old = atoms.get(key, (t, Fraction(0)))
+            atoms[key] = (atom, old + c)
+
+    walk(e, Fraction(1))
+    return {k: v for k, v in atoms.items() if v[1] != 0}, const
 
 
 def _real(a):

@@ -26,38 +26,45 @@ def _instances(rule) -> tuple[str, list[RuleInstance]]:
     return rule.name, list(rule.instances())
 
 
-def _check_instance(inst: RuleInstance, timeout_ms: int):
-    """(status, methods, counterexample, notes) for one instance."""
-    label = f"instance {inst.lhs.name} -> {inst.rhs.name}"
+def _label(inst: RuleInstance) -> str:
+    return f"instance {inst.lhs.name} -> {inst.rhs.name}"
+
+
+def _refute(inst: RuleInstance):
+    """Shapes in z3 and the numeric gate: (status, method, counterexample, notes, prover bindings)."""
     try:
         shapes = check_shapes(inst)
     except ValueError as err:
-        return "unknown", set(), "", [f"{label}: shapes: {err}"]
+        return "unknown", "", "", [f"{_label(inst)}: shapes: {err}"], []
     if shapes.status == "refuted":
-        return "unsound", {"z3"}, f"shapes: {shapes.detail}", []
-    notes = [] if shapes.status == "proven" else [f"{label}: shapes unknown ({shapes.detail})"]
+        return "unsound", "z3", f"shapes: {shapes.detail}", [], []
+    notes = [] if shapes.status == "proven" else [f"{_label(inst)}: shapes unknown ({shapes.detail})"]
     prover_bindings, numeric_bindings = choose(inst)
     if not numeric_bindings:
-        return "unknown", set(), "", notes + [f"{label}: no binding with dims 1..9 satisfies the conditions"]
+        return "unknown", "", "", notes + [f"{_label(inst)}: no binding with dims 1..9 satisfies the conditions"], []
     bad = numeric_gate(inst, numeric_bindings)
     if bad:
-        return "unsound", {"numeric"}, f"numeric: {bad}", notes
-    methods: set[str] = set()
+        return "unsound", "numeric", f"numeric: {bad}", notes, []
     if not prover_bindings:
-        notes.append(f"{label}: every satisfying binding is too large for the provers")
-    for binding in prover_bindings:
+        notes.append(f"{_label(inst)}: every satisfying binding is too large for the provers")
+    return ("unknown" if notes else "proven"), "", "", notes, prover_bindings
+
+
+def _prove(inst: RuleInstance, bindings, timeout_ms: int):
+    """Provers at each binding, stopping at the first that does not prove:
+    (status, methods, counterexample, notes)."""
+    methods: set[str] = set()
+    for binding in bindings:
         try:
             result = prove_at(inst, binding, timeout_ms)
         except CleaveError as err:
-            notes.append(f"{label} at {binding}: {err}")
-            continue
+            return "unknown", methods, "", [f"{_label(inst)} at {binding}: {err}"]
         if result.status == "refuted":
-            return "unsound", {result.method}, f"{result.method}: {result.detail}", notes
-        if result.status == "proven":
-            methods.add(result.method)
-        else:
-            notes.append(f"{label}: {result.detail}")
-    return ("proven" if not notes else "unknown"), methods, "", notes
+            return "unsound", {result.method}, f"{result.method}: {result.detail}", []
+        if result.status != "proven":
+            return "unknown", methods, "", [f"{_label(inst)}: {result.detail}"]
+        methods.add(result.method)
+    return "proven", methods, "", []
 
 
 def check_rule(rule, *, timeout_ms: int = 5000, use_cache: bool = True) -> Verdict:
@@ -72,15 +79,27 @@ def check_rule(rule, *, timeout_ms: int = 5000, use_cache: bool = True) -> Verdi
     status, methods, counterexample, notes = "proven", set(), "", []
     if not instances:
         status, notes = "unknown", ["the rule has no instances to check"]
-    for inst in instances:
-        s, m, cex, n = _check_instance(inst, timeout_ms)
-        methods |= m
+    pending = []
+    for inst in instances:  # the cheap refutations first, over every instance
+        s, m, cex, n, bindings = _refute(inst)
         notes += n
         if s == "unsound":
-            status, counterexample, methods = "unsound", cex, m
+            status, counterexample, methods = "unsound", cex, {m}
             break
         if s == "unknown":
             status = "unknown"
+        pending.append((inst, bindings))
+    if status != "unsound":
+        for inst, bindings in pending:
+            s, m, cex, n = _prove(inst, bindings, timeout_ms)
+            notes += n
+            if s == "unsound":
+                status, counterexample, methods = "unsound", cex, m
+                break
+            methods |= m
+            if s == "unknown":
+                status = "unknown"
+                break  # the verdict cannot become proven any more
     method = "+".join(sorted(methods)) or "numeric"
     result = Verdict(name, status, method, time.perf_counter() - start, counterexample, notes)
     if use_cache:

@@ -14,12 +14,15 @@ from ..ir import CleaveError, Graph
 from ..ir.contracts import RuleInstance
 from .bindings import Binding
 
+_TIES = torch.tensor([-2.0, -1.0, 1.0, 2.0], dtype=torch.float64)
+
 # (name, how floats are drawn): typical, wide (large exponents for softmax-style
-# rules, still far from fp64 overflow), and few distinct values (ties for max/topk).
+# rules, still far from fp64 overflow), and few distinct values (ties for max/topk;
+# no zeros: the provers' domain excludes zero divisors, see prove.py).
 STYLES = (
     ("normal", lambda g, shape: torch.randn(shape, generator=g, dtype=torch.float64)),
     ("wide", lambda g, shape: 12 * torch.randn(shape, generator=g, dtype=torch.float64)),
-    ("ties", lambda g, shape: torch.randint(-2, 3, shape, generator=g).to(torch.float64)),
+    ("ties", lambda g, shape: _TIES[torch.randint(0, 4, shape, generator=g)]),
 )
 
 
