@@ -45,12 +45,14 @@ def _build(graph: Graph, roots: list[Node], leaves: set) -> KernelSpec:
     stores, root_labels = [], []
     for out in roots:
         inner, chain = store_chain(out)
-        view = []
-        for i, d in enumerate(inner.shape):
+        view, seen = [], {}
+        for d in inner.shape:
             if D.is_one(d):
                 view.append(sympy.Integer(0))
                 continue
-            key = (i, d)
+            # dims of equal extent across roots share a label (roots may order them differently)
+            seen[d] = seen.get(d, -1) + 1
+            key = (d, seen[d])
             if key not in by_pos:
                 by_pos[key] = views.label(d, "out")
                 root_labels.append(by_pos[key])

@@ -72,16 +72,14 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
             else:
                 out[lab.id] = [("grid", 1)]
             continue
-        limit = target_full_limit(target, lab)
-        if lab.origin == "topk" or (not dyn and full <= limit):
+        loops = [("loop", b) for b in (32, 64, 128) if b < full or dyn] or [("loop", DOT_MIN)]
+        if lab.origin == "topk" or (not dyn and full <= target.full_matmul):
             out[lab.id] = [("full", full)]
+        elif not dyn and full <= target.full_reduce:  # a whole row, or a loop: the cost model picks
+            out[lab.id] = [("full", full)] + loops[-2:]
         else:
-            out[lab.id] = [("loop", b) for b in (32, 64, 128) if b < full or dyn] or [("loop", DOT_MIN)]
+            out[lab.id] = loops
     return out
-
-
-def target_full_limit(target, lab: Label) -> int:
-    return target.full_matmul if lab.origin == "matmul" else target.full_reduce
 
 
 def enumerate_tilings(views: Views, root_labels: list, env: dict, dynamic: set, target, limit: int = 24):
