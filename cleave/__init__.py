@@ -40,3 +40,10 @@ def search(graph, top_k=5, **kwargs):
     from .search import search as _search
 
     return _search(graph, top_k=top_k, **kwargs)
+
+
+def schedule(candidate, shapes, dynamic=(), top_k=4, **kwargs):
+    """Ranked Triton plans for a candidate at concrete shapes (see cleave.scheduler)."""
+    from .scheduler import schedule as _schedule
+
+    return _schedule(candidate, shapes, dynamic=dynamic, top_k=top_k, **kwargs)
