@@ -138,7 +138,8 @@ def _masks(x, w):
     keep = torch.ones(n, n, dtype=torch.bool).triu(1)
     pos = torch.arange(n) + 2
     filled = x[:n].masked_fill(keep, 0.25)
-    return (filled, torch.where(x > 0, x, -x * 2), x.tril(-1), pos * x, (x != 0.5) & (x < 1), torch.logical_or(x, x > 1), 1.0 - x / 3,
+    return (filled, torch.where(x > 0, x, -x * 2), x.tril(-1), pos * x, (x != 0.5) & (x < 1),
+            torch.logical_or(x, x > 1), 1.0 - x / 3,
             # in the static case: torch 2.11 specializes a dynamic axis in a three-operand einsum
             torch.einsum("ij,kj,k->i", x, w, w[:, 1]))
 
