@@ -102,7 +102,9 @@ def _norms(x, w):
     return (torch.log_softmax(x, -1), torch.logsumexp(x, dim=0), x.var(-1, keepdim=True), x.std(0),
             x.mean((0, 1)), F.linear(x, w, w[:, 0]), x.amax(0), torch.clamp(x, -0.5, 0.7), F.relu(x) ** 3,
             torch.addmm(w[:, 0][None], x, w.T), 2 - x, x.clamp_min(0.1),
-            torch.baddbmm(x[None], x[None], x.T[None] @ x[None]))
+            torch.baddbmm(x[None], x[None], x.T[None] @ x[None]), F.layer_norm(x, (5,), w[0], w[1], eps=1e-3),
+            F.layer_norm(x[:, None], (1, 5)), F.rms_norm(x, (5,), w[2]), F.rms_norm(x, (5,), eps=0.1),
+            F.gelu(x, approximate="tanh"))
 
 
 def _layout(x, w):

@@ -2,6 +2,8 @@
 casts, fills, iota-built masks (arange, tril, triu)."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .aten_map import rule
@@ -70,6 +72,16 @@ def _pow(t, node, a):
 @rule("relu")
 def _relu(t, node, a):
     return binary(t, "max", a["self"], 0)
+
+
+@rule("gelu", check=lambda a, n: None if a.get("approximate") == "tanh" else "only approximate='tanh' is supported "
+      "(the IR has no erf)")
+def _gelu(t, node, a):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"""
+    x = a["self"]
+    inner = binary(t, "mul", t.add("add", x, binary(t, "mul", t.add("pow", x, t.lift(3, x)), 0.044715)),
+                   math.sqrt(2 / math.pi))
+    return binary(t, "mul", t.add("mul", x, binary(t, "add", t.add("tanh", inner), 1.0)), 0.5)
 
 
 @rule("clamp", "clamp_min", "clamp_max",

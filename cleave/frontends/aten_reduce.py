@@ -6,6 +6,9 @@ from __future__ import annotations
 import math
 
 import sympy
+import torch
+
+from ..interpreter import torch_dtype
 
 from .aten_map import rule
 
@@ -86,6 +89,41 @@ def _var(t, node, a):
 @rule("std", check=_NON_INT_CORRECTION)
 def _std(t, node, a):
     return t.add("sqrt", _var(t, node, a))
+
+
+def _normalized_axes(a, x):
+    return list(range(x.rank - len(a["normalized_shape"]), x.rank))
+
+
+def _affine(t, y, a):
+    if a.get("weight") is not None:
+        y = t.add("mul", y, a["weight"])
+    if a.get("bias") is not None:
+        y = t.add("add", y, a["bias"])
+    return y
+
+
+@rule("layer_norm")
+def _layer_norm(t, node, a):
+    x = a["input"]
+    dims = _normalized_axes(a, x)
+    n = count(t, x, dims)
+    centered = t.add("sub", x, t.add("div", reduce(t, x, "sum", dims, True), n))
+    var = t.add("div", reduce(t, t.add("square", centered), "sum", dims, True), n)
+    eps = t.const(float(a.get("eps") or 1e-5), x.dtype)
+    return _affine(t, t.add("mul", centered, t.add("rsqrt", t.add("add", var, eps))), a)
+
+
+@rule("rms_norm")
+def _rms_norm(t, node, a):
+    x = a["input"]
+    dims = _normalized_axes(a, x)
+    n = count(t, x, dims)
+    mean_square = t.add("div", reduce(t, t.add("square", x), "sum", dims, True), n)
+    eps = a.get("eps")
+    if eps is None:  # torch's default: the machine epsilon of the input type
+        eps = torch.finfo(torch_dtype(x.dtype)).eps
+    return _affine(t, t.add("mul", x, t.add("rsqrt", t.add("add", mean_square, t.const(float(eps), x.dtype)))), a)
 
 
 def safe_softmax(t, x, axis: int):
