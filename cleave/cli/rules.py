@@ -8,6 +8,9 @@ def register(sub) -> None:
     lp = rsub.add_parser("list", help="list rules: name, family, reason")
     lp.add_argument("files", nargs="*", help="rule files to list instead of the library")
     lp.set_defaults(func=_list)
+    from ..verify.cli import add_verify_parser
+
+    add_verify_parser(rsub)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 

@@ -1,8 +1,20 @@
 """Rule soundness: shapes proven in z3 for every binding, the algebra proven in z3
 (sympy where z3 is unsure) on small concrete bindings, and a randomized fp64 gate.
-The only package that imports z3.
+The only package that imports z3; it loads on first use, so that building the CLI
+parser (cleave.verify.cli) stays cheap.
 """
-from .check import check_rule, check_rules, require_sound
-from .verdict import UnsoundRule, Verdict
+from __future__ import annotations
 
 __all__ = ["UnsoundRule", "Verdict", "check_rule", "check_rules", "require_sound"]
+
+
+def __getattr__(name):
+    if name in ("check_rule", "check_rules", "require_sound"):
+        from . import check
+
+        return getattr(check, name)
+    if name in ("UnsoundRule", "Verdict"):
+        from . import verdict
+
+        return getattr(verdict, name)
+    raise AttributeError(f"module 'cleave.verify' has no attribute {name!r}")

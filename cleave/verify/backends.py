@@ -12,6 +12,8 @@ from fractions import Fraction
 import sympy
 import z3
 
+from .scalars import Unsupported
+
 _Z3_COMPARE = {
     "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
     "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b,
@@ -263,7 +265,9 @@ class SympyBackend:
         return rel
 
     def ite(self, c, a, b):
-        return sympy.Piecewise((a, c), (b, True))
+        # sympy's Piecewise construction alone took 40 s on a top-k network, and
+        # simplify rarely decides it: leave such terms to z3
+        raise Unsupported("sympy is not used on piecewise (where/top-k) terms")
 
     def sum(self, terms):
         return sympy.Add(*terms)

@@ -1,0 +1,46 @@
+"""`cleave rules verify FILES`: one line per rule, non-zero exit naming the failing rule."""
+from __future__ import annotations
+
+import pytest
+
+from cleave.cli.main import main
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    from cleave.verify import verdict
+
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path / "cache"))
+    verdict.clear_memory()
+
+
+def _file(tmp_path, text):
+    pytest.importorskip("cleave.rules")
+    path = tmp_path / "my_rules.txt"
+    path.write_text(text)
+    return str(path)
+
+
+GOOD = """family algebra
+
+rule my-div-mul-assoc: mul(div(x, y), z) => div(mul(x, z), y)
+  why: (x / y) * z = (x * z) / y
+"""
+
+BAD = GOOD + """
+rule my-exp-add-wrong: exp(add(x, y)) => add(exp(x), exp(y))
+  why: deliberately wrong
+"""
+
+
+def test_verify_file_of_sound_rules(tmp_path, capsys):
+    assert main(["rules", "verify", _file(tmp_path, GOOD)]) == 0
+    out = capsys.readouterr().out
+    assert "my-div-mul-assoc" in out and "proven" in out and "1/1 rules proven" in out
+
+
+def test_verify_names_the_unsound_rule(tmp_path, capsys):
+    assert main(["rules", "verify", _file(tmp_path, BAD)]) == 1
+    captured = capsys.readouterr()
+    assert "my-exp-add-wrong" in captured.out and "unsound" in captured.out
+    assert "FAILED rule 'my-exp-add-wrong' is unsound" in captured.err and "lhs=" in captured.err
