@@ -84,3 +84,19 @@ def test_bind_solves_product_dims_and_reports_mismatch():
     assert g.bind({"q": (2, 12, 5), "k": (2, 3, 5)}) == {"b": 2, "hkv": 3, "d": 5, "g": 4}
     with pytest.raises(BindingError, match="input 'k' dim 0"):
         g.bind({"q": (2, 12, 5), "k": (3, 3, 5)})
+
+
+def test_hash_ignores_build_order():
+    def build(sum_first: bool):
+        g = Graph("norm")
+        x = g.input("x", ("t", "n"))
+        if sum_first:
+            total = x.sum(-1, keepdim=True)
+            count = g.add("size", value="n", dtype="f32")
+        else:
+            count = g.add("size", value="n", dtype="f32")
+            total = x.sum(-1, keepdim=True)
+        return g.output(x - total / count)
+
+    assert build(True).key() == build(False).key()
+    assert build(True).text() == build(False).text()

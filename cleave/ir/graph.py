@@ -169,15 +169,25 @@ class Graph:
 
     # -- reading ----------------------------------------------------------
     def live_nodes(self) -> list[Node]:
-        """Nodes the outputs depend on, in topological order."""
-        seen: set[int] = set()
-        stack = list(self.outputs)
-        while stack:
-            n = stack.pop()
-            if n.id not in seen:
-                seen.add(n.id)
-                stack.extend(n.inputs)
-        return [n for n in self.nodes if n.id in seen]
+        """Nodes the outputs depend on, in a canonical topological order: depth-first
+        post-order from the outputs, operands left to right. The order depends on the
+        structure alone, never on the order nodes were built, so equal graphs print,
+        hash and renumber identically."""
+        order: list[Node] = []
+        done: set[int] = set()
+        for root in self.outputs:
+            stack = [(root, False)]
+            while stack:
+                node, expanded = stack.pop()
+                if node.id in done:
+                    continue
+                if expanded:
+                    done.add(node.id)
+                    order.append(node)
+                    continue
+                stack.append((node, True))
+                stack.extend((x, False) for x in reversed(node.inputs) if x.id not in done)
+        return order
 
     def users(self) -> dict[int, list[Node]]:
         out: dict[int, list[Node]] = {n.id: [] for n in self.nodes}
