@@ -112,6 +112,10 @@ class Z3Backend:
         if const != 0:
             factors.append(self._exp_atom(z3.RealVal(const)))
         for atom, c in atoms.values():
+            if z3.is_app_of(atom, z3.Z3_OP_ITE):  # exp(If(p, a, b)) = If(p, exp a, exp b)
+                p, then, other = atom.children()
+                factors.append(z3.If(p, self.exp(c * then), self.exp(c * other)))
+                continue
             if c.denominator != 1:
                 factors.append(self._exp_atom(z3.simplify(z3.RealVal(c) * atom)))
                 continue

@@ -61,7 +61,10 @@ def _static_equal(x, y) -> bool | None:
     return None
 
 
-def prove_z3(inst: RuleInstance, binding: Binding, timeout_ms: int) -> ProofResult:
+def prove_z3(inst: RuleInstance, binding: Binding, timeout_ms: int, per_element: bool = False) -> ProofResult:
+    """All output elements in one query; with `per_element`, one query per element
+    instead (rows of a top-k network are independent: their case splits need not
+    multiply), each with only the laws that mention its inputs, within 4 timeouts."""
     env = binding.dict
     backend = Z3Backend()
     try:
@@ -82,26 +85,44 @@ def prove_z3(inst: RuleInstance, binding: Binding, timeout_ms: int) -> ProofResu
     if not differs:
         return ProofResult("proven", "z3")
     laws = backend.laws()
-    # all elements in one query first; when that is undecided, one query per element
-    # (rows of a top-k network are independent, their case splits need not multiply)
-    groups = [differs] if len(differs) == 1 else [differs, *([d] for d in differs)]
-    deadline = time.perf_counter() + 3 * timeout_ms / 1000
-    for k, group in enumerate(groups):
+    groups = [[d] for d in differs] if per_element else [differs]
+    deadline = time.perf_counter() + 4 * timeout_ms / 1000
+    law_vars: dict[int, frozenset] = {}
+    for group in groups:
         left_ms = int((deadline - time.perf_counter()) * 1000)
         if left_ms <= 0:
             return ProofResult("unknown", "", f"z3 unknown at {binding}: timeout (per-element queries)")
         solver = z3.Solver()
         solver.set("timeout", min(timeout_ms, left_ms))
-        solver.add(*laws)
+        solver.add(*(_relevant(laws, group[0], law_vars) if per_element else laws))
         solver.add(z3.Or(*group))
         result = solver.check()
-        if result == z3.unsat and k == 0:
-            return ProofResult("proven", "z3")
         if result == z3.sat:
             return _confirm(inst, binding, _model_inputs(inst, inputs, solver.model()))
-        if result == z3.unknown and k > 0:
+        if result == z3.unknown:
             return ProofResult("unknown", "", f"z3 unknown at {binding}: {solver.reason_unknown()}")
     return ProofResult("proven", "z3")
+
+
+def _variables(e, memo: dict[int, frozenset]) -> frozenset:
+    """The uninterpreted constants (input elements) of a z3 term, memoized over its DAG."""
+    key = e.get_id()
+    if key not in memo:
+        if z3.is_const(e) and e.decl().kind() == z3.Z3_OP_UNINTERPRETED:
+            memo[key] = frozenset([e.decl().name()])
+        else:
+            out = frozenset()
+            for c in e.children():
+                out |= _variables(c, memo)
+            memo[key] = out
+    return memo[key]
+
+
+def _relevant(laws, goal, memo) -> list:
+    """The laws that mention an input element of the goal: dropping the others keeps a
+    proof valid (fewer premises), and each element's query stays small."""
+    wanted = _variables(goal, memo)
+    return [law for law in laws if _variables(law, memo) & wanted]
 
 
 def _model_inputs(inst: RuleInstance, inputs, model) -> dict[str, torch.Tensor]:
@@ -185,7 +206,7 @@ def _sympy_zero(x, y, max_ops: int) -> bool:
 
 
 def prove_at(inst: RuleInstance, binding: Binding, timeout_ms: int = 5000) -> ProofResult:
-    """z3 with a short timeout, then sympy, then z3 with the full timeout."""
+    """z3 with a short timeout, then sympy, then z3 per element with the full timeout."""
     first = prove_z3(inst, binding, min(timeout_ms, SHORT_MS))
     if first.status != "unknown":
         return first
@@ -193,7 +214,7 @@ def prove_at(inst: RuleInstance, binding: Binding, timeout_ms: int = 5000) -> Pr
     if second.status == "proven":
         return second
     if timeout_ms > SHORT_MS and ("timeout" in first.detail or "canceled" in first.detail):
-        third = prove_z3(inst, binding, timeout_ms)
+        third = prove_z3(inst, binding, timeout_ms, per_element=True)
         if third.status != "unknown":
             return third
     return ProofResult("unknown", "", f"{first.detail}; {second.detail}")
