@@ -102,7 +102,7 @@ def check_rule(rule, *, timeout_ms: int = 5000, use_cache: bool = True) -> Verdi
                 break  # the verdict cannot become proven any more
     method = "+".join(sorted(methods)) or "numeric"
     result = Verdict(name, status, method, time.perf_counter() - start, counterexample, notes)
-    if use_cache:
+    if use_cache and status != "unknown":  # unknown may be a timeout: try again next time
         V.store(key, result)
     return result
 

@@ -1,6 +1,6 @@
 """What the verifier says about a rule, the error that rejects it, and the verdict cache.
 
-Verdicts are cached by a hash of the rule's instance texts (and the verifier's
+Proven and unsound verdicts (facts, not timeouts) are cached by a hash of the rule's instance texts (and the verifier's
 version), in process and on disk under $CLEAVE_CACHE_DIR (else the user cache
 dir), so that saturation does not re-prove the library every time.
 """
