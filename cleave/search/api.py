@@ -10,7 +10,7 @@ from cleave.ir.contracts import Candidate
 from . import cost as C
 from .check import check_candidate
 from .encode import encode
-from .extract import explore, find_class, read, to_candidate
+from .extract import Index, distinct, explore, find_class, read, to_candidate
 from .saturate import Budgets, saturate
 
 
@@ -45,7 +45,8 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
     env = C.representative(graph, enc.reducible, shapes)
     left = max(1.0, budgets.seconds - (time.perf_counter() - start))
     found = explore(enc, classes, roots, env, seconds=left)
-    candidates = [to_candidate(r, rules, enc.outputs) for r, _ in found[:top_k]]
+    index = Index(classes)
+    candidates = [to_candidate(r, rules, enc.outputs, index) for r in distinct(found, top_k)]
     for c in candidates:
         c.graph.name = graph.name
         for origin, constraint in _nonempty_constraints(c.graph, rules, c.derivation):

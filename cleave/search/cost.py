@@ -1,34 +1,37 @@
-"""The symbolic search cost of a candidate graph (sympy).
+"""The search cost of a candidate graph: passes over large reduced dims, as streamed bytes.
 
-    cost = sum over ops of  work / min(parallel rows, PARALLEL)  +  bytes materialized / PARALLEL
+Reductions (reduce, MatMul, top-k) are grouped into *loops*, the way the scheduler
+fuses them: one loop per (reduced extent, pass). A reduction over extent E whose
+input depends on an earlier reduction over the same E starts a new pass, unless the
+dependency is separable (`exp(x - m)`: a running m, rescaled). Each loop streams its
+sources once: the graph inputs and the results of *other* loops that reach its
+reductions through elementwise and layout ops. So reading K for a global max and
+again for per-chunk sums is two passes (two loops read the scores), while
+FlashDecoding's per-chunk loop reads them once.
 
-`work` of a reduction (reduce, MatMul, top-k) is the elements it streams times
-its number of passes: a reduction over an extent E whose input depends on an
-earlier reduction over the same extent E (broadcast back along it) needs that
-one finished first: one more pass over the data. The dependency through
-`exp(x - m)` does not count: it is separable (a running m, rescaled). Split
-reductions stream shorter extents with more parallel rows, which is what makes
-FlashDecoding and Split-K win when rows are few.
+    cost = sum over loops   bytes streamed / min(parallel rows, PARALLEL)
+         + sum over ops     work / min(rows, PARALLEL)      (elements, or MatMul MACs)
+         + sum over loops'  results written / PARALLEL      (materialized for later ops)
+
+The same code gives the symbolic expression (sympy, recorded on the candidate) and
+the number at a binding (used to rank thousands of candidates fast).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import sympy
 
 from cleave.ir import Graph, Node
+from cleave.ir.dtypes import DType
 
 PARALLEL = 1024  # output rows a GPU runs at once
 REDUCTIONS = ("reduce", "matmul", "topk")
-VIEWS = ("input", "const", "size", "iota", "reshape", "permute", "broadcast", "split", "slice")
-
-
-def _numel(n: Node):
-    return math.prod(n.shape, start=sympy.Integer(1))
-
-
-def _rows(n: Node):
-    return _numel(n) / n.shape[-1] if n.rank and n.shape[-1] != 0 else sympy.Integer(1)
+SOURCES = ("input",)  # leaves whose bytes a loop streams (consts, sizes, iotas are free)
+FREE = ("input", "const", "size", "iota")
+VIEWS = ("reshape", "permute", "broadcast", "split", "slice", "cast")
+BYTES = {DType.f64: 8, DType.i64: 8, DType.f32: 4, DType.i32: 4, DType.f16: 2, DType.bf16: 2, DType.bool: 1}
 
 
 def reduced_extent(n: Node):
@@ -38,43 +41,134 @@ def reduced_extent(n: Node):
 
 
 def passes(graph: Graph) -> dict[int, int]:
-    out: dict[int, int] = {}
+    """Pass number of each reduction: 1 + the deepest pass over the same extent that it
+    depends on, transitively (through reductions over other extents too). The factor m of
+    `exp(x - m)` is separable: the extents of the reductions that produce m are excused
+    (a running m, rescaled), not what m itself depends on."""
     users = graph.users()
+    deps: dict[int, dict] = {}  # node id -> {extent: deepest pass it depends on}
+    out: dict[int, int] = {}
 
-    def upstream(n: Node, extent, separable: bool, seen: set) -> int:
-        best = 0
+    def merge(into: dict, more: dict, drop=()) -> None:
+        for e, p in more.items():
+            if e not in drop:
+                into[e] = max(into.get(e, 0), p)
+
+    for n in graph.live_nodes():
+        d: dict = {}
         for k, x in enumerate(n.inputs):
-            sep = separable or (n.op == "sub" and k == 1 and any(u.op == "exp" for u in users[n.id]))
+            separable = n.op == "sub" and k == 1 and any(u.op == "exp" for u in users[n.id])
+            merge(d, deps[x.id], _frontier(x) if separable else ())
+        if n.op in REDUCTIONS:
+            e = str(reduced_extent(n))
+            out[n.id] = 1 + d.get(e, 0)
+            d[e] = out[n.id]
+        deps[n.id] = d
+    return out
+
+
+def _frontier(n: Node) -> set:
+    """Extents of the reductions that produce n through elementwise and layout ops."""
+    if n.op in REDUCTIONS:
+        return {str(reduced_extent(n))}
+    return set().union(*(_frontier(x) for x in n.inputs)) if n.inputs else set()
+
+
+@dataclass
+class Loop:
+    extent: object
+    pass_: int
+    reductions: list = field(default_factory=list)
+    sources: dict = field(default_factory=dict)  # node id -> Node streamed by this loop
+
+
+def loops(graph: Graph) -> list[Loop]:
+    p = passes(graph)
+    key = {n.id: (str(reduced_extent(n)), p[n.id]) for n in graph.live_nodes() if n.op in REDUCTIONS}
+    found: dict[tuple, Loop] = {}
+    for n in graph.live_nodes():
+        if n.op not in REDUCTIONS:
+            continue
+        loop = found.setdefault(key[n.id], Loop(reduced_extent(n), p[n.id]))
+        loop.reductions.append(n)
+        stack, seen = list(n.inputs), set()
+        while stack:
+            x = stack.pop()
             if x.id in seen:
                 continue
             seen.add(x.id)
             if x.op in REDUCTIONS:
-                best = max(best, out[x.id] + (0 if sep or reduced_extent(x) != extent else 1) - 1)
+                if key[x.id] != key[n.id]:  # another loop's result, read from memory
+                    loop.sources[x.id] = x
+            elif x.op in SOURCES:
+                loop.sources[x.id] = x
             else:
-                best = max(best, upstream(x, extent, sep, seen))
-        return best
+                stack.extend(x.inputs)
+    return list(found.values())
 
+
+class _Symbolic:
+    one = sympy.Integer(1)
+    min = staticmethod(sympy.Min)
+    max = staticmethod(sympy.Max)
+
+    @staticmethod
+    def dim(d):
+        return d
+
+
+class _Numeric:
+    one = 1.0
+    min = staticmethod(min)
+    max = staticmethod(max)
+
+    def __init__(self, env: dict):
+        self.env = env
+        self.memo: dict = {}
+
+    def dim(self, d):
+        v = self.memo.get(d)
+        if v is None:
+            v = self.memo[d] = float(d.xreplace(self.env)) if d.free_symbols else float(d)
+        return v
+
+
+def _total(graph: Graph, ar) -> object:
+    def numel(n: Node):
+        return math.prod((ar.dim(d) for d in n.shape), start=ar.one)
+
+    def rows(n: Node):
+        return numel(n) / ar.dim(n.shape[-1]) if n.rank else ar.one
+
+    def par(n: Node):
+        return ar.min(rows(n), PARALLEL)
+
+    total = 0 * ar.one
+    for loop in loops(graph):
+        streamed = sum((numel(s) * BYTES[s.dtype] for s in loop.sources.values()), 0 * ar.one)
+        total += streamed / ar.min(ar.max(ar.one, *(rows(r) for r in loop.reductions)), PARALLEL)
+        total += sum((4 * numel(r) for r in loop.reductions), 0 * ar.one) / PARALLEL
     for n in graph.live_nodes():
-        if n.op in REDUCTIONS:
-            out[n.id] = 1 + upstream(n, reduced_extent(n), False, set())
-    return out
+        if n.op in FREE or n.op in VIEWS:
+            continue
+        work = numel(n.inputs[0]) if n.op in REDUCTIONS else numel(n)
+        if n.op == "matmul":
+            work = numel(n) * ar.dim(reduced_extent(n))
+        total += work / par(n)
+    return total
 
 
 def cost(graph: Graph) -> sympy.Expr:
-    p = passes(graph)
-    total = sympy.Integer(0)
-    for n in graph.live_nodes():
-        if n.op in VIEWS:
-            continue
-        if n.op in REDUCTIONS:
-            work = _numel(n.inputs[0]) * p[n.id]
-            if n.op == "matmul":
-                work = _numel(n) * reduced_extent(n) * p[n.id]
-            # its result is materialized (4 bytes an element) for the ops after it
-            total += work / sympy.Min(_rows(n), PARALLEL) + 4 * _numel(n) / PARALLEL
-        else:
-            total += _numel(n) / sympy.Min(_rows(n), PARALLEL)
-    return total
+    """The symbolic cost (recorded on each candidate)."""
+    return _total(graph, _Symbolic)
+
+
+def rank(graph: Graph, env: dict) -> float:
+    """The cost at a binding (symbol -> int); split counts not in `env` are taken as 32."""
+    full = dict(env)
+    for s in graph.symbols():
+        full.setdefault(s, 32)
+    return float(_total(graph, _Numeric(full)))
 
 
 def representative(graph: Graph, reducible: set, shapes: dict | None = None) -> dict:
@@ -88,9 +182,3 @@ def representative(graph: Graph, reducible: set, shapes: dict | None = None) -> 
         else:
             env[s] = 4096 if s in reducible else 8
     return env
-
-
-def evaluate(expr: sympy.Expr, env: dict) -> float:
-    """The cost at a binding; split counts it does not fix are taken as 32."""
-    full = {s: env.get(s, 32) for s in expr.free_symbols}
-    return float(expr.xreplace(full))

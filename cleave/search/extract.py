@@ -1,10 +1,10 @@
 """Top-k distinct candidates out of the saturated e-graph.
 
-The e-graph is read once (egglog's serialized form). A tree-size extraction
-under a set of banned e-nodes gives one candidate; a local search over "force
-this e-class to that e-node" moves (ban-and-re-extract), guided by the symbolic
-cost of the decoded graph (cost.py, ranked at a representative binding), visits
-the distinct candidates; the k cheapest are returned.
+The e-graph is read once (egglog's serialized form). Extractions are DAGs: one
+e-node per reachable e-class, the same choice wherever a class is used. They are
+ranked by the cost of the decoded graph at a representative binding (cost.py):
+all of them when there are few enough, else a beam search over the choice points.
+Each candidate then records the rule applications it shows and its separability facts.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from cleave.ir import CleaveError, ShapeError, rebuild
 from cleave.ir.contracts import Candidate, Separable
-from cleave.rules.dsl import Axis, Leaf, RuleError, Term, Var
+from cleave.rules.dsl import REDUCE, UNARY, Axis, Leaf, RuleError, Term, Var
 
 from . import cost as C
 from .egraph import CONSTRUCTORS, from_node
@@ -49,44 +49,59 @@ def read(eg) -> dict[str, list[ENode]]:
     return classes
 
 
-def find_class(classes, term) -> str:
-    """The e-class holding a concrete term of the input graph."""
-    index = {}
-    for cls, nodes in classes.items():
-        for n in nodes:
-            index[(n.op, tuple(a if not isinstance(a, tuple) else a for a in n.args))] = cls
-    memo: dict = {}
+class Index:
+    """Looks up the e-class of a concrete term by its e-nodes (hash-consing)."""
 
-    def go(t):
-        if t in memo:
-            return memo[t]
-        op, args = _node_of(t, go)
-        cls = index.get((op, tuple(args)))
+    def __init__(self, classes):
+        self.classes = classes
+        self.nodes = {(n.op, tuple(n.args)): cls for cls, ns in classes.items() for n in ns}
+        self.memo: dict = {}
+
+    def find(self, t) -> str | None:
+        if t not in self.memo:
+            try:
+                op, args = _node_of(t, self._child)
+                self.memo[t] = self.nodes.get((op, tuple(args)))
+            except LookupError:
+                self.memo[t] = None
+        return self.memo[t]
+
+    def _child(self, t) -> str:
+        cls = self.find(t)
         if cls is None:
-            raise CleaveError(f"search: the encoded term {t} is missing from the e-graph")
-        memo[t] = cls
+            raise LookupError(t)
         return cls
 
-    return go(term)
+
+def find_class(classes, term) -> str:
+    """The e-class holding a concrete term of the input graph."""
+    cls = Index(classes).find(term)
+    if cls is None:
+        raise CleaveError(f"search: the encoded term {term} is missing from the e-graph")
+    return cls
 
 
-def _node_of(t, go):
+def _node_of(t, go, ax=lambda a: a.offset):
+    """The e-node (constructor, arguments) of a term; `go` maps tensor children, `ax` axes."""
     if isinstance(t, Leaf):
         return ("LeafT", "Op1", "Op2", "Op3")[len(t.args)], [t.key] + [("class", go(a)) for a in t.args]
     op, a = t.op, t.args
-    from cleave.rules.dsl import REDUCE, UNARY
     if op in UNARY:
         return "Un", [op, ("class", go(a[0]))]
     if op in REDUCE:
-        return "Red", [REDUCE[op], a[1].offset, ("class", go(a[0]))]
+        return "Red", [REDUCE[op], ax(a[1]), ("class", go(a[0]))]
     if op == "where":
         return "Where", [("class", go(x)) for x in a]
     if op == "matmul":
         return "MatMul", [("class", go(x)) for x in a]
-    if op == "squeeze":
-        return "Sq", [a[1].offset, ("class", go(a[0]))]
+    if op in ("squeeze", "unsqueeze"):
+        return ("Sq" if op == "squeeze" else "Unsq"), [ax(a[1]), ("class", go(a[0]))]
+    if op == "split":
+        return "Split", [ax(a[1]), a[2], ("class", go(a[0]))]
+    if op == "swap":
+        return "Swap", [("class", go(a[0]))]
     if op.startswith("topk_"):
-        return "TopK", [op[5:], a[1], a[2].offset, ("class", go(a[0]))]
+        return "TopK", [op[5:], a[1], ax(a[2]), ("class", go(a[0]))]
     return "Bin", [op, ("class", go(a[0])), ("class", go(a[1]))]
 
 
@@ -120,67 +135,164 @@ def build_term(cls: str, choice: dict, memo: dict):
 @dataclass
 class Realized:
     terms: list
-    graph: object
-    cost: object
-    rank: float
-    used: set  # e-classes on the candidate
+    graph: object  # as decoded (renumbered by `final()` for the chosen few)
+    rank: float  # the cost at the ranking binding
+    choice: dict  # e-class -> chosen ENode, for the classes the candidate uses
+    roots: list
+
+    def final(self):
+        self.graph = rebuild(self.graph)
+        return self
 
 
-def realize(enc: Encoded, classes, roots, banned, env) -> Realized | None:
-    costs, choice = best_choice(classes, banned)
-    if any(costs[r] == INF for r in roots):
-        return None
-    memo: dict = {}
-    terms = [build_term(r, choice, memo) for r in roots]
-    try:
-        g, _ = enc.decode(terms)
-    except (RuleError, ShapeError) as err:  # a combination whose shapes do not fit
-        del err
-        return None
-    g = rebuild(g)
-    expr = C.cost(g)
-    used = set()
-    stack = list(roots)
+def _used(roots, choice) -> set:
+    used, stack = set(), list(roots)
     while stack:
         c = stack.pop()
         if c not in used:
             used.add(c)
             stack.extend(a[1] for a in choice[c].args if isinstance(a, tuple))
-    return Realized(terms, g, expr, C.evaluate(expr, env), used)
+    return used
 
 
-def explore(enc: Encoded, classes, roots, env, max_visits: int = 400, seconds: float = 20.0) -> list[tuple]:
-    """Hill-climb on the cost by forcing one e-class at a time; every visited distinct
-    candidate is kept. Returns (Realized, banned) pairs, cheapest first."""
-    start = time.perf_counter()
-    seen: dict[str, tuple] = {}
-    first = realize(enc, classes, roots, frozenset(), env)
-    if first is None:
-        raise CleaveError(f"search of {enc.graph.name}: no candidate could be extracted")
-    seen[first.graph.key()] = (first, frozenset())
-    current, bans = first, frozenset()
-    visits = 1
-    while visits < max_visits and time.perf_counter() - start < seconds:
-        best = None
-        for cls in sorted(current.used):
-            nodes = [n for n in classes[cls] if n.id not in bans]
-            if len(nodes) < 2:
+class Extractor:
+    """Decodes and ranks extractions; each distinct DAG of choices once."""
+
+    def __init__(self, enc: Encoded, classes, roots, env):
+        self.enc, self.classes, self.roots, self.env = enc, classes, roots, env
+        self.by_dag: dict[frozenset, Realized | None] = {}
+
+    def forced(self, forced: dict) -> Realized | None:
+        """The forced classes take their e-node, every other class its smallest tree
+        under that constraint (a cycle leaves the roots unreachable: None)."""
+        bans = frozenset(n.id for c, keep in forced.items() for n in self.classes[c] if n is not keep)
+        costs, choice = best_choice(self.classes, bans)
+        if any(costs[r] == INF for r in self.roots):
+            return None
+        return self.dag({c: choice[c] for c in _used(self.roots, choice)})
+
+    def dag(self, choice: dict) -> Realized | None:
+        """An acyclic choice for exactly the classes reachable from the roots."""
+        key = frozenset((c, n.id) for c, n in choice.items())
+        if key not in self.by_dag:
+            self.by_dag[key] = self._decode(choice)
+        return self.by_dag[key]
+
+    def _decode(self, choice) -> Realized | None:
+        memo: dict = {}
+        terms = [build_term(r, choice, memo) for r in self.roots]
+        try:
+            g, _ = self.enc.decode(terms)
+        except (RuleError, ShapeError):  # a combination whose shapes do not fit
+            return None
+        return Realized(terms, g, C.rank(g, self.env), choice, self.roots)
+
+    def ranked(self) -> list[Realized]:
+        return sorted((r for r in self.by_dag.values() if r is not None), key=lambda r: r.rank)
+
+
+def enumerate_dags(classes, roots, limit: int):
+    """Every acyclic choice of one e-node per reachable e-class, or None past `limit`."""
+    out: list[dict] = []
+
+    def reaches(assign, start, target) -> bool:
+        stack, seen = [start], set()
+        while stack:
+            c = stack.pop()
+            if c == target:
+                return True
+            if c not in seen and c in assign:
+                seen.add(c)
+                stack.extend(a[1] for a in assign[c].args if isinstance(a, tuple))
+        return False
+
+    def go(assign, todo) -> bool:
+        todo = [c for c in todo if c not in assign]
+        if not todo:
+            out.append(dict(assign))
+            return len(out) <= limit
+        c = todo[0]
+        for node in classes[c]:
+            kids = [a[1] for a in node.args if isinstance(a, tuple)]
+            if any(reaches(assign, k, c) for k in kids):
                 continue
-            for keep in nodes:
-                forced = bans | {n.id for n in nodes if n is not keep}
-                r = realize(enc, classes, roots, forced, env)
-                visits += 1
-                if r is None:
-                    continue
-                key = r.graph.key()
-                if key not in seen:
-                    seen[key] = (r, forced)
-                if r.rank < current.rank and (best is None or r.rank < best[0].rank):
-                    best = (r, forced)
-        if best is None:
-            break
-        current, bans = best
-    return sorted(seen.values(), key=lambda rb: (rb[0].rank, rb[0].graph.key()))
+            assign[c] = node
+            ok = go(assign, todo[1:] + kids)
+            del assign[c]
+            if not ok:
+                return False
+        return True
+
+    return out if go({}, list(roots)) else None
+
+
+def explore(enc: Encoded, classes, roots, env, exhaustive: int = 2000, beam: int = 16,
+            seconds: float = 20.0) -> list[Realized]:
+    """Candidates ranked at `env`, cheapest first (distinct DAGs; `distinct` dedupes graphs).
+
+    When the e-graph holds at most `exhaustive` acyclic extractions (every suite workload
+    but the largest), all are ranked: the best is the optimum of the cost, however many
+    coordinated choices it takes (FlashDecoding needs a split max, sum and MatMul at once).
+    Otherwise a beam search over the choice points: a state forces some e-classes to one
+    e-node (the rest extracted as smallest trees) and expands by deciding its candidate's
+    next open choice every way; the `beam` cheapest states survive each round."""
+    start = time.perf_counter()
+    ex = Extractor(enc, classes, roots, env)
+    dags = enumerate_dags(classes, roots, exhaustive)
+    if dags is not None:
+        for choice in dags:
+            ex.dag(choice)
+            if time.perf_counter() - start > seconds:
+                break
+    else:
+        _beam(ex, classes, roots, beam, start + seconds)
+    found = ex.ranked()
+    if not found:
+        raise CleaveError(f"search of {enc.graph.name}: no candidate could be extracted")
+    return found
+
+
+def _beam(ex: Extractor, classes, roots, width: int, deadline: float) -> None:
+    first = ex.forced({})
+    states = [({}, first)] if first else []
+    while states and time.perf_counter() < deadline:
+        children = []
+        for forced, r in states:
+            cls = _next_decision(classes, r, forced)
+            for node in classes[cls] if cls else ():
+                child = ex.forced({**forced, cls: node})
+                if child is not None:
+                    children.append(({**forced, cls: node}, child))
+        children.sort(key=lambda s: s[1].rank)
+        states = children[:width]
+
+
+def _next_decision(classes, r: Realized, forced: dict) -> str | None:
+    """The first class of the candidate (depth first from the roots) with a choice left."""
+    seen, stack = set(), list(reversed(r.roots))
+    while stack:
+        c = stack.pop()
+        if c in seen:
+            continue
+        seen.add(c)
+        if c not in forced and len(classes[c]) > 1:
+            return c
+        stack.extend(reversed([a[1] for a in r.choice[c].args if isinstance(a, tuple)]))
+    return None
+
+
+def distinct(found: list[Realized], k: int) -> list[Realized]:
+    """The k cheapest candidates with distinct graphs (renumbered)."""
+    out, keys = [], set()
+    for r in found:
+        r = r.final()
+        key = r.graph.key()
+        if key not in keys:
+            keys.add(key)
+            out.append(r)
+            if len(out) == k:
+                break
+    return out
 
 
 # -- what each candidate records -------------------------------------------------
@@ -219,17 +331,57 @@ def subterms(terms) -> list:
     return out
 
 
-def derivation(rules, naive_terms, terms) -> list[str]:
-    """Rules whose right-hand side shows in the candidate but not in the input graph,
-    innermost first."""
-    before = set(subterms(naive_terms))
-    out = []
-    for t in subterms(terms):
-        if t in before:
+def ematch(classes, pattern, cls: str, env: dict, nodes=None) -> bool:
+    """Whether e-class `cls` (or only its e-nodes `nodes`) holds an instance of `pattern`
+    consistent with `env` (tensor variables -> e-classes, "axis:a" -> offset, top-k
+    counts -> ints); on success `env` holds the bindings."""
+    if isinstance(pattern, Var):
+        return env.setdefault(pattern.name, cls) == cls
+    op, args = _node_of(pattern, lambda p: p, ax=lambda a: a)
+    for n in classes[cls] if nodes is None else nodes:
+        if n.op != op or len(n.args) != len(args):
             continue
-        for r in rules:  # a bare-variable rhs (a cancellation) leaves no trace to see
-            if r.name not in out and isinstance(r.rhs, Term) and match(r.rhs, t, {}):
-                out.append(r.name)
+        trial = dict(env)
+        if all(_ematch_arg(classes, p, x, trial) for p, x in zip(args, n.args)):
+            env.update(trial)
+            return True
+    return False
+
+
+def _ematch_arg(classes, p, x, env) -> bool:
+    if isinstance(p, tuple):  # ("class", sub-pattern)
+        return isinstance(x, tuple) and ematch(classes, p[1], x[1], env)
+    if isinstance(p, Var):  # an int variable (top-k count)
+        return env.setdefault(p.name, x) == x
+    if isinstance(p, Axis):
+        if p.var is None:
+            return p.offset == x
+        return env.setdefault("axis:" + p.var, x - p.offset) == x - p.offset
+    return p == x
+
+
+def derivation(rules, naive_terms, r: Realized, classes, index: Index) -> list[str]:
+    """Rule applications the candidate shows, innermost first. A rule is listed where an
+    e-node the candidate chose (and the input graph lacks) is the top of the rule's
+    right-hand side, the rest of that side matching in the e-graph (the rewrite added
+    exactly those e-nodes; the candidate may pick equal ones below), and the rule's
+    left-hand side, under the same bindings, lies in the same e-class: that rewrite
+    joined them. Rules whose right-hand side is a bare variable leave no trace."""
+    naive = set()
+    for t in subterms(naive_terms):
+        op, args = _node_of(t, index.find)
+        naive.add((op, tuple(args)))
+    out = []
+    for t in subterms(r.terms):
+        cls = index.find(t)
+        if cls is None or (r.choice[cls].op, tuple(r.choice[cls].args)) in naive:
+            continue
+        for rule in rules:
+            env: dict = {}
+            if (rule.name not in out and isinstance(rule.rhs, Term)
+                    and ematch(classes, rule.rhs, cls, env, nodes=[r.choice[cls]])
+                    and ematch(classes, rule.lhs, cls, env)):
+                out.append(rule.name)
     return out
 
 
@@ -251,7 +403,7 @@ def separable_facts(graph, rule_names) -> list[Separable]:
     return facts
 
 
-def to_candidate(r: Realized, rules, naive_terms) -> Candidate:
+def to_candidate(r: Realized, rules, naive_terms, index: Index) -> Candidate:
     names = {x.name for x in rules}
     return Candidate(graph=r.graph, facts=separable_facts(r.graph, names),
-                     derivation=derivation(rules, naive_terms, r.terms), cost=r.cost)
+                     derivation=derivation(rules, naive_terms, r, index.classes, index), cost=C.cost(r.graph))
