@@ -51,28 +51,45 @@ def bind(plan: Plan, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
     return env
 
 
+class _Prepared:
+    """Everything a launch at one set of input shapes needs, as plain ints: binding
+    symbols through sympy costs milliseconds, so it happens once per shape."""
+
+    def __init__(self, plan: Plan, inputs: dict[str, torch.Tensor]):
+        env = bind(plan, inputs)
+        self.casts = [(b.name, TORCH_DTYPES[ir_dtype(b.dtype)]) for b in plan.inputs]
+        self.outputs = [(b.name, [evaluate(d, env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)])
+                        for b in plan.outputs]
+        self.intermediates = [(b.name, [evaluate(d, env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)])
+                              for b in plan.intermediates]
+        self.kernels = [(_kernel_fn(plan, k), (evaluate(k.grid[0], env),),
+                         [(a, None) if a not in env else (None, env[a]) for a in k.args],
+                         dict(k.constexprs, num_warps=k.num_warps, num_stages=k.num_stages))
+                        for k in plan.kernels]
+
+
+_PREPARED: dict[tuple, _Prepared] = {}
+
+
 def launch(plan: Plan, inputs: dict[str, torch.Tensor], out: list | None = None) -> list[torch.Tensor]:
-    env = bind(plan, inputs)
+    key = (id(plan),) + tuple((name, tuple(t.shape)) for name, t in inputs.items())
+    prepared = _PREPARED.get(key)
+    if prepared is None:
+        prepared = _PREPARED[key] = _Prepared(plan, inputs)
     device = next(iter(inputs.values())).device
     tensors = {}
-    for b in plan.inputs:
-        t = inputs[b.name]
-        want = TORCH_DTYPES[ir_dtype(b.dtype)]
-        tensors[b.name] = (t if t.dtype == want else t.to(want)).contiguous()
+    for name, want in prepared.casts:
+        t = inputs[name]
+        tensors[name] = (t if t.dtype == want else t.to(want)).contiguous()
     outs = []
-    for i, b in enumerate(plan.outputs):
-        shape = [evaluate(d, env) for d in b.shape]
-        t = out[i] if out is not None else torch.empty(shape, dtype=TORCH_DTYPES[ir_dtype(b.dtype)], device=device)
+    for i, (name, shape, dtype) in enumerate(prepared.outputs):
+        t = out[i] if out is not None else torch.empty(shape, dtype=dtype, device=device)
         if list(t.shape) != shape or not t.is_contiguous():
-            raise BindingError(f"output {b.name!r}: expected a contiguous tensor of shape {shape}, got {list(t.shape)}")
-        tensors[b.name] = t
+            raise BindingError(f"output {name!r}: expected a contiguous tensor of shape {shape}, got {list(t.shape)}")
+        tensors[name] = t
         outs.append(t)
-    for b in plan.intermediates:
-        shape = [evaluate(d, env) for d in b.shape]
-        tensors[b.name] = torch.empty(shape, dtype=TORCH_DTYPES[ir_dtype(b.dtype)], device=device)
-    for k in plan.kernels:
-        fn = _kernel_fn(plan, k)
-        args = [tensors[a] if a in tensors else env[a] for a in k.args]
-        grid = (evaluate(k.grid[0], env),)
-        fn[grid](*args, **k.constexprs, num_warps=k.num_warps, num_stages=k.num_stages)
+    for name, shape, dtype in prepared.intermediates:
+        tensors[name] = torch.empty(shape, dtype=dtype, device=device)
+    for fn, grid, args, options in prepared.kernels:
+        fn[grid](*(tensors[name] if name is not None else value for name, value in args), **options)
     return outs
