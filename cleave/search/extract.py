@@ -161,6 +161,7 @@ class Extractor:
     def __init__(self, enc: Encoded, classes, roots, env):
         self.enc, self.classes, self.roots, self.env = enc, classes, roots, env
         self.by_dag: dict[frozenset, Realized | None] = {}
+        self.unshifted = _unshifted_exps(enc.graph)
 
     def forced(self, forced: dict) -> Realized | None:
         """The forced classes take their e-node, every other class its smallest tree
@@ -185,10 +186,19 @@ class Extractor:
             g, _ = self.enc.decode(terms)
         except (RuleError, ShapeError):  # a combination whose shapes do not fit
             return None
+        if _unshifted_exps(g) > self.unshifted:  # exp(x)*exp(-m) proves separability; computing it overflows
+            return None
         return Realized(terms, g, C.rank(g, self.env), choice, self.roots)
 
     def ranked(self) -> list[Realized]:
         return sorted((r for r in self.by_dag.values() if r is not None), key=lambda r: r.rank)
+
+
+def _unshifted_exps(g) -> int:
+    """exp nodes whose operand is not a difference (x - m): the ones that can overflow."""
+    def base(n):
+        return base(n.inputs[0]) if n.op == "cast" else n
+    return sum(1 for n in g.live_nodes() if n.op == "exp" and base(n.inputs[0]).op != "sub")
 
 
 def enumerate_dags(classes, roots, limit: int):
