@@ -33,7 +33,8 @@ def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None) 
     by cost (the GPU profiles them). Needs the search, so it runs on the dev machine."""
     import time
 
-    from . import search, schedule, workloads
+    from . import search, workloads
+    from .scheduler import schedule
 
     w = workloads.get(name)
     t0 = time.time()
