@@ -27,6 +27,7 @@ from cleave.ir import Graph, Node
 from cleave.ir.dtypes import DType
 
 PARALLEL = 1024  # output rows a GPU runs at once
+TILE = 128  # the widest row a program handles; longer rows are several units of parallel work
 REDUCTIONS = ("reduce", "matmul", "topk")
 SOURCES = ("input",)  # leaves whose bytes a loop streams (consts, sizes, iotas are free)
 FREE = ("input", "const", "size", "iota")
@@ -137,8 +138,8 @@ def _total(graph: Graph, ar) -> object:
     def numel(n: Node):
         return math.prod((ar.dim(d) for d in n.shape), start=ar.one)
 
-    def rows(n: Node):
-        return numel(n) / ar.dim(n.shape[-1]) if n.rank else ar.one
+    def rows(n: Node):  # units of parallel work: rows, a long last axis counted in tiles of TILE
+        return numel(n) / ar.min(ar.dim(n.shape[-1]), TILE) if n.rank else ar.one
 
     def par(n: Node):
         return ar.min(rows(n), PARALLEL)
