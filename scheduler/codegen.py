@@ -19,6 +19,7 @@ from cleave.ir import ShapeError
 from cleave.ir import dims as D
 from cleave.ir.dtypes import DType
 
+from .bounds import segments
 from .exprs import code
 from .fexpr import Y_NEW, Y_OLD, fcode, parse_rescale
 from .partition import KernelSpec, buffer_name
@@ -81,7 +82,7 @@ class Emitter:
         full = [i for i in used if i not in grid and i not in loops]
         self.canon = [i for i in grid if not is_full(t, i)] + sorted(loops) + [i for i in grid if is_full(t, i)] + sorted(full)
         self.accs = [i for i in self.views.memo.values() if i.reduced is not None and t.role[i.reduced.id] == "loop"]
-        self.pending: set = set()
+        self.keep: dict = {}
 
     # -- small helpers ----------------------------------------------------
     def var(self, block: Block, expr: str, dims, ty: str, prefix="v") -> Val:
@@ -142,6 +143,8 @@ class Emitter:
 
     # -- values -----------------------------------------------------------
     def ensure(self, block: Block, inst) -> Val:
+        if id(inst) in self.keep:  # a mask that holds on every tile of this loop segment
+            return self.ensure(block, self.keep[id(inst)])
         found = self.find(block, inst)
         if found is not None:
             return found
@@ -433,11 +436,23 @@ class Emitter:
             init = "tl.zeros({s}, tl.float32)" if kind == "sum" else f"tl.full({{s}}, {NEUTRAL[kind]}, tl.float32)"
             accs[id(a)] = self.var(h, init.format(s=shape), dims, "tl.float32", prefix="acc")
             self.stats.acc_elems += max(1, _prod(shape))
-        lab = self.labels[x]
         bx = self.t.block[x]
-        trips = -(-D.evaluate(lab.extent, self.env) // bx)
-        body = Block(h, h.chain + (x,), trips=h.trips * trips)
-        body.lines.append(f"idx{x} = start{x} + tl.arange(0, {bx})")
+        trips = -(-D.evaluate(self.labels[x].extent, self.env) // bx)
+        # Each segment is one `for` over a range of tiles with the same body, except that
+        # a mask known to hold on all its tiles is left out (tiles skipping: bounds.py).
+        for seg in segments(self, x, order, trips):
+            body = Block(h, h.chain + (x,), trips=h.trips * trips * seg.fraction)
+            self.keep = seg.keep
+            self.loop_body(body, x, order, factors, accs)
+            self.keep = {}
+            h.lines += seg.defs
+            h.lines.append(f"for start{x} in range({seg.lo}, {seg.hi}, {bx}):")
+            h.lines += ["    " + line for line in body.lines]
+        for a in order:
+            h.cache[id(a)] = accs[id(a)]
+
+    def loop_body(self, body: Block, x: int, order, factors, accs):
+        body.lines.append(f"idx{x} = start{x} + tl.arange(0, {self.t.block[x]})")
         alphas = {}
         for a in order:
             acc = accs[id(a)]
@@ -467,11 +482,6 @@ class Emitter:
                     body.cache[id(a)] = acc
             else:
                 body.lines.append(f"{acc.name} = " + COMBINE[kind].format(a=acc.name, b=self.align(part, acc.dims)))
-        hi = self.loop_bound(h, x)
-        h.lines.append(f"for start{x} in range(0, {hi}, {bx}):")
-        h.lines += ["    " + line for line in body.lines]
-        for a in order:
-            h.cache[id(a)] = accs[id(a)]
 
     def rescale_for(self, factor, order):
         for a in order:
@@ -481,9 +491,6 @@ class Emitter:
                 if fid == factor.node.id:
                     return expr
         return None
-
-    def loop_bound(self, h: Block, x: int) -> str:
-        return code(self.labels[x].extent)
 
     # -- the kernel -------------------------------------------------------
     def program(self, name: str, symbols: list, dynamic: list) -> tuple[str, list, list]:

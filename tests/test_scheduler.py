@@ -125,3 +125,43 @@ def test_plan_json_round_trip_and_profile():
     inputs = W.get("swiglu").inputs(env, seed=3)
     assert profile(plans, inputs) is plans[0]
     _run(cand.graph, back, env, seed=4)
+
+
+def _causal_source_and_check(cand, env, **kw):
+    plan = schedule(cand, env, target=LOOPS, top_k=1, **kw)[0]
+    _run(cand.graph, plan, env, seed=torch.seed() % 1000)
+    return plan.kernels[0].source
+
+
+def test_causal_mask_bounds_the_kv_loop():
+    """The compare between the row and column iotas bounds the kv loop per program
+    (tiles above the diagonal skipped) and only the diagonal tiles apply the mask."""
+    cand = CANDIDATES["mha_causal"]()
+    src = _causal_source_and_check(cand, {"b": 1, "h": 2, "s": 45, "d": 16})
+    assert "hi4 = tl.minimum(s, " in src
+    loops = [ln.strip() for ln in src.splitlines() if ln.strip().startswith("for start")]
+    assert len(loops) == 2 and loops[0].startswith("for start") and ", mid" in loops[0]
+    masked, unmasked = src.split(loops[1])[1], src.split(loops[1])[0].split(loops[0])[1]
+    assert " <= " in masked and " <= " not in unmasked
+    # A dynamic s keeps the bounds as runtime expressions.
+    dyn = schedule(cand, {"b": 1, "h": 2, "s": 37, "d": 16}, dynamic={"s"}, target=LOOPS, top_k=1)[0]
+    for s in (19, 64, 71):
+        _run(cand.graph, dyn, {"b": 1, "h": 2, "s": s, "d": 16}, seed=s)
+
+
+def test_upper_triangular_mask_bounds_the_loop_from_below():
+    """`j >= i` (keep the upper triangle) skips the leading tiles instead."""
+    from cleave.ir import Graph
+    from cleave.workloads.attention import NEG_INF, scale
+    from fixtures_candidates import EXP, _cand, _online_softmax_av
+
+    g = Graph("mha_causal")  # the workload's inputs and reference interpreter; only the mask differs
+    q, k, v = (g.input(n, ("b", "h", "s", "d"), "bf16") for n in "qkv")
+    scores = (q @ k.T).cast("f32") * scale(g, "d")
+    i, j = g.iota(("s", "s"), axis=0), g.iota(("s", "s"), axis=1)
+    scores = g.add("where", j >= i, scores, g.const(NEG_INF))
+    o, e, m = _online_softmax_av(scores, v)
+    g.output(o.cast("bf16"), names=["o"])
+    cand = _cand(g, [(e, m, EXP)])
+    src = _causal_source_and_check(cand, {"b": 2, "h": 1, "s": 53, "d": 16})
+    assert "lo4 = " in src and "for start4 in range(lo4, mid4" in src
