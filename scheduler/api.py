@@ -57,19 +57,26 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
         raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
                            + (f" ({errors[0]})" if errors else ""))
     found.sort(key=lambda f: f[0])
-    return found[:keep]
+    # Distinct tilings first (the GPU profiles the top-k), then other launch options.
+    seen, first, rest = set(), [], []
+    for f in found:
+        key = tuple(sorted(f[2].items()))
+        (rest if key in seen else first).append(f)
+        seen.add(key)
+    return (first + rest)[:keep]
 
 
 def _split_candidates(graph, env, sym, base_programs, target) -> list[int]:
-    """s = 1 and values near 2*SMs / (programs without a split)."""
+    """s = 1 and the counts that give about k * SMs programs (k = 1..4) with the
+    programs of the unsplit kernel: memory-bound decode needs every SM streaming."""
     n = None
     for node in graph.live_nodes():
         if node.op == "split" and sym in {s.name for s in node.attrs["count"].free_symbols}:
             n = D.evaluate(node.inputs[0].shape[node.attrs["axis"]], env)
-    near = max(1, math.ceil(2 * target.sms / max(base_programs, 1)))
     out = {1}
-    for c in (near // 2, near, near * 2):
-        if 1 < c <= max(1, n // 16):
+    for k in (1, 2, 3, 4):
+        c = math.ceil(k * target.sms / max(base_programs, 1))
+        if 1 < c <= max(1, n // 64):  # chunks of at least 64 keep a kv tile busy
             out.add(c)
     return sorted(out)
 
@@ -108,7 +115,8 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
         grid_choices = [{}]
     for sc in grid_choices:
         options += _schedule_at(graph, facts, {**env, **sc}, dynamic, symbols, target, top_k, sc)
-    options.sort(key=lambda p: p.cost)
+    # Costs within 2% are a tie at the model's resolution: prefer more parallel programs.
+    options.sort(key=lambda p: (math.floor(math.log(p.cost) / math.log(1.02)), -_programs(p)))
     return options[:top_k]
 
 

@@ -23,11 +23,12 @@ from .bounds import segments
 from .exprs import code
 from .fexpr import Y_NEW, Y_OLD, fcode, parse_rescale
 from .partition import KernelSpec, buffer_name
-from .tiles import Tiling, is_full
+from .tiles import Tiling, dot_labels, is_full
 
 TL = {DType.f64: "tl.float64", DType.f32: "tl.float32", DType.f16: "tl.float16", DType.bf16: "tl.bfloat16",
       DType.i64: "tl.int64", DType.i32: "tl.int32", DType.bool: "tl.int1"}
 LOW = ("tl.bfloat16", "tl.float16")
+GROUP = 8  # row tiles per group in the grouped program order of a tiled MatMul
 NEUTRAL = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
 COMBINE = {"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}
 UNARY = {"exp": "tl.exp({x})", "log": "tl.log({x})", "sqrt": "tl.sqrt({x})", "rsqrt": "tl.rsqrt({x})",
@@ -60,10 +61,30 @@ class Block:
 @dataclass
 class Stats:
     """What the cost model reads, per program."""
-    bytes: float = 0.0
-    flops: float = 0.0
-    smem: int = 0
+    bytes: float = 0.0  # global bytes moved, over all loop trips
+    flops: float = 0.0  # tensor-core flops
+    mma_flops: float = 0.0  # flops weighted by 1 / the tile shape's tensor-core efficiency
+    stage_smem: dict = field(default_factory=dict)  # load in a loop -> bytes of one tile (pipelined)
+    fixed_smem: dict = field(default_factory=dict)  # dot operands held across the loop (the q tile)
     acc_elems: int = 0
+    tile_elems: int = 0  # the largest value computed in a loop (the score tile): registers
+    footprint: dict = field(default_factory=dict)  # buffer -> its size in bytes (L2 reuse bound)
+    per_buffer: dict = field(default_factory=dict)  # buffer -> bytes this program moves
+
+    def smem(self, stages: int) -> int:
+        """Triton keeps `stages` copies of each tile loaded in a loop in shared memory."""
+        return stages * sum(self.stage_smem.values()) + sum(self.fixed_smem.values())
+
+    def traffic(self, name: str, nbytes: float, total: int):
+        self.bytes += nbytes
+        self.per_buffer[name] = self.per_buffer.get(name, 0.0) + nbytes
+        self.footprint[name] = total
+
+
+def mma_efficiency(m: int, n: int) -> float:
+    """Share of the tensor-core peak a tl.dot tile reaches: small tiles are issue- and
+    latency-bound (wgmma wants 64-row warpgroup tiles and a wide N)."""
+    return m * n / (m * n + 64 * 64)
 
 
 class Emitter:
@@ -88,6 +109,8 @@ class Emitter:
     def var(self, block: Block, expr: str, dims, ty: str, prefix="v") -> Val:
         name = f"{prefix}{self.n}"
         self.n += 1
+        if block.chain and not expr.startswith(("tl.load", "tl.dot")):  # dot operands sit in smem, results in acc
+            self.stats.tile_elems = max(self.stats.tile_elems, _prod([self.t.block[d] for d in dims]))
         block.lines.append(f"{name} = {expr}")
         return Val(name, tuple(dims), ty)
 
@@ -257,10 +280,16 @@ class Emitter:
         for d in dims:
             elems *= self.t.block[d]
         ty = self.buffer_dtype(node)
-        self.stats.bytes += elems * _size(ty) * b.trips
+        name = buffer_name(self.views.graph, node)
+        self.stats.traffic(name, elems * _size(ty) * b.trips, self.numel(node) * _size(ty))
+        if b.chain:
+            self.stats.stage_smem[(node.id, tuple(inst.view))] = elems * _size(ty)
         out = self.var(b, f"tl.load({addr}{m})", dims, ty)
         out.zero = True
         return out
+
+    def numel(self, node) -> int:
+        return _prod([D.evaluate(d, self.env) for d in node.shape])
 
     def buffer_dtype(self, node) -> str:
         if node.op == "input" or any(node is o for o in self.views.graph.outputs):
@@ -322,7 +351,8 @@ class Emitter:
         elems = 1
         for d in m:
             elems *= self.t.block[d]
-        self.stats.flops += 2 * elems * self.t.block[k] * b.trips
+        flops = 2 * elems * self.t.block[k] * b.trips
+        self.stats.flops += flops
         if blocks_ok and shape_ok and tuple(m) in ((mk[0], kn[0]), (kn[0], mk[0])):
             # Padded contraction lanes must contribute 0: a masked load is 0 there,
             # a computed operand is masked (one zero side suffices, the other is finite).
@@ -334,7 +364,10 @@ class Emitter:
             else:  # the result is laid out (N, M): compute (A B)^T = B^T A^T
                 lo, hi = self.operand(c, nc, (kn[0], k), low), self.operand(a, na, (k, mk[0]), low)
             prec = "" if low else ", input_precision=\"ieee\""
-            self.stats.smem = max(self.stats.smem, (self.t.block[mk[0]] + self.t.block[kn[0]]) * self.t.block[k] * 2)
+            self.stats.mma_flops += flops / mma_efficiency(self.t.block[mk[0]], self.t.block[kn[0]])
+            for v, d in ((a, mk[0]), (c, kn[0])):  # an operand held across the loop sits in smem too
+                if not any(self.t.role[i] == "loop" for i in v.dims):
+                    self.stats.fixed_smem[v.name] = self.t.block[d] * self.t.block[k] * 2
             expr = f"tl.dot({lo}, {hi}{', ' + acc if acc else ''}{prec})"
             return self.var(b, expr, m, "tl.float32")
         full = self.dims(set(a.dims) | set(c.dims))
@@ -498,15 +531,35 @@ class Emitter:
         g = self.spec.views.graph
         grid_terms = []
         decode = []
-        for lid in reversed(self.canon_grid()):
-            lab, bx = self.labels[lid], self.t.block[lid]
-            tiles = f"(({code(lab.extent)} + {bx - 1}) // {bx})" if bx > 1 else code(lab.extent)
-            grid_terms.append(f"cdiv({code(lab.extent)}, {bx})" if bx > 1 else code(lab.extent))
-            decode.append(f"tid{lid} = pid % {tiles}")
-            decode.append(f"pid = pid // {tiles}")
+        order = list(reversed(self.canon_grid()))
+        tiles = {lid: self.grid_tiles(lid) for lid in order}
+        for lid in order:
+            bx = self.t.block[lid]
+            grid_terms.append(f"cdiv({code(self.labels[lid].extent)}, {bx})" if bx > 1 else code(self.labels[lid].extent))
+        if len(order) >= 2 and all(self.t.block[i] > 1 for i in order[:2]) and set(order[:2]) <= dot_labels(self.views):
+            # Two tiled MatMul sides: GROUP rows of tiles run together so that a wave of
+            # programs reuses their A rows and B columns from L2 (grouped program order).
+            n_id, m_id = order[:2]
+            nt, mt = tiles[n_id], tiles[m_id]
+            decode += [f"pmn = pid % ({mt} * {nt})", f"pid = pid // ({mt} * {nt})",
+                       f"first = pmn // ({GROUP} * {nt}) * {GROUP}",
+                       f"rows = tl.minimum({mt} - first, {GROUP})",
+                       f"tid{m_id} = first + (pmn % ({GROUP} * {nt})) % rows",
+                       f"tid{n_id} = (pmn % ({GROUP} * {nt})) // rows"]
+            order = order[2:]
+            for lid in (n_id, m_id):
+                decode.append(f"idx{lid} = tid{lid} * {self.t.block[lid]} + tl.arange(0, {self.t.block[lid]})")
+        for lid in order:
+            bx = self.t.block[lid]
+            decode.append(f"tid{lid} = pid % {tiles[lid]}")
+            decode.append(f"pid = pid // {tiles[lid]}")
             if bx > 1:
                 decode.append(f"idx{lid} = tid{lid} * {bx} + tl.arange(0, {bx})")
-        top.lines += ["pid = tl.program_id(0).to(tl.int64)"] + decode
+        wide = any(self.numel(inst.node) >= 2 ** 30 for inst in self.views.memo.values() if inst.leaf) or \
+            any(self.numel(st.node) >= 2 ** 30 for st in self.spec.stores) or bool(self.dynamic)
+        # int32 offsets when every buffer (and a tile of overhang) stays below 2**31 elements
+        pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
+        top.lines += [f"pid = {pid}"] + decode
         used = set()
         for inst in self.views.memo.values():
             used |= inst.labels | ({inst.reduced.id} if inst.reduced else set())
@@ -534,6 +587,10 @@ class Emitter:
         grid = " * ".join(grid_terms) or "1"
         return "\n".join(src) + "\n", bufs, [grid]
 
+    def grid_tiles(self, lid: int) -> str:
+        bx, ext = self.t.block[lid], code(self.labels[lid].extent)
+        return f"(({ext} + {bx - 1}) // {bx})" if bx > 1 else ext
+
     def canon_grid(self) -> list:
         return [lab.id for lab in self.spec.root_labels]
 
@@ -553,7 +610,8 @@ class Emitter:
             if m:
                 mask.append(m)
         elems = _prod([self.t.block[d] for d in dims])
-        self.stats.bytes += elems * 4
+        ty = self.buffer_dtype(st.node)
+        self.stats.traffic(st.buffer, elems * _size(ty), self.numel(st.node) * _size(ty))
         addr = f"{st.buffer}_ptr" + (" + " + " + ".join(terms) if terms else "")
         value = self.align(v, dims)
         if v.dims != dims and v.dims and dims:

@@ -53,6 +53,10 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
     dots = dot_labels(views)
     inner = {lab.id for lab in root_labels[-1:]}
     roots = {lab.id for lab in root_labels}
+    # Without tl.dot, the grid label next to the row may take several rows per program
+    # when a row is small: many tiny programs cost more in latency than in work.
+    small = all(D.evaluate(lab.extent, env) <= 1024 for lab in views.labels if lab.id not in roots)
+    rows = {lab.id for lab in root_labels[-2:-1]} if not dots and small else set()
     out = {}
     for lab in views.labels:
         n = D.evaluate(lab.extent, env)
@@ -60,19 +64,22 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
         floor = DOT_MIN if lab.id in dots else 1
         full = max(next_pow2(n), floor)
         if lab.id in roots:
-            if lab.id in dots or lab.id in inner:
-                opts = [b for b in (16, 32, 64, 128) if b >= floor and b < full] + [full]
-                if not dyn and full <= 256 and lab.id in inner and lab.id not in dots:
-                    opts = [full]
-                if dyn:
-                    opts = [b for b in (16, 32, 64, 128) if b >= floor]
-                if not dyn and lab.id in inner and full <= 16384 and lab.id not in dots:
-                    opts = sorted(set(opts + [full]))
-                out[lab.id] = [("grid", b) for b in opts[-4:]]
+            if lab.id in dots:  # a tl.dot side: wgmma wants 64+ rows; small extents pad to 16
+                opts = [b for b in (64, 128, 256) if b < full and b >= floor] + ([full] if full <= 256 else [])
+                if lab.id in inner and not dyn and full <= 256:
+                    opts = [full]  # the head dim: splitting it recomputes the scores per part
+                opts = opts or [floor]
+            elif lab.id in inner:
+                opts = [b for b in (16, 32, 64, 128) if b >= floor and (b < full or dyn)]
+                if not dyn and full <= 16384:
+                    opts = [full] if full <= 256 else sorted(set(opts[-2:] + [full]))
+            elif lab.id in rows and not dyn:  # several small rows per program
+                opts = [b for b in (1, 4, 16, 64) if b <= full]
             else:
-                out[lab.id] = [("grid", 1)]
+                opts = [1]
+            out[lab.id] = [("grid", b) for b in opts]
             continue
-        loops = [("loop", b) for b in (32, 64, 128) if b < full or dyn] or [("loop", DOT_MIN)]
+        loops = [("loop", b) for b in (32, 64, 128) if (b < full or dyn) and b >= floor] or [("loop", DOT_MIN)]
         if lab.origin == "topk" or (not dyn and full <= target.full_matmul):
             out[lab.id] = [("full", full)]
         elif not dyn and full <= target.full_reduce:  # a whole row, or a loop: the cost model picks
@@ -82,7 +89,7 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
     return out
 
 
-def enumerate_tilings(views: Views, root_labels: list, env: dict, dynamic: set, target, limit: int = 24):
+def enumerate_tilings(views: Views, root_labels: list, env: dict, dynamic: set, target, limit: int = 64):
     opts = choices(views, root_labels, env, dynamic, target)
     static = {lab.id: D.evaluate(lab.extent, env) for lab in views.labels if not _is_dynamic(lab, dynamic)}
     # Labels of one extent and the same options share one choice: reductions over one
@@ -102,7 +109,7 @@ def enumerate_tilings(views: Views, root_labels: list, env: dict, dynamic: set, 
 def launch_options(t: Tiling):
     """num_warps and num_stages to cost for one tiling (they do not change the code)."""
     for warps in (4, 8):
-        for stages in ((2, 3) if "loop" in t.role.values() else (2,)):
+        for stages in ((2, 3, 4) if "loop" in t.role.values() else (1,)):
             yield warps, stages
 
 

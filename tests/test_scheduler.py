@@ -165,3 +165,35 @@ def test_upper_triangular_mask_bounds_the_loop_from_below():
     cand = _cand(g, [(e, m, EXP)])
     src = _causal_source_and_check(cand, {"b": 2, "h": 1, "s": 53, "d": 16})
     assert "lo4 = " in src and "for start4 in range(lo4, mid4" in src
+
+
+def test_long_decode_split_fills_the_gpu_twice():
+    """b1 L131072 (8 kv heads): the chosen split gives at least 2 programs per SM."""
+    cand = CANDIDATES["gqa_decode"]()
+    plan = schedule(cand, {"b": 1, "hkv": 8, "g": 4, "L": 131072, "d": 128}, top_k=1)[0]
+    programs = 8 * plan.split["sp"]
+    assert programs >= 2 * H200.sms, plan.split
+    assert plan.kernels[0].num_stages >= 3
+
+
+def test_matmul_grouped_order_and_honest_smem():
+    """Two tiled MatMul sides get the grouped (L2-swizzled) program order; every kept
+    plan's pipelined tiles fit the shared-memory budget; results stay correct."""
+    cand = CANDIDATES["swiglu"]()
+    env = {"s": 150, "k": 37, "n": 300}
+    plan = schedule(cand, env, top_k=1)[0]
+    assert "pmn = pid %" in plan.kernels[0].source
+    _run(cand.graph, plan, env, seed=5)
+    for p in schedule(cand, {"s": 4096, "k": 4096, "n": 14336}, top_k=4):
+        t = {k.split(".")[-1]: v for k, v in p.tiles.items()}
+        bm, bn, bk = t["X0"], t["X1"], t["X2"]
+        assert p.kernels[0].num_stages * (bm * bk + 2 * bk * bn) * 2 <= H200.smem_per_block, p.tiles
+
+
+def test_small_rows_share_a_program():
+    """MoE routing (128 experts a row): several rows per program, not one tiny program each."""
+    cand = CANDIDATES["moe_routing"]()
+    plan = schedule(cand, {"t": 16384, "e": 128}, top_k=1)[0]
+    assert plan.tiles["moe_routing_k0.X0"] >= 4
+    small = schedule(cand, {"t": 37, "e": 24}, top_k=1)[0]
+    _run(cand.graph, small, {"t": 37, "e": 24}, seed=6)
