@@ -77,15 +77,14 @@ def double_launch(plan, inputs):
 
 def install_doubles(monkeypatch=None):
     import cleave.runtime.operator as operator
-    import cleave.scheduler as scheduler
 
-    patches = [(scheduler, "schedule", double_schedule), (scheduler, "launch", double_launch),
-               (scheduler, "Plan", DoublePlan), (operator, "_search_function", lambda: DoubleSearch())]
-    for obj, name, value in patches:
+    patches = [("schedule", double_schedule), ("launch", double_launch), ("Plan", DoublePlan),
+               ("search", DoubleSearch())]
+    for name, value in patches:
         if monkeypatch:
-            monkeypatch.setattr(obj, name, value, raising=False)
+            monkeypatch.setattr(operator, name, value)
         else:
-            setattr(obj, name, value)
+            setattr(operator, name, value)
 
 
 # -- fixtures ----------------------------------------------------------------
@@ -257,5 +256,8 @@ def test_cache_ls_and_clear(doubles, capsys):
     assert main(["cache", "ls"]) == 0
     out = capsys.readouterr().out
     assert "rmsnorm_matmul" in out and "1 operator" in out
+    (cache.cache_dir() / "verify").mkdir()  # another part's files in the cache dir are not operators
+    (cache.cache_dir() / "verify" / "v.json").write_text("{}")
+    assert len(cache.entries()) == 1
     assert main(["cache", "clear"]) == 0
-    assert cache.entries() == []
+    assert cache.entries() == [] and (cache.cache_dir() / "verify" / "v.json").exists()

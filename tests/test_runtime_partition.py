@@ -46,3 +46,26 @@ def test_graph_break_on_sort_is_correct_and_warns_once(doubles):
     assert stats["graph_breaks"] >= 1 and stats["unsupported"] == ["aten.sort.default"]
     assert stats["operators"] >= 1 and stats["searches"] == stats["operators"]  # one search per operator
     assert stats["calls"] == 3
+
+
+def test_operator_that_fails_to_build_warns_could_not_compile_and_runs_eagerly(doubles, monkeypatch):
+    import cleave.runtime.operator as operator
+
+    def broken_schedule(candidate, shapes, dynamic, top_k=4):
+        raise ValueError("tiling exploded")
+    monkeypatch.setattr(operator, "schedule", broken_schedule)
+
+    def f(x, w):
+        return torch.softmax(x @ w, dim=-1)
+    compiled = cleave.compile(f, dynamic={"x": {0: "s"}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for s in (3, 8):
+            x, w = torch.randn(s, 7), torch.randn(7, 5)
+            torch.testing.assert_close(compiled(x, w), f(x, w))
+    messages = [str(w.message) for w in caught if "cleave" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "could not compile" in messages[0] and "tiling exploded" in messages[0]
+    assert "running eagerly" in messages[0] and "not supported" not in messages[0]
+    stats = compiled.stats
+    assert stats["failed"] == 1 and stats["graph_breaks"] == 0 and stats["unsupported"] == []

@@ -125,3 +125,27 @@ def save_tuning(entry: Path, static: dict[str, int], buckets: dict[str, int]) ->
     path = entry / spec_name(static) / "tuning.json"
     merged = {**load_tuning(entry, static), **buckets}  # keep choices another process made
     write_json(path, {"buckets": merged})
+
+
+def find_operator(root: Path, fields: dict) -> Path:
+    """The entry of an artifact directory (built elsewhere, e.g. on a CPU box by
+    `cleave trace build`) holding this graph with these dynamic axes, whatever device
+    and versions built it: the candidates are device-independent and the plans target
+    the GPU model, not the build machine. A different triton version is warned about
+    (the kernels are Triton source, compiled here). No match: a new entry under root."""
+    from .cache import operator_key
+
+    root = Path(root)
+    for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        try:
+            built = read_json(d / "operator.json")["fields"]
+        except (ArtifactError, KeyError, TypeError):
+            continue
+        if built.get("graph") == fields["graph"] and built.get("dynamic") == fields["dynamic"]:
+            if built.get("triton") != fields["triton"]:
+                import warnings
+
+                warnings.warn(f"cleave: artifact {d} was built with triton {built.get('triton')}, "
+                              f"this is triton {fields['triton']}", stacklevel=2)
+            return d
+    return root / operator_key(fields)

@@ -51,15 +51,21 @@ def entry_dir(key: str) -> Path:
     return cache_dir() / key
 
 
+def _operator_dirs(root: Path) -> list[Path]:
+    """Operator entries only: the cache dir also holds other parts' files (the rule
+    verifier keeps its verdicts in verify/), which ls and clear leave alone."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and len(p.name) == 32
+                  and all(c in "0123456789abcdef" for c in p.name))
+
+
 def entries() -> list[dict]:
     """One summary per cached operator (for `cleave cache ls`); unreadable ones are marked."""
     from .artifact import ArtifactError, read_json
 
-    root = cache_dir()
     out = []
-    if not root.is_dir():
-        return out
-    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+    for d in _operator_dirs(cache_dir()):
         size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
         try:
             body = read_json(d / "operator.json")
@@ -74,14 +80,7 @@ def entries() -> list[dict]:
 
 def clear() -> int:
     """Remove every cached operator; returns how many were removed."""
-    root = cache_dir()
-    if not root.is_dir():
-        return 0
-    count = 0
-    for d in root.iterdir():
-        if d.is_dir():
-            shutil.rmtree(d, ignore_errors=True)
-            count += 1
-        else:
-            d.unlink(missing_ok=True)
-    return count
+    found = _operator_dirs(cache_dir())
+    for d in found:
+        shutil.rmtree(d, ignore_errors=True)
+    return len(found)

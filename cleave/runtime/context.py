@@ -1,8 +1,8 @@
 """State shared by everything one compiled function (or the torch backend) runs:
 the operators it built, keyed by cache key so that a recapture of the same graph
 (a dynamo recompile, a new static shape) reuses the operator and does no new
-search; the unsupported ops already warned about; and the launch log that
-`explain` reads."""
+search; the unsupported ops already warned about; the operators that could not
+be built; and the launch log that `explain` reads."""
 from __future__ import annotations
 
 import warnings
@@ -10,20 +10,25 @@ import warnings
 import torch
 
 from ..ir import Graph
+from .artifact import find_operator
 from .operator import STAT_KEYS, CompiledOperator
 
 
 class Context:
-    def __init__(self, device: str | torch.device | None = None, top_k: int = 4):
+    def __init__(self, device: str | torch.device | None = None, top_k: int = 4, artifact=None):
         self.device = torch.device(device) if device else None
         self.top_k = top_k
+        self.artifact = artifact  # an artifact directory (cleave trace build) to load operators from
         self.operators: dict[str, CompiledOperator] = {}
         self.warned: set[str] = set()
+        self.failed: list[str] = []
         self.eager_regions = 0
         self.log: list | None = None  # a list while explain runs: (operator, spec, plan, shapes) per launch
 
     def operator(self, graph: Graph, dynamic: set[str], device: torch.device) -> CompiledOperator:
         op = CompiledOperator(graph, dynamic, self.device or device, self.top_k)
+        if op.key not in self.operators and self.artifact is not None:
+            op.entry = find_operator(self.artifact, op.fields)
         return self.operators.setdefault(op.key, op)
 
     def run(self, op: CompiledOperator, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -37,6 +42,13 @@ class Context:
             self.warned.add(op)
             warnings.warn(f"cleave: {op} is not supported; it runs eagerly in {where} (graph break)", stacklevel=3)
 
+    def warn_failed(self, name: str, where: str, reason: str) -> None:
+        """An operator cleave could not build (not an unsupported op): said once per operator and reason."""
+        message = f"cleave: could not compile {name} (in {where}): {reason}; running eagerly"
+        if message not in self.failed:
+            self.failed.append(message)
+            warnings.warn(message, stacklevel=4)
+
     def stats(self) -> dict:
         out = {k: 0 for k in STAT_KEYS if k != "calls"}
         for op in self.operators.values():
@@ -45,4 +57,5 @@ class Context:
         out["operators"] = len(self.operators)
         out["graph_breaks"] = self.eager_regions
         out["unsupported"] = sorted(self.warned)
+        out["failed"] = len(self.failed)
         return out

@@ -6,6 +6,10 @@ call only binds the shapes (memoized per input-shape tuple), picks a plan (the
 first one on CPU; on the GPU the one profiled fastest for the shape bucket) and
 launches it. The search is imported lazily, only on a cache miss: loading and
 running an artifact needs torch and triton alone.
+
+Failures to build (the search, the scheduler, or a kernel's first launch, which
+is when Triton compiles it) raise CompileFailure; the caller runs the code
+eagerly instead. Errors on later launches are real errors and propagate.
 """
 from __future__ import annotations
 
@@ -16,12 +20,18 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from ..ir import Candidate, CleaveError, Graph, Separable, parse_graph
+from ..ir import BindingError, Candidate, CleaveError, Graph, Separable, parse_graph
+from ..scheduler import Plan, launch, profile, schedule
 from . import artifact as A
 from .buckets import bucket
 from .cache import device_name, entry_dir, key_fields, operator_key
 
 STAT_KEYS = ("calls", "searches", "compiles", "from_cache", "tunings", "search_seconds", "compile_seconds")
+
+
+class CompileFailure(CleaveError):
+    """cleave could not build this operator for these shapes (search, scheduler or
+    the kernels' first launch failed); the message says why."""
 
 
 @dataclass
@@ -35,47 +45,80 @@ class Spec:
 
 
 class CompiledOperator:
-    def __init__(self, graph: Graph, dynamic: set[str], device: str | torch.device = "cpu", top_k: int = 4):
+    def __init__(self, graph: Graph, dynamic: set[str], device: str | torch.device = "cpu", top_k: int = 4,
+                 entry=None):
         self.graph = graph
         self.dynamic = set(dynamic) & {s.name for s in graph.symbols()}
         self.device = torch.device(device)
         self.top_k = top_k
         self.fields = key_fields(graph.key(), self.dynamic, device_name(self.device))
         self.key = operator_key(self.fields)
-        self.entry = entry_dir(self.key)
+        self.entry = entry or entry_dir(self.key)
         self.stats = {k: 0 for k in STAT_KEYS}
         self.search_stats: dict = {}
         self.candidates: list[Candidate] | None = None
         self.specs: dict[tuple, Spec] = {}
         self._dispatch: dict[tuple, tuple] = {}
+        self._launched: set[int] = set()  # ids of plans that have run once (Triton compiled them)
+        self._where = _symbol_locations(graph)
 
     # -- running ----------------------------------------------------------
     def __call__(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         plan, _ = self.select(inputs)
         self.stats["calls"] += 1
-        return _scheduler("launch")(plan, inputs)
+        if id(plan) in self._launched:
+            return launch(plan, inputs)
+        try:
+            outs = launch(plan, inputs)
+        except BindingError:  # the inputs do not fit the graph: the caller's error, not cleave's
+            raise
+        except Exception as err:  # the first launch compiles the kernels: a failure here is a build failure
+            raise CompileFailure(f"its kernels failed on their first launch ({_reason(err)})") from err
+        self._launched.add(id(plan))
+        return outs
 
     def select(self, inputs: dict[str, torch.Tensor]):
-        """(plan, spec) for these inputs: cached per shape tuple, so a repeated shape costs a dict lookup."""
+        """(plan, spec) for these inputs: cached per shape tuple, so a repeated shape costs a
+        dict lookup, and a new one reads the symbols off the tensors as plain ints (the
+        scheduler's launch binds and checks the whole graph once per shape)."""
         shapes = tuple((k, tuple(v.shape)) for k, v in inputs.items())
         hit = self._dispatch.get(shapes)
         if hit is not None:
             return hit
-        env = self.graph.bind(dict(shapes))
+        env = self._env(dict(shapes))
         static = {k: v for k, v in sorted(env.items()) if k not in self.dynamic}
-        spec = self._spec(static, env)
-        result = (self._choose(spec, env, inputs), spec)
-        self._dispatch[shapes] = result
-        return result
+        try:
+            spec = self._spec(static, env)
+            plan = self._choose(spec, env, inputs)
+        except (CompileFailure, BindingError):
+            raise
+        except Exception as err:  # search, scheduler, or their imports (no egglog on a serving box)
+            raise CompileFailure(_reason(err)) from err
+        self._dispatch[shapes] = (plan, spec)
+        return plan, spec
+
+    def _env(self, shapes: dict[str, tuple]) -> dict[str, int]:
+        if self._where is None:  # a symbol only inside an expression (2*h): solve through the graph
+            return self.graph.bind(shapes)
+        return {sym: shapes[name][axis] for sym, (name, axis) in self._where.items()}
+
+    def prepare(self, shapes: dict[str, tuple]) -> Spec:
+        """Search (or load) and schedule for these input shapes without launching:
+        builds an artifact on a machine that will not run it (`cleave trace build`)."""
+        env = self.graph.bind(shapes)
+        return self._spec({k: v for k, v in sorted(env.items()) if k not in self.dynamic}, env)
 
     def _choose(self, spec: Spec, env: dict, inputs):
         if self.device.type != "cuda" or len(spec.plans) == 1:
             return spec.plans[0]
         key = bucket(env, self.dynamic)
         if key not in spec.tuning:
-            best = _scheduler("profile")(spec.plans, inputs)
+            best = profile(spec.plans, inputs)
             spec.tuning[key] = next(i for i, p in enumerate(spec.plans) if p is best or p == best)
-            A.save_tuning(self.entry, spec.static, {key: spec.tuning[key]})
+            try:
+                A.save_tuning(self.entry, spec.static, {key: spec.tuning[key]})
+            except OSError as err:  # a read-only artifact: the choice holds for this process
+                warnings.warn(f"cleave: cannot save tuning for {self.graph.name} ({err})", stacklevel=4)
             self.stats["tunings"] += 1
         return spec.plans[spec.tuning[key]]
 
@@ -87,7 +130,6 @@ class CompiledOperator:
         return self.specs[k]
 
     def _load_spec(self, static) -> Spec | None:
-        Plan = _scheduler("Plan")
         try:
             body, _ = A.load_spec(self.entry, static)  # also checks every kernel file's checksum
             plans = [Plan.from_json(p) for p in body["plans"]]
@@ -101,7 +143,6 @@ class CompiledOperator:
         return Spec(static, body["candidate"], plans, A.load_tuning(self.entry, static), from_cache=True)
 
     def _build_spec(self, static, env) -> Spec:
-        schedule = _scheduler("schedule")
         candidates = self._candidates()
         start = time.perf_counter()
         reasons = []
@@ -141,7 +182,6 @@ class CompiledOperator:
         return cands
 
     def _search(self) -> list[Candidate]:
-        search = _search_function()
         start = time.perf_counter()
         result = search(self.graph, top_k=self.top_k)
         self.stats["searches"] += 1
@@ -156,19 +196,27 @@ class CompiledOperator:
         return cands
 
 
-def _scheduler(name: str):
-    """A public function of cleave.scheduler (a submodule of the same name may shadow the attribute)."""
-    from .. import scheduler
+def search(graph: Graph, top_k: int):
+    """The algebraic search, imported on a cache miss only: egglog and z3 load with it."""
+    from ..search.api import search as run
 
-    obj = getattr(scheduler, name)
-    return getattr(obj, name) if isinstance(obj, type(scheduler)) else obj
+    return run(graph, top_k=top_k)
 
 
-def _search_function():
-    """`cleave.search` is the public function (the package attribute may be the subpackage)."""
-    from .. import search
+def _symbol_locations(graph: Graph) -> dict[str, tuple[str, int]] | None:
+    """symbol -> (input, axis) where an input dim is exactly that symbol; None when some
+    symbol appears only inside expressions."""
+    where: dict[str, tuple[str, int]] = {}
+    for name, node in graph.inputs.items():
+        for axis, d in enumerate(node.shape):
+            if isinstance(d, sympy.Symbol):
+                where.setdefault(d.name, (name, axis))
+    return where if {s.name for s in graph.symbols()} <= set(where) else None
 
-    return search if callable(search) else search.search
+
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:400]
 
 
 def _candidate_to_json(c: Candidate) -> dict:

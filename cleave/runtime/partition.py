@@ -14,8 +14,8 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-from ..ir import CleaveError
 from .context import Context
+from .operator import CompileFailure
 
 
 def op_name(target) -> str:
@@ -164,8 +164,9 @@ def _tensor_function(gm, placeholders, args):
 
 class Launcher:
     """Feeds arguments to an operator by input name and shapes the result like the
-    code it replaces. If cleave cannot build the operator (no candidate schedules),
-    it warns once and runs that code eagerly from then on."""
+    code it replaces. If cleave cannot build the operator (CompileFailure: the search,
+    the scheduler or the kernels' first launch failed), it warns once, saying why, and
+    runs that code eagerly from then on."""
 
     def __init__(self, op, ctx: Context, names, tuple_output: bool, eager, where: str):
         self.op, self.ctx, self.names, self.tuple_output = op, ctx, names, tuple_output
@@ -183,9 +184,8 @@ class Launcher:
             inputs = dict(zip(self.graph_inputs, [a for a in args if isinstance(a, torch.Tensor)]))
         try:
             outs = self.ctx.run(self.op, inputs)
-        except CleaveError as err:
-            self.ctx.warn_unsupported(f"{self.op.graph.name} ({err})", self.where)
-            self.ctx.eager_regions += 1
+        except CompileFailure as err:
+            self.ctx.warn_failed(self.op.graph.name, self.where, str(err))
             self.failed = True
             return self.eager_fn(*args)
         return tuple(outs) if self.tuple_output else outs[0]
