@@ -5,15 +5,16 @@ parser (cleave.verify.cli) stays cheap.
 """
 from __future__ import annotations
 
-__all__ = ["UnsoundRule", "Verdict", "check_rule", "check_rules", "require_sound"]
+__all__ = ["UnprovenRuleWarning", "UnsoundRule", "Verdict", "check_rule", "check_rules", "require_sound",
+           "sound_rules"]
 
 
 def __getattr__(name):
-    if name in ("check_rule", "check_rules", "require_sound"):
+    if name in ("check_rule", "check_rules", "require_sound", "sound_rules"):
         from . import check
 
         return getattr(check, name)
-    if name in ("UnsoundRule", "Verdict"):
+    if name in ("UnprovenRuleWarning", "UnsoundRule", "Verdict"):
         from . import verdict
 
         return getattr(verdict, name)

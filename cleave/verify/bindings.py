@@ -2,7 +2,13 @@
 
 For every split, a binding falls in one case of (extent N, count s): exact (s | N,
 s < N), ragged tail, empty chunk (a whole chunk is padding), s = N, s > N. The
-chosen bindings cover every case the conditions allow, smallest first.
+chosen bindings cover every case the conditions allow.
+
+A binding's size is the number of input elements: every scalar variable of a prover
+query is one of them, so the provers get bindings within PROVER_ELEMENTS (the z3
+terms stay small: a top-k network over 4 rows of 3 times out where 2 rows prove in
+about a second); a case that no binding within it reaches gets its smallest one.
+Larger bindings, up to NUMERIC_ELEMENTS, are the numeric gate's.
 """
 from __future__ import annotations
 
@@ -19,14 +25,16 @@ from ..ir import dims as D
 from ..ir.contracts import RuleInstance
 
 VALUES = range(1, 10)
+PROVER_ELEMENTS = 12
+NUMERIC_ELEMENTS = 4000
 
 
 @dataclass(frozen=True)
 class Binding:
     env: tuple[tuple[str, int], ...]
     cases: tuple[str, ...]
-    size: int
-    ones: int  # non-split symbols bound to 1 (such dims hide layout bugs)
+    size: int  # input elements
+    ones: int  # symbols bound to 1 (such dims hide layout bugs; a count of 1 is no split)
 
     @property
     def dict(self) -> dict[str, int]:
@@ -81,9 +89,6 @@ def candidates(inst: RuleInstance, samples: int = 600) -> list[Binding]:
     syms = _symbols(inst)
     names = [s.name for s in syms]
     sites = _split_sites(inst)
-    split_syms = set()
-    for count, extent in sites:
-        split_syms |= {s.name for s in D.dim(count).free_symbols}
     conds = [sympy.sympify(c).xreplace({s: D.symbol(s.name) for s in sympy.sympify(c).free_symbols})
              for c in inst.conditions]
     checks = _compile(syms, conds)
@@ -91,16 +96,16 @@ def candidates(inst: RuleInstance, samples: int = 600) -> list[Binding]:
         inst.lhs.constraints, zip(_compile(syms, [c.lhs for c in inst.lhs.constraints]),
                                   _compile(syms, [c.rhs for c in inst.lhs.constraints])))]
     size_expr = sum((sympy.prod(n.shape) for n in inst.lhs.inputs.values()), sympy.Integer(0))
-    size_expr += sum((sympy.prod(o.shape) for o in inst.lhs.outputs), sympy.Integer(0))
     size_fn, = _compile(syms, [size_expr])
     site_fns = [(f1, f2) for f1, f2 in zip(_compile(syms, [c for c, _ in sites]), _compile(syms, [e for _, e in sites]))]
 
     if len(VALUES) ** len(syms) <= 4 * samples:
-        grid = itertools.product(VALUES, repeat=len(syms))
-    else:
+        grid = list(itertools.product(VALUES, repeat=len(syms)))
+    else:  # every small binding (the provers' pool), and random larger ones
+        top = max(v for v in VALUES if v ** len(syms) <= 2 * samples)
+        grid = list(itertools.product(range(1, top + 1), repeat=len(syms)))
         rng = random.Random(0)
-        grid = [tuple(rng.choice(VALUES) for _ in syms) for _ in range(samples)]
-        grid += [tuple([v] * len(syms)) for v in (2, 3)]
+        grid += [tuple(rng.choice(VALUES) for _ in syms) for _ in range(samples)]
     out: dict[tuple, Binding] = {}
     for values in grid:
         args = [Fraction(v) for v in values]
@@ -116,7 +121,7 @@ def candidates(inst: RuleInstance, samples: int = 600) -> list[Binding]:
             ints.append((int(n), int(s)))
         else:
             cases = tuple(split_case(n, s) for n, s in ints)
-            ones = sum(1 for nm, v in zip(names, values) if v == 1 and nm not in split_syms)
+            ones = values.count(1)
             env = tuple(zip(names, values))
             out[env] = Binding(env, cases, int(size_fn(*args)), ones)
     return list(out.values())
@@ -130,22 +135,22 @@ def _holds(kind, lhs, rhs) -> bool:
     return lhs != 0 and Fraction(rhs) % Fraction(lhs) == 0
 
 
-def choose(inst: RuleInstance, prover_size: int = 40, prover_count: int = 5,
-           numeric_size: int = 4000, numeric_count: int = 12) -> tuple[list[Binding], list[Binding]]:
-    """(prover bindings, numeric bindings): per split case tuple, the smallest binding
-    (non-split dims >= 2 preferred) for the provers; for the numeric gate that one and
-    a larger one."""
+def choose(inst: RuleInstance, prover_size: int = PROVER_ELEMENTS, prover_count: int = 5,
+           numeric_size: int = NUMERIC_ELEMENTS, numeric_count: int = 12) -> tuple[list[Binding], list[Binding]]:
+    """(prover bindings, numeric bindings). Per split case tuple, the provers get one
+    binding within `prover_size` elements (non-split dims >= 2 preferred), else the
+    smallest of that case; the numeric gate gets the smallest one and a large one. The
+    case tuples that cover every (split, case) pair come first and are never cut."""
     pool = candidates(inst)
     by_case: dict[tuple, list[Binding]] = {}
     for b in sorted(pool, key=lambda b: (b.ones, b.size, b.env)):
         by_case.setdefault(b.cases, []).append(b)
-    order = _cover_order(list(by_case))
+    order, covering = _cover_order(list(by_case))
     prover, numeric = [], []
     for cases in order:
         group = by_case[cases]
         small = [b for b in group if b.size <= prover_size]
-        if small:
-            prover.append(small[0])
+        prover.append(small[0] if small else min(group, key=lambda b: (b.size, b.env)))
         fits = [b for b in group if b.size <= numeric_size]
         if fits:
             numeric.append(fits[0])
@@ -157,17 +162,20 @@ def choose(inst: RuleInstance, prover_size: int = 40, prover_count: int = 5,
         if edge and edge[0] not in prover:
             prover.append(edge[0])
             numeric.append(edge[0])
-    return prover[:prover_count], numeric[:numeric_count]
+    return prover[:max(prover_count, covering)], numeric[:max(numeric_count, 2 * covering)]
 
 
-def _cover_order(keys: list[tuple]) -> list[tuple]:
-    """Case tuples ordered so that the first ones cover every (split, case) pair (greedy)."""
+def _cover_order(keys: list[tuple]) -> tuple[list[tuple], int]:
+    """Case tuples ordered so that the first ones cover every (split, case) pair
+    (greedy), and how many those first ones are."""
     left = sorted(keys)
     uncovered = {(i, c) for k in keys for i, c in enumerate(k)}
-    out = []
+    out, covering = [], 0
     while left:
         best = max(left, key=lambda k: len(uncovered & set(enumerate(k))))
         out.append(best)
         left.remove(best)
         uncovered -= set(enumerate(best))
-    return out
+        if not uncovered and not covering:
+            covering = len(out)
+    return out, covering

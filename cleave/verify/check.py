@@ -8,6 +8,7 @@ a prover could not decide makes it unknown.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Iterable
 
 from ..ir import CleaveError
@@ -17,7 +18,11 @@ from .bindings import choose
 from .numeric import numeric_gate
 from .prove import prove_at
 from .shapes import check_shapes
-from .verdict import UnsoundRule, Verdict
+from .verdict import UnprovenRuleWarning, UnsoundRule, Verdict
+
+# Per z3 query. The library's slowest query (a 2-row top-k network) takes about 1 s;
+# a binding's queries get 4 timeouts in all.
+TIMEOUT_MS = 5000
 
 
 def _instances(rule) -> tuple[str, list[RuleInstance]]:
@@ -67,13 +72,20 @@ def _prove(inst: RuleInstance, bindings, timeout_ms: int):
     return "proven", methods, "", []
 
 
-def check_rule(rule, *, timeout_ms: int = 5000, use_cache: bool = True) -> Verdict:
+def check_rule(rule, *, timeout_ms: int = TIMEOUT_MS, use_cache: bool = True) -> Verdict:
     """The verdict on one rule (an object with `name` and `instances()`, or a RuleInstance)."""
+    definition = V.definition_key(rule) if use_cache else None
+    if definition:
+        found = V.lookup(definition, rule.name, timeout_ms)
+        if found is not None:
+            return found
     name, instances = _instances(rule)
     key = V.rule_key(instances)
     if use_cache:
-        found = V.lookup(key, name)
+        found = V.lookup(key, name, timeout_ms)
         if found is not None:
+            if definition:
+                V.store(definition, found, timeout_ms)
             return found
     start = time.perf_counter()
     status, methods, counterexample, notes = "proven", set(), "", []
@@ -102,8 +114,9 @@ def check_rule(rule, *, timeout_ms: int = 5000, use_cache: bool = True) -> Verdi
                 break  # the verdict cannot become proven any more
     method = "+".join(sorted(methods)) or "numeric"
     result = Verdict(name, status, method, time.perf_counter() - start, counterexample, notes)
-    if use_cache and status != "unknown":  # unknown may be a timeout: try again next time
-        V.store(key, result)
+    if use_cache:
+        for k in filter(None, (key, definition)):
+            V.store(k, result, timeout_ms)
     return result
 
 
@@ -111,11 +124,29 @@ def check_rules(rules: Iterable, **kwargs) -> list[Verdict]:
     return [check_rule(r, **kwargs) for r in rules]
 
 
-def require_sound(rules: Iterable, **kwargs) -> list[Verdict]:
-    """Every rule proven, or UnsoundRule naming the first one that is not (with its counterexample)."""
-    verdicts = check_rules(rules, **kwargs)
-    failed = [v for v in verdicts if not v.ok]
+def _reject(failed: list[Verdict]) -> None:
     if failed:
         more = f" (and {len(failed) - 1} more: {', '.join(v.rule for v in failed[1:])})" if len(failed) > 1 else ""
         raise UnsoundRule(failed[0].explain() + more)
+
+
+def require_sound(rules: Iterable, **kwargs) -> list[Verdict]:
+    """Every rule proven, or UnsoundRule naming the first one that is not (with its
+    counterexample, or why it is unknown). For the CLI and strict use."""
+    verdicts = check_rules(rules, **kwargs)
+    _reject([v for v in verdicts if not v.ok])
     return verdicts
+
+
+def sound_rules(rules: Iterable, **kwargs) -> list:
+    """The gate before saturation: the proven rules, in order. A rule with a confirmed
+    counterexample raises UnsoundRule (a library bug is never dropped silently); an
+    unknown one is left out with an UnprovenRuleWarning saying why (e.g. a timeout at
+    a binding)."""
+    rules = list(rules)
+    verdicts = check_rules(rules, **kwargs)
+    _reject([v for v in verdicts if v.verdict == "unsound"])
+    for v in verdicts:
+        if v.verdict == "unknown":
+            warnings.warn(f"{v.explain()}; not loaded for saturation", UnprovenRuleWarning, stacklevel=2)
+    return [r for r, v in zip(rules, verdicts) if v.ok]

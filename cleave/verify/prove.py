@@ -61,10 +61,11 @@ def _static_equal(x, y) -> bool | None:
     return None
 
 
-def prove_z3(inst: RuleInstance, binding: Binding, timeout_ms: int, per_element: bool = False) -> ProofResult:
-    """All output elements in one query; with `per_element`, one query per element
-    instead (rows of a top-k network are independent: their case splits need not
-    multiply), each with only the laws that mention its inputs, within 4 timeouts."""
+def prove_z3(inst: RuleInstance, binding: Binding, timeout_ms: int) -> ProofResult:
+    """One query per set of output elements over the same input elements, each with
+    only the laws over those inputs (dropping premises keeps a proof valid), within 4
+    timeouts in all: the rows of a top-k network are independent, so their case splits
+    need not multiply."""
     env = binding.dict
     backend = Z3Backend()
     try:
@@ -85,16 +86,19 @@ def prove_z3(inst: RuleInstance, binding: Binding, timeout_ms: int, per_element:
     if not differs:
         return ProofResult("proven", "z3")
     laws = backend.laws()
-    groups = [[d] for d in differs] if per_element else [differs]
+    memo: dict[int, frozenset] = {}
+    by_inputs: dict[frozenset, list] = {}
+    for d in differs:
+        by_inputs.setdefault(_variables(d, memo), []).append(d)
+    queries = [([law for law in laws if _variables(law, memo) <= wanted], group) for wanted, group in by_inputs.items()]
     deadline = time.perf_counter() + 4 * timeout_ms / 1000
-    law_vars: dict[int, frozenset] = {}
-    for group in groups:
+    for premises, group in queries:
         left_ms = int((deadline - time.perf_counter()) * 1000)
         if left_ms <= 0:
-            return ProofResult("unknown", "", f"z3 unknown at {binding}: timeout (per-element queries)")
+            return ProofResult("unknown", "", f"z3 unknown at {binding}: timeout ({len(queries)} independent queries)")
         solver = z3.Solver()
         solver.set("timeout", min(timeout_ms, left_ms))
-        solver.add(*(_relevant(laws, group[0], law_vars) if per_element else laws))
+        solver.add(*premises)
         solver.add(z3.Or(*group))
         result = solver.check()
         if result == z3.sat:
@@ -116,13 +120,6 @@ def _variables(e, memo: dict[int, frozenset]) -> frozenset:
                 out |= _variables(c, memo)
             memo[key] = out
     return memo[key]
-
-
-def _relevant(laws, goal, memo) -> list:
-    """The laws that mention an input element of the goal: dropping the others keeps a
-    proof valid (fewer premises), and each element's query stays small."""
-    wanted = _variables(goal, memo)
-    return [law for law in laws if _variables(law, memo) & wanted]
 
 
 def _model_inputs(inst: RuleInstance, inputs, model) -> dict[str, torch.Tensor]:
@@ -206,7 +203,7 @@ def _sympy_zero(x, y, max_ops: int) -> bool:
 
 
 def prove_at(inst: RuleInstance, binding: Binding, timeout_ms: int = 5000) -> ProofResult:
-    """z3 with a short timeout, then sympy, then z3 per element with the full timeout."""
+    """z3 with a short timeout, then sympy, then z3 with the full timeout."""
     first = prove_z3(inst, binding, min(timeout_ms, SHORT_MS))
     if first.status != "unknown":
         return first
@@ -214,7 +211,8 @@ def prove_at(inst: RuleInstance, binding: Binding, timeout_ms: int = 5000) -> Pr
     if second.status == "proven":
         return second
     if timeout_ms > SHORT_MS and ("timeout" in first.detail or "canceled" in first.detail):
-        third = prove_z3(inst, binding, timeout_ms, per_element=True)
+        third = prove_z3(inst, binding, timeout_ms)
         if third.status != "unknown":
             return third
+        return ProofResult("unknown", "", f"{third.detail}; {second.detail}")
     return ProofResult("unknown", "", f"{first.detail}; {second.detail}")

@@ -1,22 +1,31 @@
 """What the verifier says about a rule, the error that rejects it, and the verdict cache.
 
-Proven and unsound verdicts (facts, not timeouts) are cached by a hash of the rule's instance texts (and the verifier's
-version), in process and on disk under $CLEAVE_CACHE_DIR (else the user cache
-dir), so that saturation does not re-prove the library every time.
+Verdicts are cached by a hash of the rule's instance texts (and the verifier's
+version), and also by a hash of the rule's definition, so that checking a known rule
+does not even build its instances (which costs seconds for the library): that key
+covers the rule's text and the source of the code that instantiates it (the rule's
+package and cleave.ir), so an edit there rebuilds the instances, whose own key then
+usually finds the verdict. Proven and unsound verdicts are facts: cached in process and on disk under
+$CLEAVE_CACHE_DIR (else the user cache dir), so that saturation does not re-prove the
+library every time. Unknown verdicts (a timeout, a prover that could not decide) are
+cached in process only, with their timeout: a fresh process, or a longer timeout, tries
+again.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from ..ir import CleaveError
 from ..ir.contracts import RuleInstance
 
 # Bump when the verifier's semantics change, so that stale verdicts are not reused.
-VERIFIER_VERSION = "1"
+VERIFIER_VERSION = "2"
 
 # proven: every instance proven (z3 or sympy) at every prover binding and the numeric
 # gate passed; unsound: a confirmed counterexample; unknown: no counterexample, but a
@@ -26,6 +35,10 @@ VERDICTS = ("proven", "unsound", "unknown")
 
 class UnsoundRule(CleaveError):
     """A rule failed verification (a counterexample), or could not be proven."""
+
+
+class UnprovenRuleWarning(UserWarning):
+    """A rule the provers could not decide (no counterexample either): not loaded for saturation."""
 
 
 @dataclass
@@ -71,7 +84,30 @@ def rule_key(instances: list[RuleInstance]) -> str:
     return h.hexdigest()
 
 
+def definition_key(rule) -> str | None:
+    """A key for a rule object of the DSL (with `text()`), None for a bare RuleInstance."""
+    if isinstance(rule, RuleInstance) or not callable(getattr(rule, "text", None)):
+        return None
+    h = hashlib.sha256(f"{VERIFIER_VERSION}\0definition\0".encode())
+    h.update(_code_fingerprint(type(rule).__module__).encode())
+    h.update(rule.text().encode())
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=None)
+def _code_fingerprint(module: str) -> str:
+    """A hash of the sources that turn a rule definition into instances."""
+    from .. import ir
+
+    h = hashlib.sha256()
+    for folder in (Path(sys.modules[module].__file__).parent, Path(ir.__file__).parent):
+        for path in sorted(folder.glob("*.py")):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 _MEMORY: dict[str, Verdict] = {}
+_UNKNOWN: dict[str, tuple[int, Verdict]] = {}  # key -> (timeout in ms, verdict), this process only
 
 
 def cache_dir() -> Path:
@@ -83,8 +119,13 @@ def cache_dir() -> Path:
     return Path(root) / "verify"
 
 
-def lookup(key: str, name: str) -> Verdict | None:
+def lookup(key: str, name: str, timeout_ms: int) -> Verdict | None:
+    """A cached verdict: a fact from memory or disk, or an unknown reached with at least `timeout_ms`."""
     found = _MEMORY.get(key)
+    if found is None and key in _UNKNOWN:
+        spent, unknown = _UNKNOWN[key]
+        if spent >= timeout_ms:
+            found = unknown
     if found is None:
         path = cache_dir() / f"{key}.json"
         try:
@@ -95,7 +136,10 @@ def lookup(key: str, name: str) -> Verdict | None:
     return Verdict(name, found.verdict, found.method, found.seconds, found.counterexample, list(found.notes), True)
 
 
-def store(key: str, verdict: Verdict) -> None:
+def store(key: str, verdict: Verdict, timeout_ms: int) -> None:
+    if verdict.verdict == "unknown":
+        _UNKNOWN[key] = (timeout_ms, verdict)
+        return
     _MEMORY[key] = verdict
     path = cache_dir() / f"{key}.json"
     try:
@@ -109,3 +153,4 @@ def store(key: str, verdict: Verdict) -> None:
 
 def clear_memory() -> None:
     _MEMORY.clear()
+    _UNKNOWN.clear()
