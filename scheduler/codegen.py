@@ -297,24 +297,50 @@ class Emitter:
         return "tl.float32" if node.dtype.is_float else TL[node.dtype]
 
     def bounds(self, e):
-        """Least and greatest value of an affine index over its labels' valid ranges
-        (None where it is not affine): masks that these prove are left out."""
+        """Least and greatest value of an index over its labels' valid ranges, by
+        interval arithmetic over sums, label-free scalings, x % n and floor(x / n)
+        (None where it cannot tell): masks that these prove are left out."""
         table = self.views.by_sym()
-        lo = hi = e
-        for sym in e.free_symbols:
-            if sym not in table:
-                continue
-            c = sympy.diff(e, sym)
-            if c.free_symbols & set(table) or sympy.diff(c, sym) != 0:
+        labels = set(table)
+        if not (e.free_symbols & labels):
+            return e, e
+        if e in table:
+            return sympy.Integer(0), table[e].extent - 1
+        if isinstance(e, sympy.Add):
+            lo = hi = sympy.Integer(0)
+            for term in e.args:
+                t_lo, t_hi = self.bounds(term)
+                if t_lo is None:
+                    return None, None
+                lo, hi = lo + t_lo, hi + t_hi
+            return lo, hi
+        if isinstance(e, sympy.Mul):
+            coeff = sympy.Mul(*[a for a in e.args if not (a.free_symbols & labels)])
+            rest = [a for a in e.args if a.free_symbols & labels]
+            if len(rest) != 1:
                 return None, None
-            top = table[sym].extent - 1
-            if _provable(c):
-                lo, hi = lo.subs(sym, 0), hi.subs(sym, top)
-            elif _provable(-c):
-                lo, hi = lo.subs(sym, top), hi.subs(sym, 0)
-            else:
+            r_lo, r_hi = self.bounds(rest[0])
+            if r_lo is None:
                 return None, None
-        return lo, hi
+            if _provable(coeff):
+                return coeff * r_lo, coeff * r_hi
+            if _provable(-coeff):
+                return coeff * r_hi, coeff * r_lo
+            return None, None
+        if isinstance(e, sympy.Mod):  # reshape indices: x % n lies in [0, n) for x >= 0
+            x_lo, _ = self.bounds(e.args[0])
+            if x_lo is not None and _provable(x_lo) and not (e.args[1].free_symbols & labels):
+                return sympy.Integer(0), e.args[1] - 1
+            return None, None
+        if isinstance(e, sympy.floor):  # floor(x / n) for a positive n free of labels
+            num, den = sympy.fraction(e.args[0])
+            if den.free_symbols & labels or not _provable(den - 1):
+                return None, None
+            x_lo, x_hi = self.bounds(num)
+            if x_lo is None:
+                return None, None
+            return sympy.floor(x_lo / den), sympy.floor(x_hi / den)
+        return None, None
 
     def masked(self, v: Val, lid: int, neutral: str) -> str:
         valid = self.valid(lid, v.dims)

@@ -105,3 +105,11 @@ def test_tiny_budget_warns_and_returns_a_valid_candidate():
     assert any(issubclass(w.category, BudgetWarning) for w in caught)
     assert res.candidates and res.stats["stopped"]
     _equal_to_naive(g, res.best)
+
+
+def test_cleave_search_stays_callable_after_the_package_is_imported():
+    import cleave
+    import cleave.search.api  # noqa: F401  (binds cleave.search to the package)
+
+    result = cleave.search(W.get("matmul").graph, progress=False)
+    assert result.candidates
