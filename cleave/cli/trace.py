@@ -9,6 +9,10 @@ EPILOG = """examples:
   cleave trace replay traces/workloads/gqa.jsonl --device cuda --limit 50
   TRITON_INTERPRET=1 cleave trace replay traces/workloads/gqa_decode.jsonl --device cpu \\
       --scale 0.02 --limit 4 --const h=4,hkv=2,d=16
+
+  # search + schedule here (no GPU needed), replay on a GPU box without egglog/z3:
+  cleave trace build traces/workloads/gqa_decode.jsonl --out gqa_decode.cleave
+  cleave trace replay traces/workloads/gqa_decode.jsonl --device cuda --artifact gqa_decode.cleave
 """
 
 
@@ -28,7 +32,20 @@ def register(sub) -> None:
     r.add_argument("--limit", type=int, default=None, help="replay only the first N shapes")
     r.add_argument("--const", default="", help="override const axes, e.g. h=4,hkv=2,d=16")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--artifact", help="load the operator from this directory (made by `cleave trace build`, "
+                                      "possibly on another machine) instead of searching")
     r.set_defaults(func=_replay)
+    b = tsub.add_parser("build", help="search and schedule a trace's operator into an artifact directory",
+                        description="Run the search and the scheduler for every static binding the trace uses, "
+                                    "launching nothing (no GPU needed), and write the operator into OUT. Carry OUT "
+                                    "to the GPU and pass it to `trace replay --artifact OUT`: replay then needs "
+                                    "torch and triton only.",
+                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    b.add_argument("trace", help="a workloads/NAME.jsonl file")
+    b.add_argument("--out", required=True, help="artifact directory to write (created if missing)")
+    b.add_argument("--scale", type=float, default=1.0, help="as for replay: build for the scaled shapes")
+    b.add_argument("--const", default="", help="as for replay: override const axes")
+    b.set_defaults(func=_build)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -55,7 +72,7 @@ def _replay(args) -> int:
 
     print(f"compiling and replaying {args.trace} on {args.device} ...", file=sys.stderr, flush=True)
     result = replay(args.trace, device=args.device, scale=args.scale, limit=args.limit,
-                    const=_parse_const(args.const), seed=args.seed, progress=progress)
+                    const=_parse_const(args.const), seed=args.seed, progress=progress, artifact=args.artifact)
     print(f"{'shape':<24} {'cleave ms':>10} {'sdpa ms':>10} {'speedup':>8}")
     for s in result.shapes:
         axes = " ".join(f"{k}={v}" for k, v in s.axes.items())
@@ -64,5 +81,20 @@ def _replay(args) -> int:
     print(f"{result.definition} on {result.device}: {len(result.shapes)} shapes, geomean speedup over SDPA "
           f"x{result.geomean:.3f}, recompiles after the first call: {result.recompiles} "
           f"(searches {st['searches']}, compiles {st['compiles']}, from_cache {st['from_cache']}, "
-          f"graph breaks {st['graph_breaks']})")
+          f"plan tunings {st['tunings']}), triton JIT recompiles after the first call: "
+          f"{'n/a (interpreter)' if result.jit_recompiles is None else result.jit_recompiles}")
+    return 0
+
+
+def _build(args) -> int:
+    from ..runtime.replay import build
+
+    if args.scale <= 0:
+        raise ValueError("--scale must be positive")
+    print(f"searching and scheduling {args.trace} into {args.out} ...", file=sys.stderr, flush=True)
+    summary = build(args.trace, args.out, scale=args.scale, const=_parse_const(args.const))
+    for entry in summary["entries"]:
+        print(f"{summary['definition']}: operator {entry}")
+    print(f"searches {summary['searches']}, schedules {summary['compiles']}, from_cache {summary['from_cache']}; "
+          f"replay with: cleave trace replay {args.trace} --artifact {args.out}")
     return 0

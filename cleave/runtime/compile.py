@@ -12,15 +12,16 @@ import inspect
 
 import torch
 
+from ..ir import CleaveError
 from .context import Context
 from .partition import Launcher
 
 
 class CompiledFunction:
-    def __init__(self, fn, dynamic=None, device=None, top_k: int = 4):
+    def __init__(self, fn, dynamic=None, device=None, top_k: int = 4, artifact=None):
         self.fn = fn
         self.dynamic = dynamic
-        self.ctx = Context(device, top_k)
+        self.ctx = Context(device, top_k, artifact)
         self.calls = 0
         self._params = _param_names(fn)
         self._runners: dict[tuple, object] = {}
@@ -45,6 +46,19 @@ class CompiledFunction:
             if runner is None:
                 return self._call_dynamo(args)
         return runner(*args)
+
+    def prepare(self, *args):
+        """Search (or load) and schedule for the shapes of `args` without running: the
+        tensors may be on the meta device. Writes the artifact; returns the operator."""
+        sig = self._signature(args)
+        runner = self._runners.get(sig)
+        if runner is None:
+            runner = self._runners[sig] = self._build(args)
+        if not isinstance(runner, Launcher):
+            raise CleaveError(f"{getattr(self.fn, '__name__', 'fn')} does not capture whole "
+                              f"({', '.join(self.ctx.stats()['unsupported']) or 'graph break'}): nothing to prepare")
+        runner.op.prepare({k: tuple(a.shape) for k, a in zip(runner.names, args) if k in runner.op.graph.inputs})
+        return runner.op
 
     # -- whole-function capture -------------------------------------------
     def _axes(self, index: int, tensor: torch.Tensor) -> dict[int, str]:
@@ -118,12 +132,13 @@ def _param_names(fn) -> list[str]:
         return []
 
 
-def compile(fn, dynamic=None, device=None, top_k: int = 4) -> CompiledFunction:
+def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None) -> CompiledFunction:
     """Wrap `fn` so that its first call compiles it with cleave and later calls reuse the result.
 
     `dynamic` names the axes that vary between calls, per argument name:
     `{"q": {0: "b"}, "k": {2: "L"}}`, or "all". `compiled.stats` counts calls,
-    searches, compiles, cache hits and graph breaks."""
+    searches, compiles, cache hits and graph breaks. `artifact` is a directory built
+    elsewhere (`cleave trace build`) to load operators from, whatever machine built it."""
     if dynamic is not None and dynamic != "all" and not isinstance(dynamic, dict):
         raise TypeError(f"dynamic must be None, 'all' or a dict of axes per argument, not {dynamic!r}")
-    return CompiledFunction(fn, dynamic, device, top_k)
+    return CompiledFunction(fn, dynamic, device, top_k, artifact)

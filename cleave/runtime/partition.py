@@ -97,6 +97,7 @@ class Region:
         out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         self.tuple_output = isinstance(out, (tuple, list))
         self.dynamic = {p.name: _dynamic_axes(p) for p in self.placeholders}
+        self.sizes = _size_inputs(self.placeholders, self.dynamic)
         self.runners: dict[tuple, object] = {}
 
     def signature(self, args) -> tuple:
@@ -105,8 +106,8 @@ class Region:
             if isinstance(a, torch.Tensor):
                 dyn = self.dynamic.get(p.name, {})
                 sig.append((a.dtype, a.device.type, tuple(-1 if i in dyn else s for i, s in enumerate(a.shape))))
-            else:
-                sig.append(a if p.users else None)  # an unused int (a SymInt dynamo passes along) is not a specialization
+            else:  # an int read off a dynamic axis, or an unused one, is not a specialization
+                sig.append(a if p.users and p.name not in self.sizes else None)
         return tuple(sig)
 
     def __call__(self, *args):
@@ -123,7 +124,7 @@ class Region:
         names = [p.name for p, a in zip(self.placeholders, args) if isinstance(a, torch.Tensor)]
         dynamic = {name: self.dynamic[name] for name in names if self.dynamic.get(name)}
         try:
-            graph = capture(_tensor_function(self.gm, self.placeholders, args), *[a for a in args
+            graph = capture(_tensor_function(self.gm, self.placeholders, args, self.sizes), *[a for a in args
                             if isinstance(a, torch.Tensor)], dynamic=dynamic or None, name=_name(self.gm))
         except UnsupportedOpError as err:
             self.ctx.warn_unsupported(err.op, _name(self.gm))
@@ -142,9 +143,11 @@ class Region:
         return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, _name(self.gm))
 
 
-def _tensor_function(gm, placeholders, args):
+def _tensor_function(gm, placeholders, args, sizes):
     """gm as a function of its tensor inputs only, named like its placeholders (capture
-    reads parameter names); the non-tensor inputs are bound to this call's values,
+    reads parameter names). An int input that is the size of a dynamic axis (dynamo
+    passes such SymInts along, e.g. for a causal mask) is read off that tensor, so it
+    stays symbolic; the other non-tensor inputs are bound to this call's values,
     which the region's signature includes."""
     import inspect
 
@@ -154,6 +157,8 @@ def _tensor_function(gm, placeholders, args):
 
     def fn(*tensors):
         given = {**fixed, **dict(zip(tensor_names, tensors))}
+        for name, (source, axis) in sizes.items():
+            given[name] = given[source].shape[axis]
         return gm(*(given[n] for n in order))
 
     fn.__signature__ = inspect.Signature(
@@ -201,6 +206,17 @@ def _dynamic_axes(placeholder: torch.fx.Node) -> dict[int, str]:
         if isinstance(d, torch.SymInt) and not d.node.is_nested_int():
             expr = str(d)
             out[i] = expr if expr.isidentifier() else "d_" + "".join(c if c.isalnum() else "_" for c in expr)
+    return out
+
+
+def _size_inputs(placeholders, dynamic) -> dict[str, tuple[str, int]]:
+    """Int placeholders whose SymInt is exactly a dynamic axis of a tensor input: name -> (tensor, axis)."""
+    axes = {sym: (name, axis) for name, dims in dynamic.items() for axis, sym in dims.items()}
+    out = {}
+    for p in placeholders:
+        value = p.meta.get("example_value", p.meta.get("val"))
+        if isinstance(value, torch.SymInt) and str(value) in axes:
+            out[p.name] = axes[str(value)]
     return out
 
 

@@ -4,13 +4,20 @@ The definition's `cleave_workload:NAME` tag names the cleave workload whose
 reference function is compiled once (with the workload's dynamic axes); every
 shape of the trace then runs through that one operator and through the
 definition's reference (SDPA), is checked against it, and is timed. A recompile
-is any search or schedule after the first call: the target is 0.
+is any search or schedule after the first call: the target is 0. Triton's own JIT
+specializations after the first call (a kernel compiled again because an int
+argument became divisible by 16, say) are counted apart, on the GPU.
+
+`build` runs the search and the scheduler for a trace's shapes without running a
+kernel (meta tensors), into a directory that `replay(artifact=DIR)` loads on
+another machine: the GPU box then needs torch and triton only, no egglog or z3.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -36,6 +43,7 @@ class ReplayResult:
     device: str
     shapes: list[ShapeResult] = field(default_factory=list)
     recompiles: int = 0
+    jit_recompiles: int | None = None  # None under TRITON_INTERPRET (nothing is compiled)
     stats: dict = field(default_factory=dict)
 
     @property
@@ -68,31 +76,82 @@ def _time_ms(fn, args, device: str) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = None,
-           const: dict[str, int] | None = None, seed: int = 0, progress=None) -> ReplayResult:
+def _setup(path, const):
     from .. import workloads
-    from .compile import compile as cleave_compile
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise CleaveError("--device cuda: no CUDA device here (use --device cpu with TRITON_INTERPRET=1)")
     definition, lines = load_trace(path)
     unknown = set(const or {}) - {a for a, s in definition["axes"].items() if s["type"] == "const"}
     if unknown:
         raise CleaveError(f"--const: {sorted(unknown)} are not const axes of {definition['name']}")
-    workload = workloads.get(_workload_name(definition))
-    compiled = cleave_compile(workload.reference, dynamic=workload.dynamic, device=device)
+    return definition, lines, workloads.get(_workload_name(definition))
+
+
+def _binding(line, scale: float) -> dict[str, int]:
+    return {a: max(1, math.ceil(v * scale)) for a, v in line["workload"]["axes"].items()}
+
+
+def jit_kernels() -> int | None:
+    """Triton kernels compiled so far by the generated modules (every specialization
+    of every kernel, on every device); None where Triton interprets instead."""
+    import sys
+
+    from triton.runtime.jit import JITFunction
+
+    count, found = 0, False
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("cleave_kernel_"):
+            continue
+        for fn in vars(module).values():
+            if isinstance(fn, JITFunction):
+                found = True
+                count += sum(len(caches[0]) for caches in fn.device_caches.values())
+    return count if found else None
+
+
+def build(path, out, scale: float = 1.0, const: dict[str, int] | None = None, top_k: int = 4) -> dict:
+    """Search and schedule the trace's operator for each static binding its shapes use,
+    without running anything, into the artifact directory `out`; returns a summary."""
+    from .compile import compile as cleave_compile
+
+    definition, lines, workload = _setup(path, const)
+    compiled = cleave_compile(workload.reference, dynamic=workload.dynamic, device="cpu", top_k=top_k,
+                              artifact=Path(out))
+    ops = set()
+    for line in lines:
+        values = {**axis_values(definition, _binding(line, scale)), **(const or {})}
+        args = [torch.empty([values[a] for a in spec["shape"]], dtype=DTYPES[spec["dtype"]], device="meta")
+                for spec in definition["inputs"].values()]
+        ops.add(compiled.prepare(*args))
+    return {**compiled.stats, "definition": definition["name"], "entries": sorted(str(op.entry) for op in ops)}
+
+
+def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = None,
+           const: dict[str, int] | None = None, seed: int = 0, progress=None, artifact=None) -> ReplayResult:
+    from .compile import compile as cleave_compile
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CleaveError("--device cuda: no CUDA device here (use --device cpu with TRITON_INTERPRET=1)")
+    if artifact is not None and not Path(artifact).is_dir():
+        raise CleaveError(f"--artifact: no directory {artifact} (build one with `cleave trace build`)")
+    definition, lines, workload = _setup(path, const)
+    compiled = cleave_compile(workload.reference, dynamic=workload.dynamic, device=device, artifact=artifact)
     baseline = reference_fn(definition)
     gen = torch.Generator().manual_seed(seed)
     lines = lines[:limit] if limit else lines
     result = ReplayResult(definition["name"], device)
-    after_first = None
+    after_first = jit_first = None
     for i, line in enumerate(lines):
-        binding = {a: max(1, math.ceil(v * scale)) for a, v in line["workload"]["axes"].items()}
+        binding = _binding(line, scale)
         values = {**axis_values(definition, binding), **(const or {})}
         args = _inputs(definition, values, device, gen)
         got = compiled(*args)
+        if compiled.ctx.failed or compiled.ctx.eager_regions:
+            raise CleaveError(f"{definition['name']}: cleave ran part of it eagerly ("
+                              + "; ".join(compiled.ctx.failed + compiled.ctx.stats()["unsupported"])
+                              + "): timing it would time eager PyTorch")
         if after_first is None:
             after_first = compiled.stats["searches"] + compiled.stats["compiles"]
+            jit_first = jit_kernels()
         want = baseline(*args)
         error = (got.float() - want.float()).abs().max().item()
         if not error <= 5e-2 * max(1.0, want.float().abs().max().item()):
@@ -103,4 +162,6 @@ def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = N
             progress(i + 1, len(lines), result.shapes[-1])
     result.stats = compiled.stats
     result.recompiles = result.stats["searches"] + result.stats["compiles"] - after_first
+    jit_now = jit_kernels()
+    result.jit_recompiles = None if jit_now is None or jit_first is None else jit_now - jit_first
     return result
