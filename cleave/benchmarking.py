@@ -8,6 +8,8 @@ import sys
 
 import torch
 
+from .ir import CleaveError
+
 
 def _bench(fn, warmup=25, rep=100) -> float:
     import triton.testing
@@ -46,7 +48,14 @@ def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None) 
             continue
         ranked = []
         for index, candidate in enumerate(result.candidates):
-            ranked += [(plan.cost, index, plan) for plan in schedule(candidate, env, dynamic=set(), top_k=top_plans)]
+            try:
+                plans = schedule(candidate, env, dynamic=set(), top_k=top_plans)
+            except CleaveError as err:  # another candidate may still schedule
+                _log(f"{name} {preset}: candidate {index} not scheduled: {err}")
+                continue
+            ranked += [(plan.cost, index, plan) for plan in plans]
+        if not ranked:
+            raise CleaveError(f"{name} {preset}: no candidate could be scheduled")
         ranked.sort(key=lambda t: t[0])
         chosen = ranked[:top_plans]
         specs.append({
