@@ -5,10 +5,10 @@ s < N), ragged tail, empty chunk (a whole chunk is padding), s = N, s > N. The
 chosen bindings cover every case the conditions allow.
 
 A binding's size is the number of input elements: every scalar variable of a prover
-query is one of them, so the provers get bindings within PROVER_ELEMENTS (the z3
-terms stay small: a top-k network over 4 rows of 3 times out where 2 rows prove in
-about a second); a case that no binding within it reaches gets its smallest one.
-Larger bindings, up to NUMERIC_ELEMENTS, are the numeric gate's.
+query is one of them, so the provers get bindings within PROVER_ELEMENTS, and the z3
+terms stay small (a top-k network costs z3 about half a second per row of 3); a case
+that no binding within the budget reaches gets its smallest one. Larger bindings, up
+to NUMERIC_ELEMENTS, are the numeric gate's.
 """
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def _holds(kind, lhs, rhs) -> bool:
 def choose(inst: RuleInstance, prover_size: int = PROVER_ELEMENTS, prover_count: int = 5,
            numeric_size: int = NUMERIC_ELEMENTS, numeric_count: int = 12) -> tuple[list[Binding], list[Binding]]:
     """(prover bindings, numeric bindings). Per split case tuple, the provers get one
-    binding within `prover_size` elements (non-split dims >= 2 preferred), else the
+    binding within `prover_size` elements (fewest symbols bound to 1), else the
     smallest of that case; the numeric gate gets the smallest one and a large one. The
     case tuples that cover every (split, case) pair come first and are never cut."""
     pool = candidates(inst)

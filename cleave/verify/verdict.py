@@ -1,15 +1,16 @@
 """What the verifier says about a rule, the error that rejects it, and the verdict cache.
 
-Verdicts are cached by a hash of the rule's instance texts (and the verifier's
-version), and also by a hash of the rule's definition, so that checking a known rule
-does not even build its instances (which costs seconds for the library): that key
-covers the rule's text and the source of the code that instantiates it (the rule's
-package and cleave.ir), so an edit there rebuilds the instances, whose own key then
-usually finds the verdict. Proven and unsound verdicts are facts: cached in process and on disk under
+Proven and unsound verdicts are facts: cached in process and on disk under
 $CLEAVE_CACHE_DIR (else the user cache dir), so that saturation does not re-prove the
 library every time. Unknown verdicts (a timeout, a prover that could not decide) are
-cached in process only, with their timeout: a fresh process, or a longer timeout, tries
-again.
+cached in process only, with their timeout: a fresh process, or a longer timeout,
+tries again.
+
+Two keys per rule: a hash of its instance texts (and the verifier's version), and a
+hash of its definition, so that checking a known rule does not even build its
+instances (seconds, for the library). The definition key covers the rule's text and
+the sources that instantiate it (the rule's package and cleave.ir): an edit there
+rebuilds the instances, whose own key then usually finds the verdict.
 """
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ def _code_fingerprint(module: str) -> str:
     from .. import ir
 
     h = hashlib.sha256()
-    for folder in (Path(sys.modules[module].__file__).parent, Path(ir.__file__).parent):
+    source = getattr(sys.modules.get(module), "__file__", None) or ir.__file__
+    for folder in (Path(source).parent, Path(ir.__file__).parent):
         for path in sorted(folder.glob("*.py")):
             h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
