@@ -261,3 +261,18 @@ def test_cache_ls_and_clear(doubles, capsys):
     assert len(cache.entries()) == 1
     assert main(["cache", "clear"]) == 0
     assert cache.entries() == [] and (cache.cache_dir() / "verify" / "v.json").exists()
+
+
+def test_spec_carries_its_candidate_whatever_operator_json_says(doubles):
+    """Two processes may search differently and overwrite operator.json in turn: a spec
+    must not point into another process's candidate list."""
+    w, inputs = _inputs("rmsnorm_matmul", s=7, k=9, n=5)
+    first = CompiledOperator(w.graph, {"s"})
+    first(inputs)
+    A.write_json(first.entry / "operator.json", {"name": "other", "fields": first.fields, "graph": "",
+                                                 "candidates": [], "search_stats": {}})
+    again = CompiledOperator(w.graph, {"s"})
+    again(inputs)
+    spec = next(iter(again.specs.values()))
+    assert again.stats["from_cache"] == 1 and again.stats["searches"] == 0
+    assert spec.candidate.derivation == ["double"] and spec.candidate.graph.key() == w.graph.key()

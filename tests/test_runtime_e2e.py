@@ -32,7 +32,7 @@ SUBSET = ["mha_causal", "gqa_decode", "rmsnorm_matmul", "moe_routing"]
 # Tiny bindings, three per workload, differing only along the dynamic axes.
 SIZES = {
     "mha_causal": [{"b": 1, "h": 2, "d": 16, "s": s} for s in (7, 13, 21)],
-    "gqa_decode": [{"hkv": 2, "g": 2, "d": 16, "b": b, "L": L} for b, L in ((1, 17), (2, 30), (3, 45))],
+    "gqa_decode": [{"hkv": 2, "g": 2, "d": 16, "b": b, "L": L} for b, L in ((2, 17), (3, 30), (4, 45))],
     "rmsnorm_matmul": [{"k": 21, "n": 19, "s": s} for s in (5, 9, 14)],
     "moe_routing": [{"e": 21, "t": t} for t in (5, 9, 14)],
 }

@@ -3,7 +3,8 @@
 Layout of one cached operator (a directory named by its key, see cache.py):
 
     operator.json          the graph, the search's candidates (text form), search stats
-    spec-<hash>/plans.json the top-k plans for one binding of the static symbols
+    spec-<hash>/plans.json the top-k plans for one binding of the static symbols, and the
+                           candidate they schedule (a cache hit reads no operator.json)
     spec-<hash>/kernels/<sha>.py   each kernel's Triton source, named by its hash
     spec-<hash>/tuning.json        per-shape-bucket plan choices (GPU autotuning)
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from ..ir import CleaveError
 
-FORMAT = 1
+FORMAT = 2  # 2: plans.json holds the candidate it schedules
 
 
 class ArtifactError(CleaveError):

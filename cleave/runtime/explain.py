@@ -90,7 +90,7 @@ def explain(compiled, *args) -> Report:
 
 
 def _operator_report(op, spec, plan, shapes) -> OperatorReport:
-    cand = op.candidates[spec.candidate]
+    cand = spec.candidate
     kernels = [KernelInfo(op.graph.name, k.name, str(k.grid), k.source) for k in plan.kernels]
     return OperatorReport(
         name=op.graph.name, graph=op.graph.text(), candidate=cand.graph.text(), derivation=list(cand.derivation),

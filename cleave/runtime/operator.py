@@ -36,9 +36,11 @@ class CompileFailure(CleaveError):
 
 @dataclass
 class Spec:
-    """The top-k plans for one binding of the static symbols."""
+    """The top-k plans for one binding of the static symbols, and the candidate they
+    schedule (stored with them, so a spec never depends on which process last wrote
+    operator.json: two processes' searches may return different candidates)."""
     static: dict[str, int]
-    candidate: int
+    candidate: Candidate
     plans: list
     tuning: dict[str, int] = field(default_factory=dict)
     from_cache: bool = False
@@ -133,14 +135,14 @@ class CompiledOperator:
         try:
             body, _ = A.load_spec(self.entry, static)  # also checks every kernel file's checksum
             plans = [Plan.from_json(p) for p in body["plans"]]
+            candidate = _candidate_from_json(body["candidate"])
         except A.ArtifactMissing:
             return None
-        except (A.ArtifactError, KeyError, TypeError, ValueError) as err:
+        except (A.ArtifactError, CleaveError, KeyError, TypeError, ValueError) as err:
             warnings.warn(f"cleave: damaged cache entry for {self.graph.name} ({err}); rebuilding it", stacklevel=4)
             return None
-        self.candidates = self.candidates or self._load_candidates()
         self.stats["from_cache"] = 1
-        return Spec(static, body["candidate"], plans, A.load_tuning(self.entry, static), from_cache=True)
+        return Spec(static, candidate, plans, A.load_tuning(self.entry, static), from_cache=True)
 
     def _build_spec(self, static, env) -> Spec:
         candidates = self._candidates()
@@ -159,10 +161,10 @@ class CompiledOperator:
             raise CleaveError(f"cannot schedule {self.graph.name}: " + "; ".join(reasons or ["no candidates"]))
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - start
-        body = {"candidate": index, "shapes": dict(env), "dynamic": sorted(self.dynamic),
+        body = {"candidate": _candidate_to_json(cand), "shapes": dict(env), "dynamic": sorted(self.dynamic),
                 "plans": [p.to_json() for p in plans]}
         A.save_spec(self.entry, static, body, [[k.source for k in p.kernels] for p in plans])
-        return Spec(static, index, plans)
+        return Spec(static, cand, plans)
 
     def _candidates(self) -> list[Candidate]:
         if self.candidates is None:
