@@ -17,13 +17,12 @@ from cleave.ir.dtypes import dtype as ir_dtype
 from .exprs import evaluate
 from .plan import Plan
 
-_MODULES: dict[tuple, object] = {}  # (plan id, kernel name) -> the jitted function
-_GRAPHS: dict[int, object] = {}
+_MODULES: dict[tuple, object] = {}  # (kernel name, source hash) -> the jitted function
 _DIR = tempfile.mkdtemp(prefix="cleave_kernels_")
 
 
 def _kernel_fn(plan: Plan, k):
-    key = (id(plan), k.name, hash(k.source))
+    key = (k.name, hash(k.source))
     fn = _MODULES.get(key)
     if fn is None:
         # Triton reads a jitted function's source from its file: write it, then import.
@@ -40,9 +39,9 @@ def _kernel_fn(plan: Plan, k):
 
 
 def bind(plan: Plan, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
-    graph = _GRAPHS.get(id(plan))
+    graph = _cached(plan).get("graph")
     if graph is None:
-        graph = _GRAPHS[id(plan)] = parse_graph(plan.graph)
+        graph = _cached(plan)["graph"] = parse_graph(plan.graph)
     env = graph.bind({k: tuple(v.shape) for k, v in inputs.items()}, extra=dict(plan.split))
     for name, value in plan.env.items():
         if name not in plan.dynamic and env.get(name, value) != value:
@@ -68,14 +67,21 @@ class _Prepared:
                         for k in plan.kernels]
 
 
-_PREPARED: dict[tuple, _Prepared] = {}
+def _cached(plan: Plan) -> dict:
+    """Per-plan memo kept on the plan itself: a registry keyed by id(plan) would hand a
+    new plan the entries of a dead one that happened to have the same id."""
+    memo = plan.__dict__.get("_launch_memo")
+    if memo is None:
+        memo = plan.__dict__["_launch_memo"] = {}
+    return memo
 
 
 def launch(plan: Plan, inputs: dict[str, torch.Tensor], out: list | None = None) -> list[torch.Tensor]:
-    key = (id(plan),) + tuple((name, tuple(t.shape)) for name, t in inputs.items())
-    prepared = _PREPARED.get(key)
+    key = tuple((name, tuple(t.shape)) for name, t in inputs.items())
+    memo = _cached(plan)
+    prepared = memo.get(key)
     if prepared is None:
-        prepared = _PREPARED[key] = _Prepared(plan, inputs)
+        prepared = memo[key] = _Prepared(plan, inputs)
     device = next(iter(inputs.values())).device
     tensors = {}
     for name, want in prepared.casts:

