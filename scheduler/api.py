@@ -67,14 +67,15 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
 
 
 def _split_candidates(graph, env, sym, base_programs, target) -> list[int]:
-    """s = 1 and the counts that give about k * SMs programs (k = 1..4) with the
-    programs of the unsplit kernel: memory-bound decode needs every SM streaming."""
+    """s = 1 and the counts that give about k * SMs programs (k = 1..8) with the
+    programs of the unsplit kernel: memory-bound decode needs every SM streaming,
+    and several programs per SM hide the latency of each one's loads."""
     n = None
     for node in graph.live_nodes():
         if node.op == "split" and sym in {s.name for s in node.attrs["count"].free_symbols}:
             n = D.evaluate(node.inputs[0].shape[node.attrs["axis"]], env)
     out = {1}
-    for k in (1, 2, 3, 4):
+    for k in (1, 2, 3, 4, 6, 8):
         c = math.ceil(k * target.sms / max(base_programs, 1))
         if 1 < c <= max(1, n // 64):  # chunks of at least 64 keep a kv tile busy
             out.add(c)
@@ -117,7 +118,14 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
         options += _schedule_at(graph, facts, {**env, **sc}, dynamic, symbols, target, top_k, sc)
     # Costs within 2% are a tie at the model's resolution: prefer more parallel programs.
     options.sort(key=lambda p: (math.floor(math.log(p.cost) / math.log(1.02)), -_programs(p)))
-    return options[:top_k]
+    # The best plan of each split count comes first, so that profiling on the GPU
+    # chooses among split counts (where the model is least sure), then the rest.
+    seen, firsts, rest = set(), [], []
+    for p in options:
+        key = tuple(sorted(p.split.items()))
+        (rest if key in seen else firsts).append(p)
+        seen.add(key)
+    return (firsts + rest)[:top_k]
 
 
 def _programs(plan: Plan) -> int:

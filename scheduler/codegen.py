@@ -109,7 +109,9 @@ class Emitter:
     def var(self, block: Block, expr: str, dims, ty: str, prefix="v") -> Val:
         name = f"{prefix}{self.n}"
         self.n += 1
-        if block.chain and not expr.startswith(("tl.load", "tl.dot")):  # dot operands sit in smem, results in acc
+        # Registers: in a loop, dot operands sit in shared memory and dot results in the
+        # accumulator; any other value (and, outside loops, every value) is held in registers.
+        if not (block.chain and expr.startswith(("tl.load", "tl.dot"))):
             self.stats.tile_elems = max(self.stats.tile_elems, _prod([self.t.block[d] for d in dims]))
         block.lines.append(f"{name} = {expr}")
         return Val(name, tuple(dims), ty)
