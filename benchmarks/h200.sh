@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One call on the lent H200 (torch + triton only there): install cleave's wheel,
+# time every prebuilt plan against the baselines, replay the serving traces.
+# Inputs travel with the call: .whl/ (cleave + platformdirs wheels),
+# .gpu_plans/ (python -m benchmarks.build) and .gpu_artifacts/ (cleave trace build).
+# Usage there: bash benchmarks/h200.sh [SECONDS_FOR_THE_PLAN_BENCHMARK]
+set -u
+repo=$(pwd)
+out=${OUT:-/tmp/cleave_out}
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site "$repo"/.whl/*.whl 2>/dev/null
+# Run from /tmp so that the checkout's cleave/ (without cleave.scheduler) does not shadow the wheel.
+export PYTHONPATH=/tmp/site:$repo PYTHONUNBUFFERED=1
+cd /tmp
+timeout "${1:-420}" python3 -m benchmarks.run --plans "$repo/.gpu_plans" --out "$out" \
+    > "$out/table.md" 2> "$out/run.log"
+echo "benchmarks.run exit $?"
+for trace in gqa_decode gqa; do
+    if [ -d "$repo/.gpu_artifacts/$trace.cleave" ]; then
+        timeout 240 python3 -m cleave.cli.main trace replay "$repo/traces/workloads/$trace.jsonl" \
+            --device cuda --artifact "$repo/.gpu_artifacts/$trace.cleave" > "$out/replay_$trace.txt" 2>&1
+        echo "replay $trace exit $?"
+        tail -n 6 "$out/replay_$trace.txt"
+    fi
+done
+grep -E "FAIL" "$out/run.log" | head -20
+cat "$out/table.md"
