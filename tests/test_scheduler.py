@@ -66,11 +66,13 @@ def test_decode_split_and_unsplit(name):
 
 
 def test_split_count_from_sm_count():
-    """At a decode preset the chosen split fills the GPU; its plans are ranked by cost."""
+    """At a decode preset the chosen split fills the GPU; the cheapest plan leads, and the
+    top-k offers distinct split counts first, for the GPU's profiling to choose among."""
     cand = CANDIDATES["gqa_decode"]()
     plans = schedule(cand, {"b": 1, "hkv": 8, "g": 4, "L": 131072, "d": 128}, top_k=4)
     assert plans[0].split["sp"] > 1
-    assert [p.cost for p in plans] == sorted(p.cost for p in plans)
+    assert plans[0].cost == min(p.cost for p in plans)
+    assert len({p.split["sp"] for p in plans}) == len(plans)
 
 
 def test_dynamic_plan_serves_three_sizes():
