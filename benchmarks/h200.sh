@@ -12,16 +12,16 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site "$repo"/.whl/*
 # Run from /tmp so that the checkout's cleave/ (without cleave.scheduler) does not shadow the wheel.
 export PYTHONPATH=/tmp/site:$repo PYTHONUNBUFFERED=1
 cd /tmp
-timeout "${1:-420}" python3 -m benchmarks.run --plans "$repo/.gpu_plans" --out "$out" \
+timeout "${1:-380}" python3 -m benchmarks.run --plans "$repo/.gpu_plans" --out "$out" \
     > "$out/table.md" 2> "$out/run.log"
 echo "benchmarks.run exit $?"
 for trace in gqa_decode gqa; do
     if [ -d "$repo/.gpu_artifacts/$trace.cleave" ]; then
-        timeout 240 python3 -m cleave.cli.main trace replay "$repo/traces/workloads/$trace.jsonl" \
+        timeout 100 python3 -m cleave.cli.main trace replay "$repo/traces/workloads/$trace.jsonl" \
             --device cuda --artifact "$repo/.gpu_artifacts/$trace.cleave" > "$out/replay_$trace.txt" 2>&1
         echo "replay $trace exit $?"
         tail -n 6 "$out/replay_$trace.txt"
     fi
 done
 grep -E "FAIL" "$out/run.log" | head -20
-cat "$out/table.md"
+cat "$out/bench.md"

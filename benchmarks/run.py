@@ -36,20 +36,20 @@ def main(argv=None) -> int:
     if args.only:
         files = [f for f in files if json.loads(f.read_text())["workload"] in args.only]
     out = pathlib.Path(args.out)
+    header = (f"## {datetime.date.today()} — {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+              f"triton {triton.__version__}\n\nRatios are baseline time / cleave time (higher is better); "
+              f"medians of triton.testing.do_bench; err is the relative L2 error of cleave's output against "
+              f"the fp32 PyTorch reference.\n\n")
     rows = []
     for f in files:
         _log(f"[{len(rows) + 1}/{len(files)}] {f.name}")
         t0 = time.time()
         rows.append(bench_spec(json.loads(f.read_text()), set(args.skip_baselines)))
         _log(f"  done in {time.time() - t0:.1f}s")
+        # Written after every preset, so that a run cut short still leaves its table.
         (out / "bench.json").write_text(json.dumps(rows, indent=1))
-    header = (f"## {datetime.date.today()} — {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-              f"triton {triton.__version__}\n\nRatios are baseline time / cleave time (higher is better); "
-              f"medians of triton.testing.do_bench; err is the relative L2 error of cleave's output against "
-              f"the fp32 PyTorch reference.\n\n")
-    text = header + table(rows) + "\n"
-    (out / "bench.md").write_text(text)
-    print(text)
+        (out / "bench.md").write_text(header + table(rows) + "\n")
+    print((out / "bench.md").read_text())
     return 0
 
 
