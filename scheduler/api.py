@@ -74,9 +74,10 @@ def _split_candidates(graph, env, sym, base_programs, target) -> list[int]:
     for node in graph.live_nodes():
         if node.op == "split" and sym in {s.name for s in node.attrs["count"].free_symbols}:
             n = D.evaluate(node.inputs[0].shape[node.attrs["axis"]], env)
+    # 2 and 4 always: the unsplit kernel may tile rows differently (a merged head axis
+    # in blocks of one), so its program count can overstate the parallelism it has.
     out = {1}
-    for k in (1, 2, 3, 4, 6, 8):
-        c = math.ceil(k * target.sms / max(base_programs, 1))
+    for c in [2, 4] + [math.ceil(k * target.sms / max(base_programs, 1)) for k in (1, 2, 3, 4, 6, 8)]:
         if 1 < c <= max(1, n // 64):  # chunks of at least 64 keep a kv tile busy
             out.add(c)
     return sorted(out)
