@@ -119,10 +119,14 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
         options += _schedule_at(graph, facts, {**env, **sc}, dynamic, symbols, target, top_k, sc)
     # Costs within 2% are a tie at the model's resolution: prefer more parallel programs.
     options.sort(key=lambda p: (math.floor(math.log(p.cost) / math.log(1.02)), -_programs(p)))
-    # The best plan of each split count comes first, so that profiling on the GPU
-    # chooses among split counts (where the model is least sure), then the rest.
+    return lead_with_each_split(options, top_k)
+
+
+def lead_with_each_split(ranked: list[Plan], top_k: int) -> list[Plan]:
+    """The best plan of each split count first (in rank order), then the rest: profiling
+    on the GPU then chooses among split counts, where the cost model is least sure."""
     seen, firsts, rest = set(), [], []
-    for p in options:
+    for p in ranked:
         key = tuple(sorted(p.split.items()))
         (rest if key in seen else firsts).append(p)
         seen.add(key)
