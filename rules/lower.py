@@ -20,7 +20,7 @@ from cleave.ir import Graph, Node, ShapeError
 from cleave.ir import dims as D
 from cleave.ir.dtypes import DType
 
-from .dsl import PADS, REDUCE, Axis, Leaf, RuleError, Term, Var
+from .dsl import PADS, REDUCE, Axis, Leaf, RuleError, Var
 
 LOW = (DType.f16, DType.bf16)
 

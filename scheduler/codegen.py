@@ -22,6 +22,8 @@ from cleave.ir.dtypes import DType
 from .bounds import segments
 from .exprs import code
 from .fexpr import Y_NEW, Y_OLD, fcode, parse_rescale
+from .index_bounds import index_bounds, provable
+from .kernel_stats import Stats, mma_efficiency
 from .partition import KernelSpec, buffer_name
 from .tiles import Tiling, dot_labels, is_full
 
@@ -56,35 +58,6 @@ class Block:
     lines: list = field(default_factory=list)
     cache: dict = field(default_factory=dict)
     trips: float = 1.0  # iterations of this block per program
-
-
-@dataclass
-class Stats:
-    """What the cost model reads, per program."""
-    bytes: float = 0.0  # global bytes moved, over all loop trips
-    flops: float = 0.0  # tensor-core flops
-    mma_flops: float = 0.0  # flops weighted by 1 / the tile shape's tensor-core efficiency
-    stage_smem: dict = field(default_factory=dict)  # load in a loop -> bytes of one tile (pipelined)
-    fixed_smem: dict = field(default_factory=dict)  # dot operands held across the loop (the q tile)
-    acc_elems: int = 0
-    tile_elems: int = 0  # the largest value computed in a loop (the score tile): registers
-    footprint: dict = field(default_factory=dict)  # buffer -> its size in bytes (L2 reuse bound)
-    per_buffer: dict = field(default_factory=dict)  # buffer -> bytes this program moves
-
-    def smem(self, stages: int) -> int:
-        """Triton keeps `stages` copies of each tile loaded in a loop in shared memory."""
-        return stages * sum(self.stage_smem.values()) + sum(self.fixed_smem.values())
-
-    def traffic(self, name: str, nbytes: float, total: int):
-        self.bytes += nbytes
-        self.per_buffer[name] = self.per_buffer.get(name, 0.0) + nbytes
-        self.footprint[name] = total
-
-
-def mma_efficiency(m: int, n: int) -> float:
-    """Share of the tensor-core peak a tl.dot tile reaches: small tiles are issue- and
-    latency-bound (wgmma wants 64-row warpgroup tiles and a wide N)."""
-    return m * n / (m * n + 64 * 64)
 
 
 class Emitter:
@@ -267,9 +240,9 @@ class Emitter:
                 continue
             terms.append(f"{code(e, names)} * {code(stride)}" if stride != 1 else code(e, names))
             lo, hi = self.bounds(e)
-            if hi is None or not _provable(shape[k] - 1 - hi):
+            if hi is None or not provable(shape[k] - 1 - hi):
                 mask.append(f"({code(e, names)} < {code(shape[k])})")
-            if lo is None or not _provable(lo):
+            if lo is None or not provable(lo):
                 mask.append(f"({code(e, names)} >= 0)")
         for lid in inst.labels:
             v = self.valid(lid, dims)
@@ -299,50 +272,8 @@ class Emitter:
         return "tl.float32" if node.dtype.is_float else TL[node.dtype]
 
     def bounds(self, e):
-        """Least and greatest value of an index over its labels' valid ranges, by
-        interval arithmetic over sums, label-free scalings, x % n and floor(x / n)
-        (None where it cannot tell): masks that these prove are left out."""
-        table = self.views.by_sym()
-        labels = set(table)
-        if not (e.free_symbols & labels):
-            return e, e
-        if e in table:
-            return sympy.Integer(0), table[e].extent - 1
-        if isinstance(e, sympy.Add):
-            lo = hi = sympy.Integer(0)
-            for term in e.args:
-                t_lo, t_hi = self.bounds(term)
-                if t_lo is None:
-                    return None, None
-                lo, hi = lo + t_lo, hi + t_hi
-            return lo, hi
-        if isinstance(e, sympy.Mul):
-            coeff = sympy.Mul(*[a for a in e.args if not (a.free_symbols & labels)])
-            rest = [a for a in e.args if a.free_symbols & labels]
-            if len(rest) != 1:
-                return None, None
-            r_lo, r_hi = self.bounds(rest[0])
-            if r_lo is None:
-                return None, None
-            if _provable(coeff):
-                return coeff * r_lo, coeff * r_hi
-            if _provable(-coeff):
-                return coeff * r_hi, coeff * r_lo
-            return None, None
-        if isinstance(e, sympy.Mod):  # reshape indices: x % n lies in [0, n) for x >= 0
-            x_lo, _ = self.bounds(e.args[0])
-            if x_lo is not None and _provable(x_lo) and not (e.args[1].free_symbols & labels):
-                return sympy.Integer(0), e.args[1] - 1
-            return None, None
-        if isinstance(e, sympy.floor):  # floor(x / n) for a positive n free of labels
-            num, den = sympy.fraction(e.args[0])
-            if den.free_symbols & labels or not _provable(den - 1):
-                return None, None
-            x_lo, x_hi = self.bounds(num)
-            if x_lo is None:
-                return None, None
-            return sympy.floor(x_lo / den), sympy.floor(x_hi / den)
-        return None, None
+        """Least and greatest value of an index over its labels' valid ranges."""
+        return index_bounds(e, {sym: lab.extent for sym, lab in self.views.by_sym().items()})
 
     def masked(self, v: Val, lid: int, neutral: str) -> str:
         valid = self.valid(lid, v.dims)
@@ -648,12 +579,6 @@ class Emitter:
             value = f"tl.full({[self.t.block[d] for d in dims]}, 0, {v.ty}) + {value}"
         m = f", mask={' & '.join(mask)}" if mask else ""
         b.lines.append(f"tl.store({addr}, {value}.to({st.buffer}_ptr.dtype.element_ty){m})")
-
-
-def _provable(e) -> bool:
-    """e >= 0 for every positive integer binding of its symbols."""
-    e = sympy.expand(e)  # cheap; simplify would cost seconds per plan
-    return bool(e.is_nonnegative) or (e.is_number and e >= 0)
 
 
 def _prod(xs) -> int:

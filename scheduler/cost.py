@@ -5,7 +5,7 @@ the bytes in flight, Little's law) and a latency per wave of programs. Plans ove
 the shared-memory or register budget are rejected."""
 from __future__ import annotations
 
-from .codegen import Stats
+from .kernel_stats import Stats
 
 LATENCY = 1e-6  # s: the floor of one program's run
 LOADED_LATENCY = 3e-6  # s: DRAM latency under load; a program streams its bytes in flight per latency

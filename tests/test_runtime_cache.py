@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import cleave
 from cleave import workloads
 from cleave.interpreter import interpret
 from cleave.ir import Candidate, parse_graph

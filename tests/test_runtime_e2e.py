@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 from pathlib import Path
 

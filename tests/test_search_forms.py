@@ -1,7 +1,6 @@
 """The forms the search must reach, by structure, plus snapshots and a tampered candidate.
 
-The rule verifier (cleave.verify.require_sound, tested in test_verify.py) is stubbed
-here: it takes tens of seconds, and these tests are about saturation and extraction.
+The search runs with its soundness gate: only verified rules are loaded.
 Regenerate snapshots with `CLEAVE_UPDATE_SNAPSHOTS=1 python -m pytest tests/test_search_forms.py`.
 """
 import os
@@ -10,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import cleave.search.api as api
 import cleave.workloads as W
 from cleave.interpreter import interpret
 from cleave.ir.text import parse_graph

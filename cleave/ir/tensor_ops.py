@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import dims as D
-
 
 def _lift(node, value):
     """A Python number becomes a scalar const of the node's dtype."""

@@ -1,0 +1,34 @@
+"""What a generated kernel costs, per program, as codegen counts it: the inputs of
+the cost model (bytes, tensor-core work, shared memory, registers)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Stats:
+    """What the cost model reads, per program."""
+    bytes: float = 0.0  # global bytes moved, over all loop trips
+    flops: float = 0.0  # tensor-core flops
+    mma_flops: float = 0.0  # flops weighted by 1 / the tile shape's tensor-core efficiency
+    stage_smem: dict = field(default_factory=dict)  # load in a loop -> bytes of one tile (pipelined)
+    fixed_smem: dict = field(default_factory=dict)  # dot operands held across the loop (the q tile)
+    acc_elems: int = 0
+    tile_elems: int = 0  # the largest value computed in a loop (the score tile): registers
+    footprint: dict = field(default_factory=dict)  # buffer -> its size in bytes (L2 reuse bound)
+    per_buffer: dict = field(default_factory=dict)  # buffer -> bytes this program moves
+
+    def smem(self, stages: int) -> int:
+        """Triton keeps `stages` copies of each tile loaded in a loop in shared memory."""
+        return stages * sum(self.stage_smem.values()) + sum(self.fixed_smem.values())
+
+    def traffic(self, name: str, nbytes: float, total: int):
+        self.bytes += nbytes
+        self.per_buffer[name] = self.per_buffer.get(name, 0.0) + nbytes
+        self.footprint[name] = total
+
+
+def mma_efficiency(m: int, n: int) -> float:
+    """Share of the tensor-core peak a tl.dot tile reaches: small tiles are issue- and
+    latency-bound (wgmma wants 64-row warpgroup tiles and a wide N)."""
+    return m * n / (m * n + 64 * 64)
