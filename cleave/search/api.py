@@ -30,7 +30,6 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
     """Equality saturation of `graph` under `rules` (default: cleave.rules.all_rules()),
     then the `top_k` cheapest distinct candidates, each checked against the reference
     interpreter. `shapes` (symbol -> value) ranks at, and verifies at, the user's shapes."""
-    start = time.perf_counter()
     if rules is None:
         from cleave.rules import all_rules
 
@@ -38,7 +37,12 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
     from cleave.verify import sound_rules
 
     # only proven rules reach saturation: UnsoundRule on a counterexample, UnprovenRuleWarning per unknown rule left out
+    gate_start = time.perf_counter()
     rules = sound_rules(rules)
+    # The budget clock starts after the gate: proving the library is a one-time cost
+    # (cached), and charging it to one search would cut that search's extraction short.
+    start = time.perf_counter()
+    verify_seconds = start - gate_start
     d = Budgets()
     budgets = Budgets(iterations or d.iterations, enodes or d.enodes, seconds or d.seconds)
     enc = encode(graph)
@@ -58,7 +62,7 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
             check_candidate(graph, c.graph)
             if shapes:
                 check_candidate(graph, c.graph, shapes)
-    stats = {"seconds": round(time.perf_counter() - start, 3), "saturation_seconds": round(sat.seconds, 3),
+    stats = {"seconds": round(time.perf_counter() - start, 3), "rule_check_seconds": round(verify_seconds, 3), "saturation_seconds": round(sat.seconds, 3),
              "enodes": sat.enodes, "eclasses": len(classes), "iterations": sat.iterations,
              "rules_fired": dict(sorted(sat.fired.items())), "visited": len(found), "stopped": sat.stopped}
     return SearchResult(candidates, stats)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from dataclasses import dataclass
 
 from cleave.ir import CleaveError, ShapeError, rebuild
@@ -19,6 +20,7 @@ from cleave.rules.dsl import REDUCE, UNARY, Axis, Leaf, RuleError, Term, Var
 from . import cost as C
 from .egraph import CONSTRUCTORS, from_node
 from .encode import Encoded
+from .saturate import BudgetWarning
 
 INF = float("inf")
 
@@ -253,6 +255,8 @@ def explore(enc: Encoded, classes, roots, env, exhaustive: int = 2000, beam: int
         for choice in dags:
             ex.dag(choice)
             if time.perf_counter() - start > seconds:
+                warnings.warn(BudgetWarning(f"search of {enc.graph.name}: the time budget ended the ranking of "
+                                            f"candidates early; the best found so far is returned"))
                 break
     else:
         _beam(ex, classes, roots, beam, start + seconds)
