@@ -24,7 +24,20 @@ _Z3_COMPARE = {
 MONOTONE_PAIRS_UP_TO = 40
 
 
-class Z3Backend:
+class _FieldOps:
+    """+, - and * are the host library's own operators in both backends."""
+
+    def add(self, a, b):
+        return a + b
+
+    def neg(self, a):
+        return -a
+
+    def mul(self, a, b):
+        return a * b
+
+
+class Z3Backend(_FieldOps):
     def __init__(self):
         self._funcs: dict[tuple[str, int], z3.FuncDeclRef] = {}
         self.exp_args: dict[int, z3.ArithRef] = {}
@@ -51,15 +64,6 @@ class Z3Backend:
         return z3.BoolVal(value)
 
     # -- operations -----------------------------------------------------
-    def add(self, a, b):
-        return a + b
-
-    def neg(self, a):
-        return -a
-
-    def mul(self, a, b):
-        return a * b
-
     def div(self, a, b):
         self.premises.append(b != 0)
         return _real(a) / _real(b)
@@ -226,7 +230,7 @@ def _as_int(a):
     return z3.If(a, 1, 0) if z3.is_bool(a) else a
 
 
-class SympyBackend:
+class SympyBackend(_FieldOps):
     """Exact sympy terms; comparisons that sympy decides come back as Python bools."""
 
     def __init__(self):
@@ -242,15 +246,6 @@ class SympyBackend:
 
     def boolean(self, value: bool):
         return sympy.true if value else sympy.false
-
-    def add(self, a, b):
-        return a + b
-
-    def neg(self, a):
-        return -a
-
-    def mul(self, a, b):
-        return a * b
 
     def div(self, a, b):
         return a / b
