@@ -193,7 +193,10 @@ class Extractor:
         return Realized(terms, g, C.rank(g, self.env), choice, self.roots)
 
     def ranked(self) -> list[Realized]:
-        return sorted((r for r in self.by_dag.values() if r is not None), key=lambda r: r.rank)
+        # Equal costs are common at the representative binding: break ties by the
+        # graph's structural hash, never by the e-graph's enumeration order (which
+        # varies between processes).
+        return sorted((r for r in self.by_dag.values() if r is not None), key=lambda r: (r.rank, r.graph.key()))
 
 
 def _unshifted_exps(g) -> int:
@@ -277,7 +280,7 @@ def _beam(ex: Extractor, classes, roots, width: int, deadline: float) -> None:
                 child = ex.forced({**forced, cls: node})
                 if child is not None:
                     children.append(({**forced, cls: node}, child))
-        children.sort(key=lambda s: s[1].rank)
+        children.sort(key=lambda s: (s[1].rank, s[1].graph.key()))
         states = children[:width]
 
 
