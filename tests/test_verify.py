@@ -4,26 +4,15 @@ from __future__ import annotations
 import pytest
 import sympy
 
-from cleave.ir import Graph, RuleInstance, symbol
+from cleave.ir import RuleInstance, symbol
 from cleave.verify import UnsoundRule, check_rule, require_sound
 from cleave.verify.bindings import choose, split_case
+from verify_helpers import fresh_verify_cache, make_rule as rule  # noqa: F401  (fixture)
 
 NINF = float("-inf")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    from cleave.verify import verdict
-
-    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
-    verdict.clear_memory()
-
-
-def rule(name, build_lhs, build_rhs, conditions=()):
-    lhs, rhs = Graph(f"{name}_lhs"), Graph(f"{name}_rhs")
-    build_lhs(lhs)
-    build_rhs(rhs)
-    return RuleInstance(name, lhs, rhs, list(conditions))
+pytestmark = pytest.mark.usefixtures("fresh_verify_cache")
 
 
 def divides(s, n):

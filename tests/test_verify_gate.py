@@ -6,23 +6,12 @@ import warnings
 import pytest
 import sympy
 
-from cleave.ir import Graph, RuleInstance, symbol
+from cleave.ir import symbol
 from cleave.verify import UnprovenRuleWarning, UnsoundRule, check_rule, sound_rules
+from verify_helpers import fresh_verify_cache, make_rule as _rule  # noqa: F401  (fixture)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    from cleave.verify import verdict
-
-    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
-    verdict.clear_memory()
-
-
-def _rule(name, build_lhs, build_rhs, conditions=()):
-    lhs, rhs = Graph(f"{name}_lhs"), Graph(f"{name}_rhs")
-    build_lhs(lhs)
-    build_rhs(rhs)
-    return RuleInstance(name, lhs, rhs, list(conditions))
+pytestmark = pytest.mark.usefixtures("fresh_verify_cache")
 
 
 def exp_add():
