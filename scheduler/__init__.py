@@ -11,7 +11,7 @@ ranks plans -> launch runs one -> profile picks among them on a GPU.
 from .api import schedule
 from .launch import launch
 from .plan import Buffer, Kernel, Plan
-from .profile import profile
+from .profile import profile, rank
 from .target import H200, Target
 
-__all__ = ["Buffer", "H200", "Kernel", "Plan", "Target", "launch", "profile", "schedule"]
+__all__ = ["Buffer", "H200", "Kernel", "Plan", "Target", "launch", "profile", "rank", "schedule"]

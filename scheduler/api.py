@@ -66,6 +66,37 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
     return (first + rest)[:keep]
 
 
+# Split counts kept for a split over a dynamic extent: the plans must serve every
+# length, so the runtime picks the count per shape bucket from these (profiling).
+DYNAMIC_SPLITS = (1, 2, 4, 8, 16, 32)
+PLANS_PER_DYNAMIC_SPLIT = 2
+
+
+def _split_extent(graph, sym):
+    for node in graph.live_nodes():
+        if node.op == "split" and sym in {s.name for s in node.attrs["count"].free_symbols}:
+            return node.inputs[0].shape[node.attrs["axis"]]
+    return None
+
+
+def _representative(graph, env, counts: dict, dynamic) -> dict:
+    """env with the dynamic extents of the splits doubled until the largest counts
+    give chunks of at least 64 (a kv tile each, none empty): only where the plans
+    are ranked and tiled, they serve every shape."""
+    env = dict(env)
+    grow = {s.name for sym in counts for s in _split_extent(graph, sym).free_symbols} & set(dynamic)
+    for _ in range(32):
+        full = {**env, **counts}
+        if all(D.evaluate(_split_extent(graph, sym), full) >= 64 * c for sym, c in counts.items()):
+            try:
+                graph.check(full)
+                return env
+            except BindingError:
+                pass
+        env.update({s: env[s] * 2 for s in grow})
+    return env
+
+
 def _split_candidates(graph, env, sym, base_programs, target) -> list[int]:
     """s = 1 and the counts that give about k * SMs programs (k = 1..8) with the
     programs of the unsplit kernel: memory-bound decode needs every SM streaming,
@@ -87,7 +118,9 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
              target=H200, split: dict[str, int] | None = None) -> list[Plan]:
     """Ranked plans (best first) for a candidate at a binding of its symbols. Symbols
     in `dynamic` stay runtime arguments (one compile serves all their values); split
-    counts are chosen here unless `split` fixes them."""
+    counts are chosen here unless `split` fixes them. A split over a dynamic extent
+    keeps the best plans of every count in DYNAMIC_SPLITS (more than top_k): which
+    count is fastest depends on the shape, and the runtime profiles them per bucket."""
     if isinstance(candidate, Graph):
         candidate = Candidate(candidate)
     graph = rebuild(candidate.graph)
@@ -105,9 +138,16 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     if bad:
         raise BindingError(f"scheduler: split count(s) {sorted(bad)} cannot be dynamic")
     symbols = sorted(s.name for s in graph.symbols())
-    options = []
+    dynamic_splits = [s for s in splits if {x.name for x in _split_extent(graph, s).free_symbols} & dynamic]
+    per_choice, keep = top_k, top_k
     if split:
         grid_choices = [dict(split)]
+    elif dynamic_splits:
+        grid_choices = [dict(zip(splits, c)) for c in itertools.product(*(
+            DYNAMIC_SPLITS if s in dynamic_splits else (1,) for s in splits))]
+        env = _representative(graph, env, {s: max(DYNAMIC_SPLITS) for s in dynamic_splits}, dynamic)
+        per_choice = PLANS_PER_DYNAMIC_SPLIT
+        keep = max(top_k, per_choice * len(grid_choices))
     elif splits:
         base = _schedule_at(graph, facts, {**env, **{s: 1 for s in splits}}, dynamic, symbols, target, 1)
         programs = _programs(base[0]) if base else 1
@@ -115,11 +155,12 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
             *(_split_candidates(graph, env, s, programs, target) for s in splits))]
     else:
         grid_choices = [{}]
+    options = []
     for sc in grid_choices:
-        options += _schedule_at(graph, facts, {**env, **sc}, dynamic, symbols, target, top_k, sc)
+        options += _schedule_at(graph, facts, {**env, **sc}, dynamic, symbols, target, per_choice, sc)
     # Costs within 2% are a tie at the model's resolution: prefer more parallel programs.
     options.sort(key=lambda p: (math.floor(math.log(p.cost) / math.log(1.02)), -_programs(p)))
-    return lead_with_each_split(options, top_k)
+    return lead_with_each_split(options, keep)
 
 
 def lead_with_each_split(ranked: list[Plan], top_k: int) -> list[Plan]:

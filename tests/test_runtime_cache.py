@@ -38,21 +38,22 @@ class DoubleKernel:
 
 @dataclass
 class DoublePlan:
-    graph_text: str
-    split: int
+    graph: str
+    variant: int
     kernels: list
 
     tiles = {"double": 1}
+    split = {}
     cost = 0.0
     dynamic = ()
 
     def to_json(self):
-        return {"graph": self.graph_text, "split": self.split,
+        return {"graph": self.graph, "variant": self.variant,
                 "kernels": [{"name": k.name, "source": k.source, "grid": k.grid} for k in self.kernels]}
 
     @classmethod
     def from_json(cls, d):
-        return cls(d["graph"], d["split"], [DoubleKernel(**k) for k in d["kernels"]])
+        return cls(d["graph"], d["variant"], [DoubleKernel(**k) for k in d["kernels"]])
 
 
 class DoubleSearch:
@@ -65,12 +66,12 @@ class DoubleSearch:
 
 def double_schedule(candidate, shapes, dynamic, top_k=4):
     text = candidate.graph.text()
-    return [DoublePlan(text, split, [DoubleKernel(f"k{split}", f"# double kernel, split {split}\n# {text!r}\n", "(1,)")])
-            for split in (1, 2)]
+    return [DoublePlan(text, v, [DoubleKernel(f"k{v}", f"# double kernel, variant {v}\n# {text!r}\n", "(1,)")])
+            for v in (1, 2)]
 
 
 def double_launch(plan, inputs):
-    graph = parse_graph(plan.graph_text)
+    graph = parse_graph(plan.graph)
     return interpret(graph, inputs)
 
 
@@ -144,7 +145,7 @@ def test_damaged_entry_is_rebuilt_with_a_warning(doubles, damage):
     entry = first.entry
     if damage == "tamper_plans":
         path = next(entry.glob("spec-*/plans.json"))
-        path.write_text(path.read_text().replace('"split": 1', '"split": 3'))
+        path.write_text(path.read_text().replace('"variant": 1', '"variant": 3'))
     elif damage == "truncate_operator":
         path = entry / "operator.json"
         path.write_text(path.read_text()[:50])
@@ -235,9 +236,9 @@ def test_atomic_json_and_checksums(tmp_path):
 
 
 def test_tuning_choices_merge(tmp_path):
-    A.save_tuning(tmp_path, {"d": 16}, {"L=64,b=2": 1})
-    A.save_tuning(tmp_path, {"d": 16}, {"L=128,b=2": 0})
-    assert A.load_tuning(tmp_path, {"d": 16}) == {"L=64,b=2": 1, "L=128,b=2": 0}
+    A.save_tuning(tmp_path, {"d": 16}, {"L=64,b=2": [1, 0]})
+    A.save_tuning(tmp_path, {"d": 16}, {"L=128,b=2": [0]})
+    assert A.load_tuning(tmp_path, {"d": 16}) == {"L=64,b=2": [1, 0], "L=128,b=2": [0]}
     assert A.load_tuning(tmp_path, {"d": 32}) == {}
 
 

@@ -6,7 +6,7 @@ Layout of one cached operator (a directory named by its key, see cache.py):
     spec-<hash>/plans.json the top-k plans for one binding of the static symbols, and the
                            candidate they schedule (a cache hit reads no operator.json)
     spec-<hash>/kernels/<sha>.py   each kernel's Triton source, named by its hash
-    spec-<hash>/tuning.json        per-shape-bucket plan choices (GPU autotuning)
+    spec-<hash>/tuning.json        per-shape-bucket plan rankings (GPU autotuning)
 
 Every JSON file carries the sha256 of its body and every kernel file is listed
 with its sha256, so a truncated or tampered entry is detected on read. Every
@@ -115,14 +115,17 @@ def load_spec(entry: Path, static: dict[str, int]) -> tuple[dict, list[list[str]
     return body, sources
 
 
-def load_tuning(entry: Path, static: dict[str, int]) -> dict[str, int]:
+def load_tuning(entry: Path, static: dict[str, int]) -> dict[str, list[int]]:
+    """Per shape bucket, plan indices fastest first (an older entry's single choice
+    reads as a ranking of one)."""
     try:
-        return dict(read_json(entry / spec_name(static) / "tuning.json")["buckets"])
-    except (ArtifactError, KeyError):
+        buckets = read_json(entry / spec_name(static) / "tuning.json")["buckets"]
+        return {k: [v] if isinstance(v, int) else [int(i) for i in v] for k, v in buckets.items()}
+    except (ArtifactError, KeyError, TypeError, ValueError):
         return {}  # no choices yet, or a damaged file: re-tuning rebuilds it
 
 
-def save_tuning(entry: Path, static: dict[str, int], buckets: dict[str, int]) -> None:
+def save_tuning(entry: Path, static: dict[str, int], buckets: dict[str, list[int]]) -> None:
     path = entry / spec_name(static) / "tuning.json"
     merged = {**load_tuning(entry, static), **buckets}  # keep choices another process made
     write_json(path, {"buckets": merged})

@@ -2,10 +2,12 @@
 
 The search runs at most once per operator (or never, when the artifact is in the
 cache); the scheduler runs once per binding of the static symbols. Every later
-call only binds the shapes (memoized per input-shape tuple), picks a plan (the
-first one on CPU; on the GPU the one profiled fastest for the shape bucket) and
-launches it. The search is imported lazily, only on a cache miss: loading and
-running an artifact needs torch and triton alone.
+call only binds the shapes (memoized per input-shape tuple), picks a plan among
+those that fit the shape (the first one on CPU; on the GPU the one profiled
+fastest for the shape bucket) and launches it. On the GPU the first call compiles
+every plan, so that no later shape compiles a kernel. The search is imported
+lazily, only on a cache miss: loading and running an artifact needs torch and
+triton alone.
 
 Failures to build (the search, the scheduler, or a kernel's first launch, which
 is when Triton compiles it) raise CompileFailure; the caller runs the code
@@ -21,7 +23,7 @@ import sympy
 import torch
 
 from ..ir import BindingError, Candidate, CleaveError, Graph, Separable, parse_graph
-from ..scheduler import Plan, launch, profile, schedule
+from ..scheduler import Plan, launch, rank, schedule
 from . import artifact as A
 from .buckets import bucket
 from .cache import device_name, entry_dir, key_fields, operator_key
@@ -42,8 +44,10 @@ class Spec:
     static: dict[str, int]
     candidate: Candidate
     plans: list
-    tuning: dict[str, int] = field(default_factory=dict)
+    tuning: dict[str, list[int]] = field(default_factory=dict)
     from_cache: bool = False
+    warm: bool = False  # every plan compiled (GPU)
+    graph: Graph | None = None  # the candidate's graph, parsed once: checks a plan's constraints
 
 
 class CompiledOperator:
@@ -111,18 +115,46 @@ class CompiledOperator:
         return self._spec({k: v for k, v in sorted(env.items()) if k not in self.dynamic}, env)
 
     def _choose(self, spec: Spec, env: dict, inputs):
-        if self.device.type != "cuda" or len(spec.plans) == 1:
-            return spec.plans[0]
+        """The plan for this shape: among the plans whose constraints hold here (a split
+        count leaves no chunk empty), the cost model's first on CPU; on the GPU the
+        fastest measured for the shape's bucket (profiled once per bucket, saved)."""
+        fits = [i for i, p in enumerate(spec.plans) if _fits(spec, p, env)]
+        if not fits:
+            raise CompileFailure(f"no plan of {self.graph.name} fits {env}")
+        if self.device.type != "cuda" or len(fits) == 1:
+            return spec.plans[fits[0]]
+        self._warm(spec, inputs, fits)
         key = bucket(env, self.dynamic)
-        if key not in spec.tuning:
-            best = profile(spec.plans, inputs)
-            spec.tuning[key] = next(i for i, p in enumerate(spec.plans) if p is best or p == best)
+        ranking = [i for i in spec.tuning.get(key, []) if i in fits]
+        if not ranking:
+            ranking = [fits[i] for i in rank([spec.plans[i] for i in fits], inputs)]
+            spec.tuning[key] = ranking
             try:
-                A.save_tuning(self.entry, spec.static, {key: spec.tuning[key]})
+                A.save_tuning(self.entry, spec.static, {key: ranking})
             except OSError as err:  # a read-only artifact: the choice holds for this process
                 warnings.warn(f"cleave: cannot save tuning for {self.graph.name} ({err})", stacklevel=4)
             self.stats["tunings"] += 1
-        return spec.plans[spec.tuning[key]]
+        return spec.plans[ranking[0]]
+
+    def _warm(self, spec: Spec, inputs, fits):
+        """Compile every plan of the spec now, so that no later shape compiles a kernel:
+        the plans that fit run on these inputs, the others on scratch inputs at the
+        binding they were ranked at (dynamic ints are unspecialized: one compile serves
+        every value)."""
+        if spec.warm:
+            return
+        for i, plan in enumerate(spec.plans):
+            if id(plan) in self._launched:
+                continue
+            args = inputs if i in fits else _scratch(plan, self.device)
+            try:
+                launch(plan, args)
+            except BindingError:
+                raise
+            except Exception as err:
+                raise CompileFailure(f"plan {i} failed on its first launch ({_reason(err)})") from err
+            self._launched.add(id(plan))
+        spec.warm = True
 
     # -- building or loading ----------------------------------------------
     def _spec(self, static: dict[str, int], env: dict[str, int]) -> Spec:
@@ -203,6 +235,26 @@ def search(graph: Graph, top_k: int):
     from ..search.api import search as run
 
     return run(graph, top_k=top_k)
+
+
+def _fits(spec: Spec, plan: Plan, env: dict) -> bool:
+    if spec.graph is None:
+        spec.graph = parse_graph(plan.graph)
+    try:
+        spec.graph.check({**env, **plan.split})
+    except BindingError:
+        return False
+    return True
+
+
+def _scratch(plan: Plan, device) -> dict[str, torch.Tensor]:
+    """Zero inputs at the binding the plan was ranked at (where it fits)."""
+    from ..interpreter import TORCH_DTYPES
+    from ..ir.dtypes import dtype as ir_dtype
+    from ..scheduler.exprs import evaluate
+
+    return {b.name: torch.zeros([evaluate(d, plan.env) for d in b.shape], dtype=TORCH_DTYPES[ir_dtype(b.dtype)],
+                                device=device) for b in plan.inputs}
 
 
 def _symbol_locations(graph: Graph) -> dict[str, tuple[str, int]] | None:
