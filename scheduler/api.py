@@ -10,6 +10,7 @@ from cleave.ir.graph import rebuild
 
 from .codegen import Emitter, fact_table
 from .cost import kernel_time
+from .exprs import code
 from .partition import KernelSpec, Store, partition
 from .plan import Buffer, Kernel, Plan
 from .target import H200
@@ -206,5 +207,13 @@ def _plan(graph, specs, kernels, tiles, cost, env, dynamic, split) -> Plan:
     produced = {st.buffer: st.node for spec in specs for st in spec.stores}
     inter = [Buffer(name, [D.fmt(d) for d in node.shape], "f32" if node.dtype.is_float else str(node.dtype))
              for name, node in produced.items() if name not in graph.output_names]
+    requires = [(_check_code(c), c.origin) for c in graph.constraints]
     return Plan(graph.text(), kernels, inputs, outputs, inter, dict(split), tiles, cost, sorted(dynamic),
-                {k: v for k, v in env.items()})
+                {k: v for k, v in env.items()}, requires)
+
+
+def _check_code(c) -> str:
+    """A graph constraint as integer code the runtime evaluates (scheduler.exprs)."""
+    if c.kind == "divides":
+        return f"{code(c.rhs)} % {code(c.lhs)} == 0"
+    return f"{code(c.lhs)} {'==' if c.kind == 'eq' else '<='} {code(c.rhs)}"

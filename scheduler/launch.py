@@ -43,6 +43,10 @@ def bind(plan: Plan, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
     if graph is None:
         graph = _cached(plan)["graph"] = parse_graph(plan.graph)
     env = graph.bind({k: tuple(v.shape) for k, v in inputs.items()}, extra=dict(plan.split))
+    failed = plan.fits(env)
+    if failed:
+        raise BindingError(f"plan (split {plan.split}) does not serve this shape: {failed} fails for "
+                           + ", ".join(f"{k}={v}" for k, v in sorted(env.items())))
     for name, value in plan.env.items():
         if name not in plan.dynamic and env.get(name, value) != value:
             raise BindingError(f"plan was scheduled for {name}={value}, got {name}={env[name]} "

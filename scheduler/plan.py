@@ -48,7 +48,10 @@ class Kernel:
 class Plan:
     """A ranked schedule of one candidate: kernels in launch order. `graph` is the
     candidate's text form (the runtime binds symbols through it); `env` the binding it
-    was scheduled at; symbols in `dynamic` are read from the tensors at each launch."""
+    was scheduled at; symbols in `dynamic` are read from the tensors at each launch.
+    `requires` holds the candidate's constraints as (integer-code check, why) pairs:
+    a plan over dynamic extents serves only the shapes where they hold (a split count
+    that would leave a chunk empty), and launch checks them."""
     graph: str
     kernels: list[Kernel]
     inputs: list[Buffer]
@@ -59,16 +62,29 @@ class Plan:
     cost: float
     dynamic: list[str]
     env: dict[str, int]
+    requires: list[tuple[str, str]] = field(default_factory=list)
+
+    def fits(self, env: dict[str, int]) -> str | None:
+        """None when every requirement holds at env (symbols incl. split counts), else
+        the first that fails, as text."""
+        from .exprs import evaluate
+
+        for check, why in self.requires:
+            if not evaluate(check, env):
+                return f"{check} (from {why})"
+        return None
 
     def to_json(self) -> dict:
         return {"graph": self.graph, "kernels": [k.to_json() for k in self.kernels],
                 "inputs": [b.to_json() for b in self.inputs], "outputs": [b.to_json() for b in self.outputs],
                 "intermediates": [b.to_json() for b in self.intermediates], "split": dict(self.split),
-                "tiles": dict(self.tiles), "cost": self.cost, "dynamic": list(self.dynamic), "env": dict(self.env)}
+                "tiles": dict(self.tiles), "cost": self.cost, "dynamic": list(self.dynamic), "env": dict(self.env),
+                "requires": [list(r) for r in self.requires]}
 
     @classmethod
     def from_json(cls, d: dict) -> "Plan":
         return cls(d["graph"], [Kernel.from_json(k) for k in d["kernels"]],
                    [Buffer.from_json(b) for b in d["inputs"]], [Buffer.from_json(b) for b in d["outputs"]],
                    [Buffer.from_json(b) for b in d["intermediates"]], dict(d["split"]), dict(d["tiles"]),
-                   float(d["cost"]), list(d["dynamic"]), dict(d["env"]))
+                   float(d["cost"]), list(d["dynamic"]), dict(d["env"]),
+                   [tuple(r) for r in d.get("requires", [])])

@@ -47,6 +47,9 @@ class DoublePlan:
     cost = 0.0
     dynamic = ()
 
+    def fits(self, env):
+        return None
+
     def to_json(self):
         return {"graph": self.graph, "variant": self.variant,
                 "kernels": [{"name": k.name, "source": k.source, "grid": k.grid} for k in self.kernels]}

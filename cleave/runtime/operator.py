@@ -47,7 +47,6 @@ class Spec:
     tuning: dict[str, list[int]] = field(default_factory=dict)
     from_cache: bool = False
     warm: bool = False  # every plan compiled (GPU)
-    graph: Graph | None = None  # the candidate's graph, parsed once: checks a plan's constraints
 
 
 class CompiledOperator:
@@ -118,7 +117,7 @@ class CompiledOperator:
         """The plan for this shape: among the plans whose constraints hold here (a split
         count leaves no chunk empty), the cost model's first on CPU; on the GPU the
         fastest measured for the shape's bucket (profiled once per bucket, saved)."""
-        fits = [i for i, p in enumerate(spec.plans) if _fits(spec, p, env)]
+        fits = [i for i, p in enumerate(spec.plans) if p.fits({**env, **p.split}) is None]
         if not fits:
             raise CompileFailure(f"no plan of {self.graph.name} fits {env}")
         if self.device.type != "cuda" or len(fits) == 1:
@@ -235,16 +234,6 @@ def search(graph: Graph, top_k: int):
     from ..search.api import search as run
 
     return run(graph, top_k=top_k)
-
-
-def _fits(spec: Spec, plan: Plan, env: dict) -> bool:
-    if spec.graph is None:
-        spec.graph = parse_graph(plan.graph)
-    try:
-        spec.graph.check({**env, **plan.split})
-    except BindingError:
-        return False
-    return True
 
 
 def _scratch(plan: Plan, device) -> dict[str, torch.Tensor]:

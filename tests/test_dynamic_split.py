@@ -1,0 +1,54 @@
+"""A split over a dynamic extent: the scheduler keeps plans for every count of its
+ladder, and the operator runs, per shape, only a plan whose chunks are all
+non-empty there. Kernels run under TRITON_INTERPRET=1 against the fp64 interpreter."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+from cleave import workloads as W
+from cleave.interpreter import interpret
+from cleave.ir import BindingError
+from cleave.runtime.operator import CompiledOperator
+from cleave.scheduler import launch, schedule
+from cleave.scheduler.api import DYNAMIC_SPLITS
+from fixtures_candidates import CANDIDATES
+from kernel_check import LOOPS, run_and_check
+
+DECODE = {"b": 2, "hkv": 2, "g": 3, "L": 45, "d": 16}
+
+
+def test_dynamic_split_keeps_every_count_of_the_ladder():
+    cand = CANDIDATES["gqa_decode"]()
+    plans = schedule(cand, DECODE, dynamic={"b", "L"}, target=LOOPS, top_k=1)
+    counts = [p.split["sp"] for p in plans]
+    assert set(counts) == set(DYNAMIC_SPLITS)
+    assert len(set(counts[:len(DYNAMIC_SPLITS)])) == len(DYNAMIC_SPLITS)  # one of each first
+    for p in plans:  # ranked where the largest count leaves chunks of a tile or more
+        assert p.env["L"] >= 64 * max(DYNAMIC_SPLITS)
+    by_count = {p.split["sp"]: p for p in reversed(plans)}
+    for s, L in ((1, 45), (4, 45), (8, 61)):
+        run_and_check(cand.graph, by_count[s], {**DECODE, "L": L}, seed=L + s)
+
+
+def test_operator_runs_only_plans_that_fit_the_shape(monkeypatch, tmp_path):
+    """The searched candidate's split rules hold only without empty chunks: at L=45 a
+    count of 16 or 32 would leave some, so the operator must pick another plan there."""
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    op = CompiledOperator(W.get("gqa_decode").graph, {"b", "L"}, top_k=1)
+    for L in (45, 9, 700):
+        env = {**DECODE, "L": L}
+        inputs = W.get("gqa_decode").inputs(env, seed=L)
+        plan, spec = op.select(inputs)
+        (count,) = plan.split.values()
+        assert (count - 1) * -(-L // count) < L
+        got = op(inputs)[0]
+        assert len(spec.plans) > len(DYNAMIC_SPLITS)
+        ref = interpret(W.get("gqa_decode").graph, inputs, compute_dtype=torch.float64)[0]
+        assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-2
+    assert op.stats["searches"] == 1 and op.stats["compiles"] == 1
+    widest = next(p for p in spec.plans if max(p.split.values()) == max(DYNAMIC_SPLITS))
+    with pytest.raises(BindingError, match="no empty chunk"):  # launched directly at a short L
+        launch(widest, W.get("gqa_decode").inputs({**DECODE, "L": 45}, seed=0))
