@@ -4,9 +4,9 @@ The definition's `cleave_workload:NAME` tag names the cleave workload whose
 reference function is compiled once (with the workload's dynamic axes); every
 shape of the trace then runs through that one operator and through the
 definition's reference (SDPA), is checked against it, and is timed. A recompile
-is any search or schedule after the first call: the target is 0. Triton's own JIT
-specializations after the first call (a kernel compiled again because an int
-argument became divisible by 16, say) are counted apart, on the GPU.
+is any search or schedule after the first call: the target is 0. Triton JIT
+compiles are counted apart, on the GPU: those on a call whose shape moved only
+along dynamic axes (no new static binding), where the target is 0 too.
 
 `build` runs the search and the scheduler for a trace's shapes without running a
 kernel (meta tensors), into a directory that `replay(artifact=DIR)` loads on
@@ -138,11 +138,13 @@ def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = N
     gen = torch.Generator(device=device).manual_seed(seed)
     lines = lines[:limit] if limit else lines
     result = ReplayResult(definition["name"], device)
-    after_first = jit_first = None
+    after_first = None
+    jit_recompiles = 0
     for i, line in enumerate(lines):
         binding = _binding(line, scale)
         values = {**axis_values(definition, binding), **(const or {})}
         args = _inputs(definition, values, device, gen)
+        jit_before, specs_before = jit_kernels(), _specs(compiled)
         got = compiled(*args)
         if compiled.ctx.failed or compiled.ctx.eager_regions:
             raise CleaveError(f"{definition['name']}: cleave ran part of it eagerly ("
@@ -150,7 +152,9 @@ def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = N
                               + "): timing it would time eager PyTorch")
         if after_first is None:
             after_first = compiled.stats["searches"] + compiled.stats["compiles"]
-            jit_first = jit_kernels()
+        elif jit_before is not None and _specs(compiled) == specs_before:
+            # A kernel compiled for a shape that only moved along dynamic axes.
+            jit_recompiles += jit_kernels() - jit_before
         want = baseline(*args)
         error = (got.float() - want.float()).abs().max().item()
         if not error <= 5e-2 * max(1.0, want.float().abs().max().item()):
@@ -161,6 +165,10 @@ def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = N
             progress(i + 1, len(lines), result.shapes[-1])
     result.stats = compiled.stats
     result.recompiles = result.stats["searches"] + result.stats["compiles"] - after_first
-    jit_now = jit_kernels()
-    result.jit_recompiles = None if jit_now is None or jit_first is None else jit_now - jit_first
+    result.jit_recompiles = None if jit_kernels() is None else jit_recompiles
     return result
+
+
+def _specs(compiled) -> int:
+    """Static bindings served so far: a new one is a new operator, compiled on first use."""
+    return sum(len(op.specs) for op in compiled.operators)
