@@ -120,7 +120,7 @@ _PREFILL = {"prefill": {"b": 4, "h": 32, "s": 4096, "d": 128}}
 _GQA_PREFILL = {"prefill": {"b": 4, "hkv": 8, "g": 4, "s": 4096, "d": 128}}
 _SMALL = ({"b": 1, "h": 3, "s": 37, "d": 16}, {"b": 2, "h": 2, "s": 21, "d": 32})
 _GQA_SMALL = ({"b": 1, "hkv": 2, "g": 3, "s": 37, "d": 16}, {"b": 2, "hkv": 1, "g": 2, "s": 21, "d": 32})
-_DYN = {"q": {2: "s"}, "k": {2: "s"}, "v": {2: "s"}}
+_DYN = {"q": {0: "b", 2: "s"}, "k": {0: "b", 2: "s"}, "v": {0: "b", 2: "s"}}  # a serving step batches prompts
 
 for _causal in (False, True):
     _suffix = "_causal" if _causal else ""
