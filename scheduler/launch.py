@@ -80,12 +80,18 @@ def _cached(plan: Plan) -> dict:
     return memo
 
 
-def launch(plan: Plan, inputs: dict[str, torch.Tensor], out: list | None = None) -> list[torch.Tensor]:
+def prepare(plan: Plan, inputs: dict[str, torch.Tensor]) -> _Prepared:
+    """The launch of `plan` at these input shapes, memoized on the plan."""
     key = tuple((name, tuple(t.shape)) for name, t in inputs.items())
     memo = _cached(plan)
     prepared = memo.get(key)
     if prepared is None:
         prepared = memo[key] = _Prepared(plan, inputs)
+    return prepared
+
+
+def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None = None) -> list[torch.Tensor]:
+    """Launch a prepared plan on inputs of the shapes it was prepared for."""
     device = next(iter(inputs.values())).device
     tensors = {}
     for name, want in prepared.casts:
@@ -94,7 +100,7 @@ def launch(plan: Plan, inputs: dict[str, torch.Tensor], out: list | None = None)
     outs = []
     for i, (name, shape, dtype) in enumerate(prepared.outputs):
         t = out[i] if out is not None else torch.empty(shape, dtype=dtype, device=device)
-        if list(t.shape) != shape or not t.is_contiguous():
+        if out is not None and (list(t.shape) != shape or not t.is_contiguous()):
             raise BindingError(f"output {name!r}: expected a contiguous tensor of shape {shape}, got {list(t.shape)}")
         tensors[name] = t
         outs.append(t)
@@ -103,3 +109,7 @@ def launch(plan: Plan, inputs: dict[str, torch.Tensor], out: list | None = None)
     for fn, grid, args, options in prepared.kernels:
         fn[grid](*(tensors[name] if name is not None else value for name, value in args), **options)
     return outs
+
+
+def launch(plan: Plan, inputs: dict[str, torch.Tensor], out: list | None = None) -> list[torch.Tensor]:
+    return run(prepare(plan, inputs), inputs, out)

@@ -25,6 +25,7 @@ class CompiledFunction:
         self.calls = 0
         self._params = _param_names(fn)
         self._runners: dict[tuple, object] = {}
+        self._seen: dict[tuple, object] = {}  # exact argument shapes -> runner: skips the signature
         self._dynamo = None
 
     @property
@@ -39,12 +40,18 @@ class CompiledFunction:
         self.calls += 1
         if self._dynamo is not None:
             return self._call_dynamo(args)
+        exact = tuple((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+        runner = self._seen.get(exact)
+        if runner is not None:
+            return runner(*args)
         sig = self._signature(args)
         runner = self._runners.get(sig)
         if runner is None:
             runner = self._runners[sig] = self._build(args)
             if runner is None:
                 return self._call_dynamo(args)
+        if len(self._seen) < 65536:  # bounded: a stream of new shapes only costs the signature
+            self._seen[exact] = runner
         return runner(*args)
 
     def prepare(self, *args):

@@ -178,13 +178,13 @@ class Launcher:
         self.eager_fn, self.where, self.failed = eager, where, False
         self.graph_inputs = list(op.graph.inputs)
         self.by_name = set(self.graph_inputs) <= set(names)
+        self.positions = [list(names).index(k) for k in self.graph_inputs] if self.by_name else None
 
     def __call__(self, *args):
         if self.failed:
             return self.eager_fn(*args)
         if self.by_name:
-            given = dict(zip(self.names, args))
-            inputs = {k: given[k] for k in self.graph_inputs}
+            inputs = {k: args[i] for k, i in zip(self.graph_inputs, self.positions)}
         else:
             inputs = dict(zip(self.graph_inputs, [a for a in args if isinstance(a, torch.Tensor)]))
         try:
