@@ -129,3 +129,16 @@ def test_tampered_candidate_raises_with_both_graphs():
     msg = str(err.value)
     assert "--- input graph ---" in msg and "--- candidate ---" in msg and 'op="max", axis=4' in msg
     assert g.text() in msg
+
+
+def test_captured_causal_attention_ranks_the_fused_softmax_first():
+    """Captured from PyTorch, self-attention's s is both the query rows (kept) and the
+    keys (reduced): ranked with s short, the two-pass softmax looked cheaper than
+    normalizing after the second matmul, and the runtime compiled it."""
+    from cleave import capture
+
+    w = W.get("gqa_causal")
+    args = [torch.empty(s, dtype=torch.bfloat16, device="meta")
+            for s in ([2, 32, 134, 128], [2, 8, 134, 128], [2, 8, 134, 128])]
+    g = capture(w.reference, *args, dynamic=w.dynamic)
+    assert "normalize-after-matmul" in search(g, top_k=2, progress=False).best.derivation
