@@ -70,7 +70,7 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
 # Split counts kept for a split over a dynamic extent: the plans must serve every
 # length, so the runtime picks the count per shape bucket from these (profiling).
 DYNAMIC_SPLITS = (1, 2, 4, 8, 16, 32)
-PLANS_PER_DYNAMIC_SPLIT = 2
+PLANS_PER_DYNAMIC_SPLIT = 3
 
 
 def _split_extent(graph, sym):
