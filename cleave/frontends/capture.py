@@ -9,6 +9,7 @@ import torch
 from ..ir import Graph, rebuild
 from . import aten_map
 from .errors import CaptureError, UnsupportedOpError, source_of
+from .masks import simplify_masks
 from .regroup import regroup_repeated_operands
 from .symbols import SymbolMap
 from .translate import Translator, ir_dtype
@@ -157,7 +158,7 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Graph:
             t.translate(node)
         elif node.op == "output":
             _outputs(t, graph, node)
-    return regroup_repeated_operands(rebuild(graph))
+    return regroup_repeated_operands(simplify_masks(rebuild(graph)))
 
 
 def _constant(t, value: torch.Tensor, node):
