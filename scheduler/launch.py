@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 import torch
+from triton.compiler import CompiledKernel
 
 from cleave.interpreter import TORCH_DTYPES
 from cleave.ir import BindingError, parse_graph
@@ -69,6 +70,12 @@ class _Prepared:
                          [(a, None) if a not in env else (None, env[a]) for a in k.args],
                          dict(k.constexprs, num_warps=k.num_warps, num_stages=k.num_stages))
                         for k in plan.kernels]
+        # Triton's compiled kernel per launch, once the JIT has picked it for these
+        # shapes: calling it directly skips the JIT's per-call argument binding and
+        # cache lookup (most of a small decode step's launch cost).
+        self.direct: list = [None] * len(self.kernels)
+        ints = [value for _, _, args, _ in self.kernels for name, value in args if name is None]
+        self.direct_ok = all(not k.constexprs for k in plan.kernels) and all(abs(v) < 2 ** 31 for v in ints)
 
 
 def _cached(plan: Plan) -> dict:
@@ -106,8 +113,18 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
         outs.append(t)
     for name, shape, dtype in prepared.intermediates:
         tensors[name] = torch.empty(shape, dtype=dtype, device=device)
-    for fn, grid, args, options in prepared.kernels:
-        fn[grid](*(tensors[name] if name is not None else value for name, value in args), **options)
+    aligned = prepared.direct_ok and all(t.data_ptr() % 16 == 0 for t in tensors.values())
+    for i, (fn, grid, args, options) in enumerate(prepared.kernels):
+        values = [tensors[name] if name is not None else value for name, value in args]
+        direct = prepared.direct[i]
+        if direct is not None and aligned:
+            direct[grid](*values)
+            continue
+        kernel = fn[grid](*values, **options)
+        if aligned and isinstance(kernel, CompiledKernel):
+            # Specialised like every later aligned call of this shape: same dtypes, ints
+            # unspecialised or equal, pointers 16-byte aligned.
+            prepared.direct[i] = kernel
     return outs
 
 

@@ -1,0 +1,32 @@
+"""On a CUDA device (`pytest -m gpu`): the second launch of a shape calls Triton's
+compiled kernel directly, skipping the JIT's per-call binding; it must compute what
+the JIT launch computes, and fall back to the JIT for an unaligned input."""
+import pytest
+import torch
+
+from cleave import workloads as W
+from cleave.interpreter import interpret
+from cleave.scheduler import launch, schedule
+from cleave.scheduler.launch import prepare
+from fixtures_candidates import CANDIDATES
+
+pytestmark = pytest.mark.gpu
+
+
+def test_direct_launch_matches_the_jit_launch():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    env = {"b": 3, "hkv": 2, "g": 3, "L": 77, "d": 16}
+    plan = schedule(CANDIDATES["gqa_decode"](), env, dynamic={"b", "L"}, top_k=1, split={"sp": 4})[0]
+    inputs = {k: v.cuda() for k, v in W.get("gqa_decode").inputs(env, seed=1).items()}
+    ref = interpret(W.get("gqa_decode").graph, {k: v.cpu() for k, v in inputs.items()}, compute_dtype=torch.float64)[0]
+    first = launch(plan, inputs)[0]  # through the JIT
+    assert all(k is not None for k in prepare(plan, inputs).direct)
+    poisoned = [torch.full_like(first, float("nan"))]
+    second = launch(plan, inputs, out=poisoned)[0]  # direct
+    assert torch.equal(first, second)
+    assert ((second.double().cpu() - ref).norm() / ref.norm()).item() < 1e-2
+    wide = torch.empty(inputs["q"].numel() + 1, dtype=inputs["q"].dtype, device="cuda")
+    shifted = wide[1:].view(inputs["q"].shape)  # 2-byte offset: not 16-byte aligned
+    shifted.copy_(inputs["q"])
+    assert torch.equal(launch(plan, {**inputs, "q": shifted})[0], first)
