@@ -66,7 +66,7 @@ class _Prepared:
                         for b in plan.outputs]
         self.intermediates = [(b.name, [evaluate(d, env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)])
                               for b in plan.intermediates]
-        self.kernels = [(_kernel_fn(plan, k), (evaluate(k.grid[0], env),),
+        self.kernels = [(_kernel_fn(plan, k), (evaluate(k.grid[0], env), 1, 1),
                          [(a, None) if a not in env else (None, env[a]) for a in k.args],
                          dict(k.constexprs, num_warps=k.num_warps, num_stages=k.num_stages))
                         for k in plan.kernels]
@@ -118,8 +118,11 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
         values = [tensors[name] if name is not None else value for name, value in args]
         direct = prepared.direct[i]
         if direct is not None and aligned:
-            direct[grid](*values)
-            continue
+            try:
+                direct[grid](*values)
+                continue
+            except Exception:  # a Triton whose compiled-kernel call differs: the JIT path always works
+                prepared.direct_ok = aligned = False
         kernel = fn[grid](*values, **options)
         if aligned and isinstance(kernel, CompiledKernel):
             # Specialised like every later aligned call of this shape: same dtypes, ints
