@@ -66,20 +66,25 @@ def _replay(args) -> int:
         raise ValueError("--scale must be positive")
 
     def progress(i, n, shape):
+        graph = "" if shape.graph_speedup is None else f"  graphs x{shape.graph_speedup:.2f}"
         print(f"[{i}/{n}] " + " ".join(f"{k}={v}" for k, v in shape.axes.items())
-              + f"  cleave {shape.cleave_ms:.3f} ms  sdpa {shape.sdpa_ms:.3f} ms  x{shape.speedup:.2f}",
+              + f"  cleave {shape.cleave_ms:.3f} ms  sdpa {shape.sdpa_ms:.3f} ms  x{shape.speedup:.2f}{graph}",
               file=sys.stderr, flush=True)
 
     print(f"compiling and replaying {args.trace} on {args.device} ...", file=sys.stderr, flush=True)
     result = replay(args.trace, device=args.device, scale=args.scale, limit=args.limit,
                     const=_parse_const(args.const), seed=args.seed, progress=progress, artifact=args.artifact)
-    print(f"{'shape':<24} {'cleave ms':>10} {'sdpa ms':>10} {'speedup':>8}")
+    print(f"{'shape':<24} {'cleave ms':>10} {'sdpa ms':>10} {'speedup':>8} {'graph cleave':>13} {'graph sdpa':>11} "
+          f"{'speedup':>8}")
     for s in result.shapes:
         axes = " ".join(f"{k}={v}" for k, v in s.axes.items())
-        print(f"{axes:<24} {s.cleave_ms:>10.4f} {s.sdpa_ms:>10.4f} {s.speedup:>7.2f}x")
+        graph = "" if s.graph_speedup is None else \
+            f" {s.cleave_graph_ms:>13.4f} {s.sdpa_graph_ms:>11.4f} {s.graph_speedup:>7.2f}x"
+        print(f"{axes:<24} {s.cleave_ms:>10.4f} {s.sdpa_ms:>10.4f} {s.speedup:>7.2f}x{graph}")
     st = result.stats
+    graphs = "" if result.graph_geomean is None else f" (CUDA-graph replays: x{result.graph_geomean:.3f})"
     print(f"{result.definition} on {result.device}: {len(result.shapes)} shapes, geomean speedup over SDPA "
-          f"x{result.geomean:.3f}, recompiles after the first call: {result.recompiles} "
+          f"x{result.geomean:.3f}{graphs}, recompiles after the first call: {result.recompiles} "
           f"(searches {st['searches']}, compiles {st['compiles']}, from_cache {st['from_cache']}, "
           f"plan tunings {st['tunings']}), triton JIT recompiles after the first call: "
           f"{'n/a (interpreter)' if result.jit_recompiles is None else result.jit_recompiles}")

@@ -27,14 +27,23 @@ from .traces import DTYPES, axis_values, load_trace, reference_fn
 
 @dataclass
 class ShapeResult:
+    """Times of one shape: eager launches (do_bench, the host's launch overhead included
+    when it exceeds the kernels' time) and, on a GPU, GPU time replayed from a CUDA
+    graph (how a serving engine runs a decode step)."""
     axes: dict[str, int]
     cleave_ms: float
     sdpa_ms: float
     max_error: float
+    cleave_graph_ms: float | None = None
+    sdpa_graph_ms: float | None = None
 
     @property
     def speedup(self) -> float:
         return self.sdpa_ms / self.cleave_ms
+
+    @property
+    def graph_speedup(self) -> float | None:
+        return None if self.cleave_graph_ms is None else self.sdpa_graph_ms / self.cleave_graph_ms
 
 
 @dataclass
@@ -49,6 +58,12 @@ class ReplayResult:
     @property
     def geomean(self) -> float:
         return math.exp(sum(math.log(s.speedup) for s in self.shapes) / len(self.shapes))
+
+    @property
+    def graph_geomean(self) -> float | None:
+        if not self.shapes or self.shapes[0].graph_speedup is None:
+            return None
+        return math.exp(sum(math.log(s.graph_speedup) for s in self.shapes) / len(self.shapes))
 
 
 def _workload_name(definition: dict) -> str:
@@ -73,6 +88,14 @@ def _time_ms(fn, args, device: str) -> float:
     start = time.perf_counter()
     fn(*args)
     return (time.perf_counter() - start) * 1e3
+
+
+def _graph_ms(fn, args, device: str) -> float | None:
+    if device != "cuda":
+        return None
+    from ..scheduler.profile import graph_ms
+
+    return graph_ms(lambda: fn(*args))
 
 
 def _setup(path, const):
@@ -160,7 +183,7 @@ def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = N
         if not error <= 5e-2 * max(1.0, want.float().abs().max().item()):
             raise CleaveError(f"shape {binding}: cleave differs from the reference by {error:.3g}")
         result.shapes.append(ShapeResult(binding, _time_ms(compiled, args, device), _time_ms(baseline, args, device),
-                                         error))
+                                         error, _graph_ms(compiled, args, device), _graph_ms(baseline, args, device)))
         if progress:
             progress(i + 1, len(lines), result.shapes[-1])
     result.stats = compiled.stats
