@@ -121,7 +121,9 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     in `dynamic` stay runtime arguments (one compile serves all their values); split
     counts are chosen here unless `split` fixes them. A split over a dynamic extent
     keeps the best plans of every count in DYNAMIC_SPLITS (more than top_k): which
-    count is fastest depends on the shape, and the runtime profiles them per bucket."""
+    count is fastest depends on the shape, and the runtime profiles them per bucket.
+    Without a split, plans over dynamic reduced extents are ranked both at `shapes`
+    and with those extents long (`_long`), and the two rankings interleaved."""
     if isinstance(candidate, Graph):
         candidate = Candidate(candidate)
     graph = rebuild(candidate.graph)
@@ -155,6 +157,10 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
         grid_choices = [dict(zip(splits, c)) for c in itertools.product(
             *(_split_candidates(graph, env, s, programs, target) for s in splits))]
     else:
+        long = _long(graph, env, dynamic)
+        if long is not None:  # one set of kernels for short and long extents: rank at both
+            return _interleave(_schedule_at(graph, facts, env, dynamic, symbols, target, top_k),
+                               _schedule_at(graph, facts, long, dynamic, symbols, target, top_k), top_k)
         grid_choices = [{}]
     options = []
     for sc in grid_choices:
@@ -162,6 +168,29 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     # Costs within 2% are a tie at the model's resolution: prefer more parallel programs.
     options.sort(key=lambda p: (math.floor(math.log(p.cost) / math.log(1.02)), -_programs(p)))
     return lead_with_each_split(options, keep)
+
+
+def _long(graph, env, dynamic) -> dict | None:
+    """env with the dynamic extents that a reduce runs over raised to 4096 (a long
+    prompt), or None when there are none: the plans serve every length, and tiles
+    ranked only at a short first shape would be small for the long ones."""
+    reduced = {s.name for n in graph.live_nodes() if n.op == "reduce"
+               for s in n.inputs[0].shape[n.attrs["axis"]].free_symbols} & set(dynamic)
+    if not reduced or all(env[s] >= 4096 for s in reduced):
+        return None
+    return {**env, **{s: max(env[s], 4096) for s in reduced}}
+
+
+def _interleave(first: list[Plan], second: list[Plan], top_k: int) -> list[Plan]:
+    """Alternately the next plan of each ranking, skipping kernels already taken."""
+    out, seen = [], set()
+    for pair in itertools.zip_longest(first, second):
+        for p in pair:
+            key = tuple((k.source, k.num_warps, k.num_stages) for k in p.kernels) if p else None
+            if p is not None and key not in seen:
+                seen.add(key)
+                out.append(p)
+    return out[:top_k]
 
 
 def lead_with_each_split(ranked: list[Plan], top_k: int) -> list[Plan]:

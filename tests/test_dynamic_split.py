@@ -52,3 +52,15 @@ def test_operator_runs_only_plans_that_fit_the_shape(monkeypatch, tmp_path):
     widest = next(p for p in spec.plans if max(p.split.values()) == max(DYNAMIC_SPLITS))
     with pytest.raises(BindingError, match="no empty chunk"):  # launched directly at a short L
         launch(widest, W.get("gqa_decode").inputs({**DECODE, "L": 45}, seed=0))
+
+
+def test_dynamic_reduced_extent_is_ranked_short_and_long():
+    """Prefill over a dynamic s: one set of kernels serves s=5 and s=4000, so the kept
+    plans come from rankings at the first shape and at a long s, and each runs at both."""
+    cand = CANDIDATES["mha_causal"]()
+    env = {"b": 1, "h": 2, "s": 37, "d": 16}
+    plans = schedule(cand, env, dynamic={"s"}, target=LOOPS, top_k=4)
+    assert {p.env["s"] for p in plans} == {37, 4096}
+    long = next(p for p in plans if p.env["s"] == 4096)
+    for s in (5, 37):
+        run_and_check(cand.graph, long, {**env, "s": s}, seed=s)
