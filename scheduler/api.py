@@ -159,8 +159,11 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     else:
         long = _long(graph, env, dynamic)
         if long is not None:  # one set of kernels for short and long extents: rank at both
-            return _interleave(_schedule_at(graph, facts, env, dynamic, symbols, target, top_k),
-                               _schedule_at(graph, facts, long, dynamic, symbols, target, top_k), top_k)
+            short = _schedule_at(graph, facts, env, dynamic, symbols, target, top_k)
+            try:
+                return _interleave(short, _schedule_at(graph, facts, long, dynamic, symbols, target, top_k), top_k)
+            except BindingError:  # nothing fits at the long extent (a whole row in registers): short only
+                return short
         grid_choices = [{}]
     options = []
     for sc in grid_choices:

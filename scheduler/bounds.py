@@ -31,6 +31,7 @@ class Segment:
     keep: dict = field(default_factory=dict)  # id(where instance) -> the branch taken everywhere
     fraction: float = 1.0  # mean share of the loop's tiles this segment runs
     defs: list = field(default_factory=list)  # lines defining the bounds, emitted before the loop
+    full: bool = False  # every tile lies inside the extent: the loop label needs no mask
 
 
 def _add(a, b):
@@ -162,10 +163,18 @@ def _const_value(inst):
 
 def segments(em, x: int, order, trips: int) -> list[Segment]:
     """The loop over label x as segments: skipped tiles left out, unmasked ones
-    separated from masked ones. One plain segment when no mask qualifies."""
+    separated from masked ones. Without a qualifying mask, the whole tiles and the
+    ragged last one (when the extent is not a known multiple of the tile)."""
     bx = em.t.block[x]
     extent = code(em.labels[x].extent)
-    plain = [Segment("0", extent)]
+    static = em.t.static.get(x)
+    if static is not None and static % bx == 0:
+        plain = [Segment("0", extent)]
+    else:  # peeled: the body over whole tiles carries no bounds mask for x
+        whole = f"whole{x}"
+        plain = [Segment("0", whole, defs=[f"{whole} = {extent} // {bx} * {bx}"], full=True),
+                 Segment(whole, extent)]
+        _fractions(em, plain, trips, bx)
     for w in em.views.memo.values():
         if w.op != "where" or x not in w.labels or not any(w is a or _depends(a, w) for a in order):
             continue
@@ -216,9 +225,11 @@ def _bounds(em, x, le0, bx, extent, trips, where, keep):
     if a > 0:  # kept where j <= -r
         last_any, last_all = -rmin, -rmax
         hi, mid = f"hi{x}", f"mid{x}"
+        # mid is a multiple of the tile and at most hi <= extent: the tiles before it are
+        # whole, unmasked both by the where and by the extent.
         defs = [f"{hi} = tl.minimum({extent}, {code(last_any)} + 1)",
-                f"{mid} = tl.minimum(tl.maximum(({code(last_all)} + 1) // {bx} * {bx}, 0), {hi})"]
-        segs = [Segment("0", mid, {id(where): keep}, defs=defs), Segment(mid, hi)]
+                f"{mid} = tl.minimum(tl.maximum(({code(last_all)} + 1) // {bx} * {bx}, 0), {hi} // {bx} * {bx})"]
+        segs = [Segment("0", mid, {id(where): keep}, defs=defs, full=True), Segment(mid, hi)]
     else:  # kept where j >= r
         first_any, first_all = rmin, rmax
         lo, mid = f"lo{x}", f"mid{x}"

@@ -77,6 +77,7 @@ class Emitter:
         self.canon = [i for i in grid if not is_full(t, i)] + sorted(loops) + [i for i in grid if is_full(t, i)] + sorted(full)
         self.accs = [i for i in self.views.memo.values() if i.reduced is not None and t.role[i.reduced.id] == "loop"]
         self.keep: dict = {}
+        self.whole: int | None = None  # the loop label whose current segment has whole tiles only
 
     # -- small helpers ----------------------------------------------------
     def var(self, block: Block, expr: str, dims, ty: str, prefix="v") -> Val:
@@ -105,8 +106,8 @@ class Emitter:
     def valid(self, lid: int, dims) -> str | None:
         lab, b = self.labels[lid], self.t.block[lid]
         static = self.t.static.get(lid)
-        if (b == 1 and self.t.role[lid] != "loop") or (static is not None and static % b == 0):
-            return None  # a program's own grid index, or tiles that divide the extent
+        if (b == 1 and self.t.role[lid] != "loop") or (static is not None and static % b == 0) or lid == self.whole:
+            return None  # a program's own grid index, tiles that divide the extent, or a whole-tile segment
         return f"({self.idx(lid, dims)} < {code(lab.extent)})"
 
     def align(self, v: Val, dims) -> str:
@@ -437,9 +438,9 @@ class Emitter:
         # a mask known to hold on all its tiles is left out (tiles skipping: bounds.py).
         for seg in segments(self, x, order, trips):
             body = Block(h, h.chain + (x,), trips=h.trips * trips * seg.fraction)
-            self.keep = seg.keep
+            self.keep, self.whole = seg.keep, (x if seg.full else None)
             self.loop_body(body, x, order, factors, accs)
-            self.keep = {}
+            self.keep, self.whole = {}, None
             h.lines += seg.defs
             h.lines.append(f"for start{x} in range({seg.lo}, {seg.hi}, {bx}):")
             h.lines += ["    " + line for line in body.lines]
