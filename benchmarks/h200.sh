@@ -24,8 +24,12 @@ for trace in gqa_decode gqa; do
             --device cuda --artifact "$repo/.gpu_artifacts/$trace.cleave" > "$out/replay_$trace.txt" 2>&1
         echo "replay $trace exit $?"
         tail -n 6 "$out/replay_$trace.txt"
-        # The per-bucket rankings the replay profiled, for the record.
-        (cd "$repo/.gpu_artifacts" && find "$trace.cleave" -name tuning.json -exec cp --parents {} "$out" \;)
+        # The per-bucket rankings the replay profiled, for the record (flat names: the
+        # device tool brings back shallow paths only).
+        i=0
+        for f in $(find "$repo/.gpu_artifacts/$trace.cleave" -name tuning.json); do
+            cp "$f" "$out/tuning_${trace}_$i.json"; i=$((i + 1))
+        done
     fi
 done
 [ -f "$out/run.log" ] && grep -E "FAIL" "$out/run.log" | head -20
