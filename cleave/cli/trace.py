@@ -75,12 +75,12 @@ def _replay(args) -> int:
     result = replay(args.trace, device=args.device, scale=args.scale, limit=args.limit,
                     const=_parse_const(args.const), seed=args.seed, progress=progress, artifact=args.artifact)
     print(f"{'shape':<24} {'cleave ms':>10} {'sdpa ms':>10} {'speedup':>8} {'graph cleave':>13} {'graph sdpa':>11} "
-          f"{'speedup':>8}")
+          f"{'speedup':>8}  plan")
     for s in result.shapes:
         axes = " ".join(f"{k}={v}" for k, v in s.axes.items())
-        graph = "" if s.graph_speedup is None else \
+        graph = f" {'-':>13} {'-':>11} {'-':>8}" if s.graph_speedup is None else \
             f" {s.cleave_graph_ms:>13.4f} {s.sdpa_graph_ms:>11.4f} {s.graph_speedup:>7.2f}x"
-        print(f"{axes:<24} {s.cleave_ms:>10.4f} {s.sdpa_ms:>10.4f} {s.speedup:>7.2f}x{graph}")
+        print(f"{axes:<24} {s.cleave_ms:>10.4f} {s.sdpa_ms:>10.4f} {s.speedup:>7.2f}x{graph}  {s.plan}")
     st = result.stats
     graphs = "" if result.graph_geomean is None else f" (CUDA-graph replays: x{result.graph_geomean:.3f})"
     print(f"{result.definition} on {result.device}: {len(result.shapes)} shapes, geomean speedup over SDPA "

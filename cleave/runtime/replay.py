@@ -36,6 +36,7 @@ class ShapeResult:
     max_error: float
     cleave_graph_ms: float | None = None
     sdpa_graph_ms: float | None = None
+    plan: str = ""  # the plan that ran: its split counts and kernel count
 
     @property
     def speedup(self) -> float:
@@ -183,13 +184,23 @@ def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = N
         if not error <= 5e-2 * max(1.0, want.float().abs().max().item()):
             raise CleaveError(f"shape {binding}: cleave differs from the reference by {error:.3g}")
         result.shapes.append(ShapeResult(binding, _time_ms(compiled, args, device), _time_ms(baseline, args, device),
-                                         error, _graph_ms(compiled, args, device), _graph_ms(baseline, args, device)))
+                                         error, _graph_ms(compiled, args, device), _graph_ms(baseline, args, device),
+                                         _plan_used(compiled, definition, args)))
         if progress:
             progress(i + 1, len(lines), result.shapes[-1])
     result.stats = compiled.stats
     result.recompiles = result.stats["searches"] + result.stats["compiles"] - after_first
     result.jit_recompiles = None if jit_kernels() is None else jit_recompiles
     return result
+
+
+def _plan_used(compiled, definition, args) -> str:
+    if len(compiled.operators) != 1:  # several regions (dynamo graph breaks): not one plan to name
+        return ""
+    op = compiled.operators[0]
+    plan, _ = op.select({k: a for k, a in zip(definition["inputs"], args) if k in op.graph.inputs})
+    split = " ".join(f"{k}={v}" for k, v in sorted(plan.split.items()))
+    return f"{split + ' ' if split else ''}{len(plan.kernels)} kernel{'s' if len(plan.kernels) > 1 else ''}"
 
 
 def _specs(compiled) -> int:
