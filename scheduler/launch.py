@@ -74,6 +74,7 @@ class _Prepared:
         # shapes: calling it directly skips the JIT's per-call argument binding and
         # cache lookup (most of a small decode step's launch cost).
         self.direct: list = [None] * len(self.kernels)
+        self.direct_on = None  # the device the direct kernels were loaded on
         ints = [value for _, _, args, _ in self.kernels for name, value in args if name is None]
         self.direct_ok = all(not k.constexprs for k in plan.kernels) and all(abs(v) < 2 ** 31 for v in ints)
 
@@ -113,7 +114,8 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
         outs.append(t)
     for name, shape, dtype in prepared.intermediates:
         tensors[name] = torch.empty(shape, dtype=dtype, device=device)
-    aligned = prepared.direct_ok and all(t.data_ptr() % 16 == 0 for t in tensors.values())
+    aligned = prepared.direct_ok and prepared.direct_on in (None, device) and \
+        all(t.data_ptr() % 16 == 0 for t in tensors.values())
     for i, (fn, grid, args, options) in enumerate(prepared.kernels):
         values = [tensors[name] if name is not None else value for name, value in args]
         direct = prepared.direct[i]
@@ -127,7 +129,7 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
         if aligned and isinstance(kernel, CompiledKernel):
             # Specialised like every later aligned call of this shape: same dtypes, ints
             # unspecialised or equal, pointers 16-byte aligned.
-            prepared.direct[i] = kernel
+            prepared.direct[i], prepared.direct_on = kernel, device
     return outs
 
 
