@@ -64,3 +64,28 @@ def test_dynamic_reduced_extent_is_ranked_short_and_long():
     long = next(p for p in plans if p.env["s"] == 4096)
     for s in (5, 37):
         run_and_check(cand.graph, long, {**env, "s": s}, seed=s)
+
+
+def test_gpu_branch_compiles_every_plan_once_and_ranks_each_bucket(monkeypatch, tmp_path, capsys):
+    """The CUDA branch of the plan choice, run here with a recording launch (the
+    kernels' numerics are tested elsewhere): the first call launches every plan, those
+    that do not fit the shape on scratch inputs; each shape bucket is ranked once and
+    saved; both steps report."""
+    import cleave.runtime.operator as operator
+    from cleave.runtime import artifact as A
+
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    scratch, launched = operator._scratch, []
+    monkeypatch.setattr(operator, "_scratch", lambda plan, device: scratch(plan, "meta"))
+    monkeypatch.setattr(operator, "launch", lambda plan, inputs, out=None: launched.append(id(plan)) or [None])
+    op = CompiledOperator(W.get("gqa_decode").graph, {"b", "L"}, top_k=1)
+    op.device = torch.device("cuda")
+    for L in (45, 50, 700):
+        op(W.get("gqa_decode").inputs({**DECODE, "L": L}, seed=L))
+    (spec,) = op.specs.values()
+    assert spec.warm and set(launched) >= {id(p) for p in spec.plans}
+    assert op.stats["tunings"] == 2
+    assert set(A.load_tuning(op.entry, spec.static)) == {"L=64,b=2", "L=1024,b=2"}
+    err = capsys.readouterr().err
+    assert f"[cleave compile] gqa_decode: plan {len(spec.plans)}/{len(spec.plans)}" in err
+    assert "[cleave tune] gqa_decode bucket L=1024,b=2" in err

@@ -15,6 +15,7 @@ eagerly instead. Errors on later launches are real errors and propagate.
 """
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -133,7 +134,12 @@ class CompiledOperator:
         key = bucket(env, self.dynamic)
         ranking = [i for i in spec.tuning.get(key, []) if i in fits]
         if not ranking:
+            start = time.perf_counter()
             ranking = [fits[i] for i in rank([spec.plans[i] for i in fits], inputs)]
+            best = spec.plans[ranking[0]]
+            _progress(f"[cleave tune] {self.graph.name} bucket {key or '(static)'}: {len(fits)} plans timed in "
+                      f"{time.perf_counter() - start:.1f}s; fastest: split {best.split or 'none'}, "
+                      f"{len(best.kernels)} kernel(s)")
             spec.tuning[key] = ranking
             try:
                 A.save_tuning(self.entry, spec.static, {key: ranking})
@@ -149,9 +155,12 @@ class CompiledOperator:
         every value)."""
         if spec.warm:
             return
+        start = time.perf_counter()
         for i, plan in enumerate(spec.plans):
             if id(plan) in self._launched:
                 continue
+            _progress(f"[cleave compile] {self.graph.name}: plan {i + 1}/{len(spec.plans)} "
+                      f"(split {plan.split or 'none'}), {time.perf_counter() - start:.1f}s")
             args = inputs if i in fits else _scratch(plan, self.device)
             try:
                 launch(plan, args)
@@ -241,6 +250,11 @@ def search(graph: Graph, top_k: int):
     from ..search.api import search as run
 
     return run(graph, top_k=top_k)
+
+
+def _progress(line: str) -> None:
+    """Long first-call work (compiling every plan, timing a bucket) says what it does."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def _scratch(plan: Plan, device) -> dict[str, torch.Tensor]:
