@@ -88,13 +88,25 @@ def _cached(plan: Plan) -> dict:
     return memo
 
 
+SHAPES_KEPT = 4096  # per-shape memos are bounded: a long-running server meets many shapes
+
+
+def remember(memo: dict, key, value):
+    """memo[key] = value, after forgetting everything once SHAPES_KEPT entries are held
+    (a forgotten shape is bound again: about a millisecond)."""
+    if len(memo) >= SHAPES_KEPT:
+        memo.clear()
+    memo[key] = value
+    return value
+
+
 def prepare(plan: Plan, inputs: dict[str, torch.Tensor]) -> _Prepared:
     """The launch of `plan` at these input shapes, memoized on the plan."""
     key = tuple((name, tuple(t.shape)) for name, t in inputs.items())
     memo = _cached(plan)
     prepared = memo.get(key)
     if prepared is None:
-        prepared = memo[key] = _Prepared(plan, inputs)
+        prepared = remember(memo, key, _Prepared(plan, inputs))
     return prepared
 
 

@@ -119,6 +119,22 @@ def test_operator_serves_dynamic_shapes_with_one_search(doubles):
     assert op.stats["searches"] == 1 and op.stats["compiles"] == 2
 
 
+def test_per_shape_memos_are_bounded(doubles, monkeypatch):
+    """A server meets endless shapes: the per-shape memos forget everything once full,
+    and a forgotten shape is served again (bound anew, nothing searched or compiled)."""
+    import importlib
+
+    # (the package binds the name `launch` to the function, not the module)
+    monkeypatch.setattr(importlib.import_module("cleave.scheduler.launch"), "SHAPES_KEPT", 2)
+    w = workloads.get("rmsnorm_matmul")
+    op = CompiledOperator(w.graph, {"s"})
+    for s in (3, 17, 40, 3):
+        _, inputs = _inputs("rmsnorm_matmul", s=s, k=21, n=11)
+        torch.testing.assert_close(op(inputs)[0], interpret(w.graph, inputs)[0])
+        assert len(op._ready) <= 2 and len(op._dispatch) <= 2
+    assert op.stats["searches"] == 1 and op.stats["compiles"] == 1
+
+
 def test_second_operator_loads_from_cache_without_search(doubles):
     w, inputs = _inputs("gqa_decode", b=2, hkv=1, g=3, L=29, d=16)
     CompiledOperator(w.graph, {"b", "L"})(inputs)

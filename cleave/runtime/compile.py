@@ -14,6 +14,7 @@ import torch
 
 from ..ir import CleaveError
 from .context import Context
+from ..scheduler.launch import remember
 from .partition import Launcher
 
 
@@ -50,8 +51,7 @@ class CompiledFunction:
             runner = self._runners[sig] = self._build(args)
             if runner is None:
                 return self._call_dynamo(args)
-        if len(self._seen) < 65536:  # bounded: a stream of new shapes only costs the signature
-            self._seen[exact] = runner
+        remember(self._seen, exact, runner)
         return runner(*args)
 
     def prepare(self, *args):

@@ -25,6 +25,7 @@ import torch
 
 from ..ir import BindingError, Candidate, CleaveError, Graph, Separable, parse_graph
 from ..scheduler import Plan, launch, rank, schedule
+from ..scheduler.launch import remember
 from . import artifact as A
 from .buckets import bucket
 from .cache import device_name, entry_dir, key_fields, operator_key
@@ -87,7 +88,7 @@ class CompiledOperator:
             except Exception as err:  # the first launch compiles the kernels: a failure here is a build failure
                 raise CompileFailure(f"its kernels failed on their first launch ({_reason(err)})") from err
             self._launched.add(id(plan))
-        self._ready[shapes] = plan
+        remember(self._ready, shapes, plan)
         return outs
 
     def select(self, inputs: dict[str, torch.Tensor]):
@@ -107,7 +108,7 @@ class CompiledOperator:
             raise
         except Exception as err:  # search, scheduler, or their imports (no egglog on a serving box)
             raise CompileFailure(_reason(err)) from err
-        self._dispatch[shapes] = (plan, spec)
+        remember(self._dispatch, shapes, (plan, spec))
         return plan, spec
 
     def _env(self, shapes: dict[str, tuple]) -> dict[str, int]:
