@@ -201,18 +201,23 @@ def _script(body: str) -> str:
 
 
 def test_two_processes_compile_the_same_operator_at_once(doubles, tmp_path):
+    # Each process searches, or reuses the other's candidates (operator.json) or plans:
+    # never more than one search, and every answer right.
     body = """
+        from cleave.interpreter import interpret
         op = CompiledOperator(w.graph, {"b", "L"})
-        op(inputs)
-        print(op.stats["searches"] + op.stats["from_cache"])
+        torch.testing.assert_close(op(inputs)[0], interpret(w.graph, inputs)[0])
+        print(op.stats["searches"])
     """
     env = {**os.environ}
     procs = [subprocess.Popen([sys.executable, "-c", _script(body)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    searches = []
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
-        assert out.strip() == "1"
+        searches.append(int(out.strip()))
+    assert max(searches) == 1  # someone searched, each at most once
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         op = CompiledOperator(workloads.get("gqa_decode").graph, {"b", "L"})
