@@ -7,6 +7,7 @@ import sympy
 from cleave.ir import RuleInstance, symbol
 from cleave.verify import UnsoundRule, check_rule, require_sound
 from cleave.verify.bindings import choose, split_case
+from verify_helpers import exp_of_sum, product_of_exps, sum_of_exps
 from verify_helpers import fresh_verify_cache, make_rule as rule  # noqa: F401  (fixture)
 
 NINF = float("-inf")
@@ -20,21 +21,6 @@ def divides(s, n):
 
 
 # -- building blocks --------------------------------------------------------
-
-def exp_of_sum(g):
-    a, b = g.input("a", ("n",)), g.input("b", ("n",))
-    g.output((a + b).exp())
-
-
-def sum_of_exps(g):
-    a, b = g.input("a", ("n",)), g.input("b", ("n",))
-    g.output(a.exp() + b.exp())
-
-
-def product_of_exps(g):
-    a, b = g.input("a", ("n",)), g.input("b", ("n",))
-    g.output(a.exp() * b.exp())
-
 
 def sum_exp_safe(g):
     """sum_N exp(x - max_N x) per row of x[r, N]."""

@@ -8,6 +8,7 @@ import sympy
 
 from cleave.ir import symbol
 from cleave.verify import UnprovenRuleWarning, UnsoundRule, check_rule, sound_rules
+from verify_helpers import exp_of_sum, product_of_exps, sum_of_exps
 from verify_helpers import fresh_verify_cache, make_rule as _rule  # noqa: F401  (fixture)
 
 
@@ -15,27 +16,11 @@ pytestmark = pytest.mark.usefixtures("fresh_verify_cache")
 
 
 def exp_add():
-    def lhs(g):
-        a, b = g.input("a", ("n",)), g.input("b", ("n",))
-        g.output((a + b).exp())
-
-    def rhs(g):
-        a, b = g.input("a", ("n",)), g.input("b", ("n",))
-        g.output(a.exp() * b.exp())
-
-    return _rule("exp-add", lhs, rhs)
+    return _rule("exp-add", exp_of_sum, product_of_exps)
 
 
 def exp_add_wrong():
-    def lhs(g):
-        a, b = g.input("a", ("n",)), g.input("b", ("n",))
-        g.output((a + b).exp())
-
-    def rhs(g):
-        a, b = g.input("a", ("n",)), g.input("b", ("n",))
-        g.output(a.exp() + b.exp())
-
-    return _rule("exp-add-wrong", lhs, rhs)
+    return _rule("exp-add-wrong", exp_of_sum, sum_of_exps)
 
 
 def topk_exp():

@@ -1,5 +1,5 @@
-"""Shared by the verifier's tests: a cold verdict cache per test, and rules built
-directly as IR graph pairs."""
+"""Shared by the verifier's tests: a cold verdict cache per test, rules built
+directly as IR graph pairs, and the exp laws' sides they are built from."""
 import pytest
 
 from cleave.ir import Graph, RuleInstance
@@ -18,3 +18,18 @@ def make_rule(name, build_lhs, build_rhs, conditions=()):
     build_lhs(lhs)
     build_rhs(rhs)
     return RuleInstance(name, lhs, rhs, list(conditions))
+
+
+def exp_of_sum(g):
+    a, b = g.input("a", ("n",)), g.input("b", ("n",))
+    g.output((a + b).exp())
+
+
+def sum_of_exps(g):
+    a, b = g.input("a", ("n",)), g.input("b", ("n",))
+    g.output(a.exp() + b.exp())
+
+
+def product_of_exps(g):
+    a, b = g.input("a", ("n",)), g.input("b", ("n",))
+    g.output(a.exp() * b.exp())
