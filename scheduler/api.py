@@ -18,11 +18,7 @@ from .tiles import aliases, enumerate_tilings, launch_options, remap
 
 
 def split_symbols(graph: Graph) -> list[str]:
-    out = []
-    for n in graph.live_nodes():
-        if n.op == "split":
-            out += [s.name for s in n.attrs["count"].free_symbols]
-    return sorted(set(out))
+    return sorted(s.name for s in graph.split_counts())
 
 
 def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
@@ -102,10 +98,7 @@ def _split_candidates(graph, env, sym, base_programs, target) -> list[int]:
     """s = 1 and the counts that give about k * SMs programs (k = 1..8) with the
     programs of the unsplit kernel: memory-bound decode needs every SM streaming,
     and several programs per SM hide the latency of each one's loads."""
-    n = None
-    for node in graph.live_nodes():
-        if node.op == "split" and sym in {s.name for s in node.attrs["count"].free_symbols}:
-            n = D.evaluate(node.inputs[0].shape[node.attrs["axis"]], env)
+    n = D.evaluate(_split_extent(graph, sym), env)
     # 2 and 4 always: the unsplit kernel may tile rows differently (a merged head axis
     # in blocks of one), so its program count can overstate the parallelism it has.
     out = {1}
@@ -177,8 +170,7 @@ def _long(graph, env, dynamic) -> dict | None:
     """env with the dynamic extents that a reduce runs over raised to 4096 (a long
     prompt), or None when there are none: the plans serve every length, and tiles
     ranked only at a short first shape would be small for the long ones."""
-    reduced = {s.name for n in graph.live_nodes() if n.op == "reduce"
-               for s in n.inputs[0].shape[n.attrs["axis"]].free_symbols} & set(dynamic)
+    reduced = {s.name for s in graph.reduced_symbols()} & set(dynamic)
     if not reduced or all(env[s] >= 4096 for s in reduced):
         return None
     return {**env, **{s: max(env[s], 4096) for s in reduced}}

@@ -168,8 +168,7 @@ def segments(em, x: int, order, trips: int) -> list[Segment]:
     bx = em.t.block[x]
     extent = code(em.labels[x].extent)
     static = em.t.static.get(x)
-    counts = {s for n in em.views.graph.live_nodes() if n.op == "split" for s in n.attrs["count"].free_symbols}
-    chunk = bool(em.labels[x].extent.free_symbols & counts)
+    chunk = bool(em.labels[x].extent.free_symbols & em.views.graph.split_counts())
     if (static is not None and static % bx == 0) or chunk:
         # A split's chunk keeps its tail mask (merged index < N) on whole tiles too:
         # peeling it only doubled the loop (measured no faster on the H200).

@@ -205,6 +205,15 @@ class Graph:
                     syms |= v.free_symbols
         return sorted(syms, key=lambda s: s.name)
 
+    def split_counts(self) -> set[sympy.Symbol]:
+        """The symbols that split counts are made of."""
+        return {s for n in self.live_nodes() if n.op == "split" for s in n.attrs["count"].free_symbols}
+
+    def reduced_symbols(self) -> set[sympy.Symbol]:
+        """The symbols of the extents a reduce runs over (softmax's keys, a norm's row)."""
+        return {s for n in self.live_nodes() if n.op == "reduce"
+                for s in n.inputs[0].shape[n.attrs["axis"]].free_symbols}
+
     def text(self) -> str:
         from .text import print_graph
 

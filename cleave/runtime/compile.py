@@ -13,8 +13,8 @@ import inspect
 import torch
 
 from ..ir import CleaveError
-from .context import Context
 from ..scheduler.launch import remember
+from .context import Context
 from .partition import Launcher
 
 

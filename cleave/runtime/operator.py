@@ -23,8 +23,11 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
+from ..interpreter import TORCH_DTYPES
 from ..ir import BindingError, Candidate, CleaveError, Graph, Separable, parse_graph
+from ..ir.dtypes import dtype as ir_dtype
 from ..scheduler import Plan, launch, rank, schedule
+from ..scheduler.exprs import evaluate
 from ..scheduler.launch import remember
 from . import artifact as A
 from .buckets import bucket
@@ -78,16 +81,15 @@ class CompiledOperator:
         if ready is not None:  # a shape seen before: one dict lookup, then the launch
             return launch(ready, inputs)
         plan, _ = self.select(inputs)
-        if id(plan) in self._launched:
+        try:
             outs = launch(plan, inputs)
-        else:
-            try:
-                outs = launch(plan, inputs)
-            except BindingError:  # the inputs do not fit the graph: the caller's error, not cleave's
+        except BindingError:  # the inputs do not fit the graph: the caller's error, not cleave's
+            raise
+        except Exception as err:  # the first launch compiles the kernels: a failure there is a build failure
+            if id(plan) in self._launched:
                 raise
-            except Exception as err:  # the first launch compiles the kernels: a failure here is a build failure
-                raise CompileFailure(f"its kernels failed on their first launch ({_reason(err)})") from err
-            self._launched.add(id(plan))
+            raise CompileFailure(f"its kernels failed on their first launch ({_reason(err)})") from err
+        self._launched.add(id(plan))
         remember(self._ready, shapes, plan)
         return outs
 
@@ -128,7 +130,9 @@ class CompiledOperator:
         fastest measured for the shape's bucket (profiled once per bucket, saved)."""
         fits = [i for i, p in enumerate(spec.plans) if p.fits({**env, **p.split}) is None]
         if not fits:
-            raise CompileFailure(f"no plan of {self.graph.name} fits {env}")
+            first = spec.plans[0]
+            raise CompileFailure(f"no plan of {self.graph.name} serves {env}: plan 0 needs "
+                                 f"{first.fits({**env, **first.split})}")
         if self.device.type != "cuda" or len(fits) == 1:
             return spec.plans[fits[0]]
         self._warm(spec, inputs, fits)
@@ -260,10 +264,6 @@ def _progress(line: str) -> None:
 
 def _scratch(plan: Plan, device) -> dict[str, torch.Tensor]:
     """Zero inputs at the binding the plan was ranked at (where it fits)."""
-    from ..interpreter import TORCH_DTYPES
-    from ..ir.dtypes import dtype as ir_dtype
-    from ..scheduler.exprs import evaluate
-
     return {b.name: torch.zeros([evaluate(d, plan.env) for d in b.shape], dtype=TORCH_DTYPES[ir_dtype(b.dtype)],
                                 device=device) for b in plan.inputs}
 

@@ -49,7 +49,9 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
     sat = saturate(enc, rules, budgets, progress)
     classes = read(sat.egraph)
     roots = [find_class(classes, t) for t in enc.outputs]
-    env = C.representative(graph, enc.reducible | C.contracted(graph), shapes)
+    # Self-attention's s is both kept (query rows) and reduced (softmax over keys): ranked
+    # short, the two-pass softmax would look as cheap as the fused one.
+    env = C.representative(graph, enc.reducible | graph.reduced_symbols(), shapes)
     left = max(1.0, budgets.seconds - (time.perf_counter() - start))
     found = explore(enc, classes, roots, env, seconds=left)
     index = Index(classes)

@@ -172,15 +172,6 @@ def rank(graph: Graph, env: dict) -> float:
     return float(_total(graph, _Numeric(full)))
 
 
-def contracted(graph: Graph) -> set:
-    """Symbols of the extents a reduce runs over. Self-attention's s is both kept
-    (query rows) and reduced (softmax over keys): ranked short, the two-pass softmax
-    would look as cheap as the fused one. (A head dim only a matmul contracts stays
-    short: it is short.)"""
-    return {s for n in graph.live_nodes() if n.op == "reduce"
-            for s in n.inputs[0].shape[n.attrs["axis"]].free_symbols}
-
-
 def representative(graph: Graph, reducible: set, shapes: dict | None = None) -> dict:
     """A binding to rank candidates: the user's, else long for the dims that are
     reduced over (`reducible`: absent from the outputs, or contracted) and short
