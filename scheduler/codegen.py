@@ -219,7 +219,7 @@ class Emitter:
             if pad is None or (pad == 0.0 and _loaded(inst.inputs[0])):
                 # A zero pad over a masked load is already there: the load's mask holds
                 # exactly where the merged index is in range (same tensor, same index).
-                # Re-masking would also round-trip the tile through fp32 (15-20% on decode).
+                # Re-masking would also round-trip the tile through fp32.
                 return args[0]
             lit = 'float("-inf")' if pad == float("-inf") else ('float("inf")' if pad == float("inf") else repr(float(pad)))
             return self.var(b, f"tl.where({code(merged, self.names(dims))} < {bound}, {self.f32(args[0], dims)}, {lit})",
