@@ -44,7 +44,8 @@ def _build(graph: Graph, roots: list[Node], leaves: set) -> KernelSpec:
     by_pos: dict = {}
     stores, root_labels = [], []
     for out in roots:
-        inner, chain = store_chain(out)
+        # an output buffer holds the node's own dtype (an intermediate holds f32)
+        inner, chain = store_chain(out, out.dtype if any(out is o for o in graph.outputs) else None)
         view, seen = [], {}
         for d in inner.shape:
             if D.is_one(d):

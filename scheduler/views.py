@@ -213,11 +213,15 @@ def reshape_forward(src, dst, view, node) -> tuple:
     return reshape_back(dst, src, view, node)
 
 
-def store_chain(out: Node) -> tuple[Node, list[Node]]:
+def store_chain(out: Node, stored_dtype=None) -> tuple[Node, list[Node]]:
     """Peel trailing reshapes/permutes off an output: the kernel computes the inner
-    node and stores it through the chain's forward index map (a merge stays affine)."""
+    node and stores it through the chain's forward index map (a merge stays affine).
+    A cast to `stored_dtype` peels too: the store converts to it anyway, and the
+    kernel then tiles the inner node's dims (GQA decode's [b, kv heads, group, d]
+    rather than the merged [b, heads, d] of the output)."""
     chain = []
-    while out.op in ("reshape", "permute") and out.inputs[0].op != "input":
+    while (out.op in ("reshape", "permute") or (out.op == "cast" and out.dtype == stored_dtype)) \
+            and out.inputs[0].op != "input":
         chain.append(out)
         out = out.inputs[0]
     return out, chain
@@ -226,6 +230,8 @@ def store_chain(out: Node) -> tuple[Node, list[Node]]:
 def forward_view(chain: list[Node], view: tuple) -> tuple:
     """Map an index of the inner node through the peeled chain to the output's index."""
     for n in reversed(chain):
+        if n.op == "cast":
+            continue
         if n.op == "permute":
             view = tuple(view[p] for p in n.attrs["perm"])
         else:
