@@ -66,7 +66,7 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
 # Split counts kept for a split over a dynamic extent: the plans must serve every
 # length, so the runtime picks the count per shape bucket from these (profiling).
 DYNAMIC_SPLITS = (1, 2, 4, 8, 16, 32)
-PLANS_PER_DYNAMIC_SPLIT = 3
+PLANS_PER_DYNAMIC_SPLIT = 4
 
 
 def _split_extent(graph, sym):
@@ -103,9 +103,18 @@ def _split_candidates(graph, env, sym, base_programs, target) -> list[int]:
     # in blocks of one), so its program count can overstate the parallelism it has.
     out = {1}
     for c in [2, 4] + [math.ceil(k * target.sms / max(base_programs, 1)) for k in (1, 2, 3, 4, 6, 8)]:
-        if 1 < c <= max(1, n // 64):  # chunks of at least 64 keep a kv tile busy
+        if 1 < c <= max(1, n // 64) and _holds(graph, {**env, sym: c}):  # chunks of 64+ keep a kv tile busy
             out.add(c)
     return sorted(out)
+
+
+def _holds(graph, env) -> bool:
+    """The graph's constraints hold at env (a split count leaves no chunk empty)."""
+    try:
+        graph.check(env)
+        return True
+    except BindingError:
+        return False
 
 
 def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), top_k: int = 4,
@@ -115,8 +124,9 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     counts are chosen here unless `split` fixes them. A split over a dynamic extent
     keeps the best plans of every count in DYNAMIC_SPLITS (more than top_k): which
     count is fastest depends on the shape, and the runtime profiles them per bucket.
-    Without a split, plans over dynamic reduced extents are ranked both at `shapes`
-    and with those extents long (`_long`), and the two rankings interleaved."""
+    Plans over dynamic extents are ranked at `shapes` and also with the reduced ones
+    long (`_long`, without a split) and the batch-like ones wide (`_wide`), and the
+    rankings interleaved."""
     if isinstance(candidate, Graph):
         candidate = Candidate(candidate)
     graph = rebuild(candidate.graph)
@@ -135,35 +145,52 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
         raise BindingError(f"scheduler: split count(s) {sorted(bad)} cannot be dynamic")
     symbols = sorted(s.name for s in graph.symbols())
     dynamic_splits = [s for s in splits if {x.name for x in _split_extent(graph, s).free_symbols} & dynamic]
-    per_choice, keep = top_k, top_k
     if split:
         grid_choices = [dict(split)]
     elif dynamic_splits:
         grid_choices = [dict(zip(splits, c)) for c in itertools.product(*(
             DYNAMIC_SPLITS if s in dynamic_splits else (1,) for s in splits))]
         env = _representative(graph, env, {s: max(DYNAMIC_SPLITS) for s in dynamic_splits}, dynamic)
-        per_choice = PLANS_PER_DYNAMIC_SPLIT
-        keep = max(top_k, per_choice * len(grid_choices))
+        wide = _wide(graph, env, dynamic, target)
+        options = []
+        for sc in grid_choices:
+            ranked = _rankings(graph, facts, [{**env, **sc}] + ([{**wide, **sc}] if wide else []), dynamic,
+                               symbols, target, PLANS_PER_DYNAMIC_SPLIT, sc)
+            options += _interleave(ranked, PLANS_PER_DYNAMIC_SPLIT)
+        return lead_with_each_split(_by_cost(options), max(top_k, len(options)))
     elif splits:
         base = _schedule_at(graph, facts, {**env, **{s: 1 for s in splits}}, dynamic, symbols, target, 1)
         programs = _programs(base[0]) if base else 1
         grid_choices = [dict(zip(splits, c)) for c in itertools.product(
             *(_split_candidates(graph, env, s, programs, target) for s in splits))]
     else:
-        long = _long(graph, env, dynamic)
-        if long is not None:  # one set of kernels for short and long extents: rank at both
-            short = _schedule_at(graph, facts, env, dynamic, symbols, target, top_k)
-            try:
-                return _interleave(short, _schedule_at(graph, facts, long, dynamic, symbols, target, top_k), top_k)
-            except BindingError:  # nothing fits at the long extent (a whole row in registers): short only
-                return short
+        extra = [at for at in (_long(graph, env, dynamic), _wide(graph, env, dynamic, target)) if at]
+        if extra:
+            return _interleave(_rankings(graph, facts, [env] + extra, dynamic, symbols, target, top_k), top_k)
         grid_choices = [{}]
     options = []
     for sc in grid_choices:
-        options += _schedule_at(graph, facts, {**env, **sc}, dynamic, symbols, target, per_choice, sc)
-    # Costs within 2% are a tie at the model's resolution: prefer more parallel programs.
-    options.sort(key=lambda p: (math.floor(math.log(p.cost) / math.log(1.02)), -_programs(p)))
-    return lead_with_each_split(options, keep)
+        options += _schedule_at(graph, facts, {**env, **sc}, dynamic, symbols, target, top_k, sc)
+    return lead_with_each_split(_by_cost(options), top_k)
+
+
+def _rankings(graph, facts, envs, dynamic, symbols, target, top_k, split=None) -> list[list[Plan]]:
+    """Plans ranked at each binding. Kernels serve every value of the dynamic symbols,
+    and which tiles are fastest depends on those values: a short and a long reduced
+    extent, a few rows and many. Bindings after the first where nothing fits (a whole
+    row in registers at a long s) are skipped."""
+    out = [_schedule_at(graph, facts, envs[0], dynamic, symbols, target, top_k, split)]
+    for at in envs[1:]:
+        try:
+            out.append(_schedule_at(graph, facts, at, dynamic, symbols, target, top_k, split))
+        except BindingError:
+            pass
+    return out
+
+
+def _by_cost(options: list[Plan]) -> list[Plan]:
+    """Costs within 2% are a tie at the model's resolution: prefer more parallel programs."""
+    return sorted(options, key=lambda p: (math.floor(math.log(p.cost) / math.log(1.02)), -_programs(p)))
 
 
 def _long(graph, env, dynamic) -> dict | None:
@@ -176,10 +203,37 @@ def _long(graph, env, dynamic) -> dict | None:
     return {**env, **{s: max(env[s], 4096) for s in reduced}}
 
 
-def _interleave(first: list[Plan], second: list[Plan], top_k: int) -> list[Plan]:
+# Output rows (elements over the last dim) at which programs fill every SM several
+# times over: there occupancy (shared memory per stage, warps) decides the rate, while
+# at a few programs per SM the deepest pipeline does.
+WIDE_ROWS_PER_SM = 16
+
+
+def _wide(graph, env, dynamic, target) -> dict | None:
+    """env with the dynamic extents of the outputs that no reduce runs over (decode's
+    batch) doubled until the outputs have WIDE_ROWS_PER_SM rows per SM, or None when
+    there are none or they already do: a serving batch grows, and tiles ranked only at
+    a small first batch would be sized for a half-empty GPU."""
+    grid = {s.name for o in graph.outputs for d in o.shape[:-1] for s in D.dim(d).free_symbols}
+    grid = (grid & set(dynamic)) - {s.name for s in graph.reduced_symbols()}
+
+    def rows(at):
+        return sum(math.prod(D.evaluate(d, at) for d in o.shape[:-1]) for o in graph.outputs)
+
+    if not grid:
+        return None
+    wide = dict(env)
+    for _ in range(32):
+        if rows(wide) >= WIDE_ROWS_PER_SM * target.sms:
+            return wide if wide != env else None
+        wide.update({s: max(wide[s], 1) * 2 for s in grid})
+    return None
+
+
+def _interleave(rankings: list[list[Plan]], top_k: int) -> list[Plan]:
     """Alternately the next plan of each ranking, skipping kernels already taken."""
     out, seen = [], set()
-    for pair in itertools.zip_longest(first, second):
+    for pair in itertools.zip_longest(*rankings):
         for p in pair:
             key = tuple((k.source, k.num_warps, k.num_stages) for k in p.kernels) if p else None
             if p is not None and key not in seen:
