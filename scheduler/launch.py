@@ -75,6 +75,9 @@ class _Prepared:
         # cache lookup (most of a small decode step's launch cost).
         self.direct: list = [None] * len(self.kernels)
         self.direct_on = None  # the device the direct kernels were loaded on
+        # Each kernel's compiled form, shared by every shape of the plan (dynamic ints are
+        # not specialised): its registers and shared memory give the occupancy.
+        self.compiled: list = _cached(plan).setdefault("compiled", [None] * len(self.kernels))
         ints = [value for _, _, args, _ in self.kernels for name, value in args if name is None]
         self.direct_ok = all(not k.constexprs for k in plan.kernels) and all(abs(v) < 2 ** 31 for v in ints)
 
@@ -138,6 +141,8 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
             except Exception:  # a Triton whose compiled-kernel call differs: the JIT path always works
                 prepared.direct_ok = aligned = False
         kernel = fn[grid](*values, **options)
+        if isinstance(kernel, CompiledKernel):
+            prepared.compiled[i] = kernel
         if aligned and isinstance(kernel, CompiledKernel):
             # Specialised like every later aligned call of this shape: same dtypes, ints
             # unspecialised or equal, pointers 16-byte aligned.

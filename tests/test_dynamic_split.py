@@ -89,3 +89,39 @@ def test_gpu_branch_compiles_every_plan_once_and_ranks_each_bucket(monkeypatch, 
     err = capsys.readouterr().err
     assert f"[cleave compile] gqa_decode: plan {len(spec.plans)}/{len(spec.plans)}" in err
     assert "[cleave tune] gqa_decode bucket L=1024,b=2" in err
+
+
+def test_each_wave_count_of_a_buckets_choice_is_timed_once(monkeypatch, tmp_path):
+    """Inside one bucket (b in 33..64) the chosen plan's programs need one wave over the
+    SMs at b=33 and two at b=36: the second count gets its own timing, once, and the
+    shape it was timed at keeps the bucket's ranking."""
+    import cleave.runtime.operator as operator
+    from cleave.runtime import artifact as A
+
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    scratch = operator._scratch
+    monkeypatch.setattr(operator, "_scratch", lambda plan, device: scratch(plan, "meta"))
+    monkeypatch.setattr(operator, "launch", lambda plan, inputs, out=None: [None])
+    monkeypatch.setattr(operator, "waves", lambda plan, inputs: 1 if inputs["q"].shape[0] <= 33 else 2)
+    op = CompiledOperator(W.get("gqa_decode").graph, {"b", "L"}, top_k=1)
+    op.device = torch.device("cuda")
+    for b in (33, 36, 40, 33):
+        op(W.get("gqa_decode").inputs({**DECODE, "b": b, "L": 45}, seed=b))
+    assert op.stats["tunings"] == 2
+    (spec,) = op.specs.values()
+    assert set(A.load_tuning(op.entry, spec.static)) == {"L=64,b=64", "L=64,b=64;waves=1", "L=64,b=64;waves=2"}
+
+
+def test_blocks_per_sm_is_the_tightest_resource():
+    """Occupancy from a compiled kernel's registers, shared memory and warps."""
+    from types import SimpleNamespace as NS
+
+    from cleave.scheduler.waves import blocks_per_sm
+
+    h200 = NS(max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
+              shared_memory_per_multiprocessor=233472)
+    kernel = lambda regs, shared, warps: NS(n_regs=regs, metadata=NS(num_warps=warps, shared=shared))
+    assert blocks_per_sm(kernel(128, 98304, 4), h200) == 2  # shared memory: 96 KiB tiles
+    assert blocks_per_sm(kernel(255, 0, 8), h200) == 1  # registers
+    assert blocks_per_sm(kernel(32, 0, 4), h200) == 16  # threads
+    assert blocks_per_sm(NS(), h200) is None  # the interpreter reports no resources

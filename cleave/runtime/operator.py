@@ -4,7 +4,8 @@ The search runs at most once per operator (or never, when the artifact is in the
 cache); the scheduler runs once per binding of the static symbols. Every later
 call only binds the shapes (memoized per input-shape tuple), picks a plan among
 those that fit the shape (the first one on CPU; on the GPU the one profiled
-fastest for the shape bucket) and launches it. On the GPU the first call compiles
+fastest for the shape bucket and the wave count of that bucket's choice) and
+launches it. On the GPU the first call compiles
 every plan, so that no later shape compiles a kernel. The search is imported
 lazily, only on a cache miss: loading and running an artifact needs torch and
 triton alone.
@@ -29,6 +30,7 @@ from ..ir.dtypes import dtype as ir_dtype
 from ..scheduler import Plan, launch, rank, schedule
 from ..scheduler.exprs import evaluate
 from ..scheduler.launch import remember
+from ..scheduler.waves import waves
 from . import artifact as A
 from .buckets import bucket
 from .cache import device_name, entry_dir, key_fields, operator_key
@@ -127,7 +129,8 @@ class CompiledOperator:
     def _choose(self, spec: Spec, env: dict, inputs):
         """The plan for this shape: among the plans whose constraints hold here (a split
         count leaves no chunk empty), the cost model's first on CPU; on the GPU the
-        fastest measured for the shape's bucket (profiled once per bucket, saved)."""
+        fastest measured for the shape's bucket (profiled once per bucket, saved), and
+        within a bucket for each wave count of the bucket's choice."""
         fits = [i for i, p in enumerate(spec.plans) if p.fits({**env, **p.split}) is None]
         if not fits:
             first = spec.plans[0]
@@ -139,19 +142,37 @@ class CompiledOperator:
         key = bucket(env, self.dynamic)
         ranking = [i for i in spec.tuning.get(key, []) if i in fits]
         if not ranking:
-            start = time.perf_counter()
-            ranking = [fits[i] for i in rank([spec.plans[i] for i in fits], inputs)]
-            best = spec.plans[ranking[0]]
-            _progress(f"[cleave tune] {self.graph.name} bucket {key or '(static)'}: {len(fits)} plans timed in "
-                      f"{time.perf_counter() - start:.1f}s; fastest: split {best.split or 'none'}, "
-                      f"{len(best.kernels)} kernel(s)")
-            spec.tuning[key] = ranking
-            try:
-                A.save_tuning(self.entry, spec.static, {key: ranking})
-            except OSError as err:  # a read-only artifact: the choice holds for this process
-                warnings.warn(f"cleave: cannot save tuning for {self.graph.name} ({err})", stacklevel=4)
-            self.stats["tunings"] += 1
+            ranking = self._tune(spec, key, fits, inputs)
+            count = waves(spec.plans[ranking[0]], inputs)
+            if count is not None:  # this shape's ranking is also that of its wave count
+                self._save(spec, {f"{key};waves={count}": ranking})
+        # Inside a bucket the fastest plan's programs may need more waves over the SMs
+        # than where it was timed (a batch of 36 against 33): each wave count of that
+        # plan is timed once, the bucket's choice being wrong exactly there.
+        count = waves(spec.plans[ranking[0]], inputs)
+        if count is not None:
+            sub = f"{key};waves={count}"
+            ranking = [i for i in spec.tuning.get(sub, []) if i in fits] or self._tune(spec, sub, fits, inputs)
         return spec.plans[ranking[0]]
+
+    def _tune(self, spec: Spec, key: str, fits: list[int], inputs) -> list[int]:
+        """Time the plans that fit on these inputs; save and return their ranking."""
+        start = time.perf_counter()
+        ranking = [fits[i] for i in rank([spec.plans[i] for i in fits], inputs)]
+        best = spec.plans[ranking[0]]
+        _progress(f"[cleave tune] {self.graph.name} bucket {key or '(static)'}: {len(fits)} plans timed in "
+                  f"{time.perf_counter() - start:.1f}s; fastest: split {best.split or 'none'}, "
+                  f"{len(best.kernels)} kernel(s)")
+        self._save(spec, {key: ranking})
+        self.stats["tunings"] += 1
+        return ranking
+
+    def _save(self, spec: Spec, rankings: dict[str, list[int]]) -> None:
+        spec.tuning.update(rankings)
+        try:
+            A.save_tuning(self.entry, spec.static, rankings)
+        except OSError as err:  # a read-only artifact: the choice holds for this process
+            warnings.warn(f"cleave: cannot save tuning for {self.graph.name} ({err})", stacklevel=5)
 
     def _warm(self, spec: Spec, inputs, fits):
         """Compile every plan of the spec now, so that no later shape compiles a kernel:
