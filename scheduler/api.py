@@ -54,19 +54,22 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
         raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
                            + (f" ({errors[0]})" if errors else ""))
     found.sort(key=lambda f: f[0])
-    # Distinct tilings first (the GPU profiles the top-k), then other launch options.
-    seen, first, rest = set(), [], []
+    # Distinct tilings first, then each tiling's best with another warp count, then the
+    # rest: the GPU profiles the top-k, and the model cannot rank warp counts well.
+    tiers, seen = ([], [], []), (set(), set())
     for f in found:
-        key = tuple(sorted(f[2].items()))
-        (rest if key in seen else first).append(f)
-        seen.add(key)
-    return (first + rest)[:keep]
+        tiling = tuple(sorted(f[2].items()))
+        warps = (tiling, f[1].num_warps)
+        tiers[0 if tiling not in seen[0] else 1 if warps not in seen[1] else 2].append(f)
+        seen[0].add(tiling)
+        seen[1].add(warps)
+    return (tiers[0] + tiers[1] + tiers[2])[:keep]
 
 
 # Split counts kept for a split over a dynamic extent: the plans must serve every
 # length, so the runtime picks the count per shape bucket from these (profiling).
 DYNAMIC_SPLITS = (1, 2, 4, 8, 16, 32)
-PLANS_PER_DYNAMIC_SPLIT = 4
+PLANS_PER_DYNAMIC_SPLIT = 6
 
 
 def _split_extent(graph, sym):

@@ -10,6 +10,15 @@ from .kernel_stats import Stats
 LATENCY = 1e-6  # s: the floor of one program's run
 LOADED_LATENCY = 3e-6  # s: DRAM latency under load; a program streams its bytes in flight per latency
 WARPS_PER_SM = 64
+# Resident warps an SM needs to stream at its share of DRAM bandwidth (H200 diagnostic,
+# GQA decode at b=64: two programs of 2 warps per SM read 17% slower than two of 4;
+# RESULTS.md, session 3 diagnostics).
+WARPS_TO_STREAM = 6
+# A loop step whose largest tile leaves each thread fewer elements than this spends its
+# time in cross-warp reductions (same diagnostic: a 32-row K tile over 8 warps read 23%
+# slower than over 4).
+MIN_TILE_PER_THREAD = 32
+THIN_TILE_PENALTY = 1.25
 REGS_PER_SM = 64 * 1024
 
 
@@ -38,11 +47,18 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
     dram = sum(min(b * programs, stats.footprint[n]) for n, b in stats.per_buffer.items())
     on_busiest = -(-programs // target.sms)
     fair = target.bandwidth / target.sms
-    in_flight = sum(stats.stage_smem.values()) * max(num_stages - 1, 1) or stats.bytes
-    rate = min(2 * fair, min(on_busiest, per_sm) * min(fair, in_flight / LOADED_LATENCY))
+    # Stages ahead of the one in use; one stage loads and computes in turn, so it counts
+    # as half a tile in flight (gqa_decode b8_L8192: 0.85x SDPA with one stage, 0.95x
+    # with two; RESULTS.md, session 3).
+    in_flight = sum(stats.stage_smem.values()) * max(num_stages - 1, 0.5) or stats.bytes
+    resident = min(on_busiest, per_sm)
+    rate = min(2 * fair, resident * min(fair, in_flight / LOADED_LATENCY),
+               resident * num_warps * fair / WARPS_TO_STREAM)
     t_busiest = on_busiest * dram / programs / rate
     # Every tile also crosses L2 into shared memory: small tiles re-read more.
     t_mem = max(dram / target.bandwidth, t_busiest, total / target.l2_bandwidth)
     # Deeper software pipelines hide more of each loop step's load latency.
     pipeline = 1 + 0.2 / num_stages if stats.stage_smem else 1.0
+    if stats.stage_smem and stats.tile_elems < MIN_TILE_PER_THREAD * threads:
+        pipeline *= THIN_TILE_PENALTY
     return max(t_mma, t_mem) * pipeline + waves * LATENCY + target.launch_overhead

@@ -109,8 +109,10 @@ def enumerate_tilings(views: Views, root_labels: list, env: dict, dynamic: set, 
 def launch_options(t: Tiling):
     """num_warps and num_stages to cost for one tiling (they do not change the code).
     A loop also gets one stage (no multi-buffering): a loop that loads many tiles
-    (RoPE's rotated k) only fits shared memory that way."""
-    for warps in (4, 8):
+    (RoPE's rotated k) only fits shared memory that way. Two warps suit a loop that
+    streams K/V past a small accumulator (GQA decode on the H200: 1-4% faster than four
+    at b=40-64, RESULTS.md session 3 diagnostics); ties keep four, listed first."""
+    for warps in ((4, 2, 8) if "loop" in t.role.values() else (4, 8)):
         for stages in ((1, 2, 3, 4) if "loop" in t.role.values() else (1,)):
             yield warps, stages
 

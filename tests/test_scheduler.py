@@ -149,12 +149,13 @@ def test_upper_triangular_mask_bounds_the_loop_from_below():
 
 
 def test_long_decode_split_fills_the_gpu_twice():
-    """b1 L131072 (8 kv heads): the chosen split gives at least 2 programs per SM."""
+    """b1 L131072 (8 kv heads): the chosen split gives at least 2 programs per SM, and
+    each program's K/V loads are multi-buffered."""
     cand = CANDIDATES["gqa_decode"]()
     plan = schedule(cand, {"b": 1, "hkv": 8, "g": 4, "L": 131072, "d": 128}, top_k=1)[0]
     programs = 8 * plan.split["sp"]
     assert programs >= 2 * H200.sms, plan.split
-    assert plan.kernels[0].num_stages >= 3
+    assert plan.kernels[0].num_stages >= 2
 
 
 def test_matmul_grouped_order_and_honest_smem():
