@@ -129,8 +129,10 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
         outs.append(t)
     for name, shape, dtype in prepared.intermediates:
         tensors[name] = torch.empty(shape, dtype=dtype, device=device)
+    # Fresh allocations are aligned (the caching allocator's blocks are): check the rest.
     aligned = prepared.direct_ok and prepared.direct_on in (None, device) and \
-        all(t.data_ptr() % 16 == 0 for t in tensors.values())
+        all(tensors[name].data_ptr() % 16 == 0 for name, _ in prepared.casts) and \
+        (out is None or all(t.data_ptr() % 16 == 0 for t in outs))
     for i, (fn, grid, args, options) in enumerate(prepared.kernels):
         values = [tensors[name] if name is not None else value for name, value in args]
         direct = prepared.direct[i]
