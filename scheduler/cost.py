@@ -47,9 +47,9 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
     dram = sum(min(b * programs, stats.footprint[n]) for n, b in stats.per_buffer.items())
     on_busiest = -(-programs // target.sms)
     fair = target.bandwidth / target.sms
-    # Stages ahead of the one in use; one stage loads and computes in turn, so it counts
-    # as half a tile in flight (gqa_decode b8_L8192: 0.85x SDPA with one stage, 0.95x
-    # with two; RESULTS.md, session 3).
+    # Stages ahead of the one in use. With one stage a program loads and computes in
+    # turn (nothing is prefetched), so it counts as half a tile in flight, not as much
+    # as two stages.
     in_flight = sum(stats.stage_smem.values()) * max(num_stages - 1, 0.5) or stats.bytes
     resident = min(on_busiest, per_sm)
     rate = min(2 * fair, resident * min(fair, in_flight / LOADED_LATENCY),
