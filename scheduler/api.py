@@ -87,12 +87,9 @@ def _representative(graph, env, counts: dict, dynamic) -> dict:
     grow = {s.name for sym in counts for s in _split_extent(graph, sym).free_symbols} & set(dynamic)
     for _ in range(32):
         full = {**env, **counts}
-        if all(D.evaluate(_split_extent(graph, sym), full) >= 64 * c for sym, c in counts.items()):
-            try:
-                graph.check(full)
-                return env
-            except BindingError:
-                pass
+        if all(D.evaluate(_split_extent(graph, sym), full) >= 64 * c for sym, c in counts.items()) \
+                and _holds(graph, full):
+            return env
         env.update({s: env[s] * 2 for s in grow})
     return env
 

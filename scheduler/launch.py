@@ -145,10 +145,9 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
         kernel = fn[grid](*values, **options)
         if isinstance(kernel, CompiledKernel):
             prepared.compiled[i] = kernel
-        if aligned and isinstance(kernel, CompiledKernel):
-            # Specialised like every later aligned call of this shape: same dtypes, ints
-            # unspecialised or equal, pointers 16-byte aligned.
-            prepared.direct[i], prepared.direct_on = kernel, device
+            if aligned:  # specialised like every later aligned call of this shape: same
+                # dtypes, ints unspecialised or equal, pointers 16-byte aligned
+                prepared.direct[i], prepared.direct_on = kernel, device
     return outs
 
 

@@ -33,18 +33,17 @@ def blocks_per_sm(compiled, props) -> int | None:
 
 
 def waves(plan: Plan, inputs: dict[str, torch.Tensor]) -> int | None:
-    """Waves of the plan's widest kernel at these input shapes, or None before its
-    kernels are compiled or off the GPU."""
+    """The most waves any kernel of the plan needs at these input shapes, or None
+    before its kernels are compiled or off the GPU."""
     device = next(iter(inputs.values())).device
     if device.type != "cuda":
         return None
     prepared = prepare(plan, inputs)
     props = torch.cuda.get_device_properties(device)
-    widest = None
+    most = 0
     for (_, grid, _, _), compiled in zip(prepared.kernels, prepared.compiled):
         per_sm = blocks_per_sm(compiled, props) if compiled is not None else None
         if per_sm is None:
             return None
-        count = -(-grid[0] // (per_sm * props.multi_processor_count))
-        widest = count if widest is None else max(widest, count)
-    return widest
+        most = max(most, -(-grid[0] // (per_sm * props.multi_processor_count)))
+    return most

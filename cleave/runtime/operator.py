@@ -5,10 +5,9 @@ cache); the scheduler runs once per binding of the static symbols. Every later
 call only binds the shapes (memoized per input-shape tuple), picks a plan among
 those that fit the shape (the first one on CPU; on the GPU the one profiled
 fastest for the shape bucket and the wave count of that bucket's choice) and
-launches it. On the GPU the first call compiles
-every plan, so that no later shape compiles a kernel. The search is imported
-lazily, only on a cache miss: loading and running an artifact needs torch and
-triton alone.
+launches it. On the GPU the first call compiles every plan, so that no later shape
+compiles a kernel. The search is imported lazily, only on a cache miss: loading
+and running an artifact needs torch and triton alone.
 
 Failures to build (the search, the scheduler, or a kernel's first launch, which
 is when Triton compiles it) raise CompileFailure; the caller runs the code
@@ -141,18 +140,19 @@ class CompiledOperator:
         self._warm(spec, inputs, fits)
         key = bucket(env, self.dynamic)
         ranking = [i for i in spec.tuning.get(key, []) if i in fits]
-        if not ranking:
+        timed_here = not ranking
+        if timed_here:
             ranking = self._tune(spec, key, fits, inputs)
-            count = waves(spec.plans[ranking[0]], inputs)
-            if count is not None:  # this shape's ranking is also that of its wave count
-                self._save(spec, {f"{key};waves={count}": ranking})
         # Inside a bucket the fastest plan's programs may need more waves over the SMs
         # than where it was timed (a batch of 36 against 33): each wave count of that
         # plan is timed once, the bucket's choice being wrong exactly there.
         count = waves(spec.plans[ranking[0]], inputs)
         if count is not None:
             sub = f"{key};waves={count}"
-            ranking = [i for i in spec.tuning.get(sub, []) if i in fits] or self._tune(spec, sub, fits, inputs)
+            if timed_here:  # this shape's ranking is also that of its wave count
+                self._save(spec, {sub: ranking})
+            else:
+                ranking = [i for i in spec.tuning.get(sub, []) if i in fits] or self._tune(spec, sub, fits, inputs)
         return spec.plans[ranking[0]]
 
     def _tune(self, spec: Spec, key: str, fits: list[int], inputs) -> list[int]:

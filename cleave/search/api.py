@@ -64,7 +64,8 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
             check_candidate(graph, c.graph)
             if shapes:
                 check_candidate(graph, c.graph, shapes)
-    stats = {"seconds": round(time.perf_counter() - start, 3), "rule_check_seconds": round(verify_seconds, 3), "saturation_seconds": round(sat.seconds, 3),
+    stats = {"seconds": round(time.perf_counter() - start, 3), "rule_check_seconds": round(verify_seconds, 3),
+             "saturation_seconds": round(sat.seconds, 3),
              "enodes": sat.enodes, "eclasses": len(classes), "iterations": sat.iterations,
              "rules_fired": dict(sorted(sat.fired.items())), "visited": len(found), "stopped": sat.stopped}
     return SearchResult(candidates, stats)
