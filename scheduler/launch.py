@@ -4,12 +4,15 @@ load each kernel's module once per plan, launch. Imports torch and triton only
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 import tempfile
 
 import torch
+from triton import knobs
 from triton.compiler import CompiledKernel
+from triton.runtime import driver
 
 from cleave.interpreter import TORCH_DTYPES
 from cleave.ir import BindingError, parse_graph
@@ -18,6 +21,7 @@ from cleave.ir.dtypes import dtype as ir_dtype
 from .exprs import evaluate
 from .plan import Plan
 
+WORKSPACE_ALIGN = 256  # bytes: the caching allocator's own block alignment
 _MODULES: dict[tuple, object] = {}  # (kernel name, source hash) -> the jitted function
 _DIR = tempfile.mkdtemp(prefix="cleave_kernels_")
 
@@ -64,8 +68,14 @@ class _Prepared:
         self.casts = [(b.name, TORCH_DTYPES[ir_dtype(b.dtype)]) for b in plan.inputs]
         self.outputs = [(b.name, [evaluate(d, env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)])
                         for b in plan.outputs]
-        self.intermediates = [(b.name, [evaluate(d, env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)])
-                              for b in plan.intermediates]
+        # Intermediates share one workspace allocation (one allocator call, not one each),
+        # each at an offset aligned like a fresh allocation.
+        self.intermediates, self.workspace_bytes = [], 0
+        for b in plan.intermediates:
+            shape, dtype = [evaluate(d, env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)]
+            self.intermediates.append((b.name, self.workspace_bytes, shape, dtype))
+            size = math.prod(shape) * dtype.itemsize
+            self.workspace_bytes += -(-size // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
         self.kernels = [(_kernel_fn(plan, k), (evaluate(k.grid[0], env), 1, 1),
                          [(a, None) if a not in env else (None, env[a]) for a in k.args],
                          dict(k.constexprs, num_warps=k.num_warps, num_stages=k.num_stages))
@@ -115,33 +125,50 @@ def prepare(plan: Plan, inputs: dict[str, torch.Tensor]) -> _Prepared:
 
 def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None = None) -> list[torch.Tensor]:
     """Launch a prepared plan on inputs of the shapes it was prepared for."""
-    device = next(iter(inputs.values())).device
     tensors = {}
+    # Fresh allocations are aligned (the caching allocator's blocks are): inputs and
+    # caller-given outputs are checked.
+    aligned = prepared.direct_ok
     for name, want in prepared.casts:
         t = inputs[name]
-        tensors[name] = (t if t.dtype == want else t.to(want)).contiguous()
+        tensors[name] = t = (t if t.dtype == want else t.to(want)).contiguous()
+        aligned = aligned and t.data_ptr() % 16 == 0
+    device = t.device
     outs = []
     for i, (name, shape, dtype) in enumerate(prepared.outputs):
         t = out[i] if out is not None else torch.empty(shape, dtype=dtype, device=device)
-        if out is not None and (list(t.shape) != shape or not t.is_contiguous()):
-            raise BindingError(f"output {name!r}: expected a contiguous tensor of shape {shape}, got {list(t.shape)}")
+        if out is not None:
+            if list(t.shape) != shape or not t.is_contiguous():
+                raise BindingError(f"output {name!r}: expected a contiguous tensor of shape {shape}, "
+                                   f"got {list(t.shape)}")
+            aligned = aligned and t.data_ptr() % 16 == 0
         tensors[name] = t
         outs.append(t)
-    for name, shape, dtype in prepared.intermediates:
-        tensors[name] = torch.empty(shape, dtype=dtype, device=device)
-    # Fresh allocations are aligned (the caching allocator's blocks are): check the rest.
-    aligned = prepared.direct_ok and prepared.direct_on in (None, device) and \
-        all(tensors[name].data_ptr() % 16 == 0 for name, _ in prepared.casts) and \
-        (out is None or all(t.data_ptr() % 16 == 0 for t in outs))
+    direct_now = aligned and prepared.direct_on in (None, device) and not _hooked()
+    if prepared.intermediates:
+        workspace = torch.empty(prepared.workspace_bytes, dtype=torch.uint8, device=device)
+        if direct_now and None not in prepared.direct:  # compiled kernels take plain addresses
+            base = workspace.data_ptr()
+            tensors.update((name, base + offset) for name, offset, _, _ in prepared.intermediates)
+        else:  # the JIT reads each buffer's dtype off a tensor
+            tensors.update(_views(prepared, workspace))
+    stream = None
     for i, (fn, grid, args, options) in enumerate(prepared.kernels):
         values = [tensors[name] if name is not None else value for name, value in args]
         direct = prepared.direct[i]
-        if direct is not None and aligned:
+        if direct is not None and direct_now:
             try:
-                direct[grid](*values)
+                if stream is None:
+                    stream = _current_stream()
+                # What CompiledKernel[grid](*values) does, without its per-call closure and
+                # launch metadata: no launch hook is registered to read them.
+                direct.run(*grid, stream, direct.function, direct.packed_metadata, None, None, None, *values)
                 continue
             except Exception:  # a Triton whose compiled-kernel call differs: the JIT path always works
-                prepared.direct_ok = aligned = False
+                prepared.direct_ok = direct_now = False
+                if prepared.intermediates:
+                    tensors.update(_views(prepared, workspace))
+                    values = [tensors[name] if name is not None else value for name, value in args]
         kernel = fn[grid](*values, **options)
         if isinstance(kernel, CompiledKernel):
             prepared.compiled[i] = kernel
@@ -149,6 +176,30 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
                 # dtypes, ints unspecialised or equal, pointers 16-byte aligned
                 prepared.direct[i], prepared.direct_on = kernel, device
     return outs
+
+
+def _views(prepared: _Prepared, workspace: torch.Tensor):
+    """The intermediates as typed tensors over the workspace."""
+    for name, offset, shape, dtype in prepared.intermediates:
+        size = math.prod(shape) * dtype.itemsize
+        yield name, workspace[offset:offset + size].view(dtype).view(shape)
+
+
+def _hooked() -> bool:
+    """Whether a launch hook is registered (a profiler such as proton): hooks read each
+    launch's metadata, which only Triton's own launch path builds."""
+    runtime = knobs.runtime
+    return _registered(runtime.launch_enter_hook) or _registered(runtime.launch_exit_hook)
+
+
+def _registered(hook) -> bool:
+    return hook is not None and bool(getattr(hook, "calls", True))  # a HookChain holds its hooks in .calls
+
+
+def _current_stream() -> int:
+    """The stream Triton launches on: the current device's current stream."""
+    active = driver.active
+    return active.get_current_stream(active.get_current_device())
 
 
 def launch(plan: Plan, inputs: dict[str, torch.Tensor], out: list | None = None) -> list[torch.Tensor]:

@@ -30,3 +30,24 @@ def test_direct_launch_matches_the_jit_launch():
     shifted = wide[1:].view(inputs["q"].shape)  # 2-byte offset: not 16-byte aligned
     shifted.copy_(inputs["q"])
     assert torch.equal(launch(plan, {**inputs, "q": shifted})[0], first)
+
+
+def test_a_registered_launch_hook_sees_every_launch():
+    """The direct launch skips the launch metadata only while no hook reads it: a
+    profiler's hook (proton registers one) must see the launches of a warm shape."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from triton import knobs
+
+    env = {"b": 2, "hkv": 1, "g": 3, "L": 45, "d": 16}
+    plan = schedule(CANDIDATES["gqa_decode"](), env, dynamic={"b", "L"}, top_k=1)[0]
+    inputs = {k: v.cuda() for k, v in W.get("gqa_decode").inputs(env, seed=2).items()}
+    first = launch(plan, inputs)[0]
+    seen = []
+    knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        again = launch(plan, inputs)[0]
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    assert torch.equal(first, again)
+    assert [m.get()["name"] for m in seen] == [k.name for k in plan.kernels]
