@@ -81,8 +81,10 @@ def double_launch(plan, inputs):
 def install_doubles(monkeypatch=None):
     import cleave.runtime.operator as operator
 
+    # A double plan is its own prepared launch: a repeated shape runs it again.
     patches = [("schedule", double_schedule), ("launch", double_launch), ("Plan", DoublePlan),
-               ("search", DoubleSearch())]
+               ("search", DoubleSearch()), ("prepare", lambda plan, inputs: plan),
+               ("run", lambda plan, inputs, out=None: double_launch(plan, inputs))]
     for name, value in patches:
         if monkeypatch:
             monkeypatch.setattr(operator, name, value)

@@ -93,16 +93,23 @@ def test_compile_matches_eager_with_one_search(compiled, name):
 
 
 def test_repeated_shape_adds_no_binding_work(compiled, monkeypatch):
-    """A repeated shape is a dict lookup: the graph is not bound again (no sympy)."""
+    """A repeated shape is a dict lookup: the graph is not bound again (no sympy), and
+    the call goes straight to the prepared kernels (no operator or plan lookup), on
+    fresh values; explain still sees that launch."""
     w, fn = _compiled(compiled, "rmsnorm_matmul")
-    inputs = w.inputs(SIZES["rmsnorm_matmul"][1], seed=7)
-    fn(*inputs.values())
+    fn(*w.inputs(SIZES["rmsnorm_matmul"][1], seed=7).values())
     op = fn.operators[0]
 
-    def no_bind(*args, **kwargs):
-        raise AssertionError("graph bound again for a shape already seen")
-    monkeypatch.setattr(op.graph, "bind", no_bind)
+    def refuse(*args, **kwargs):
+        raise AssertionError("a shape already seen was looked up or bound again")
+    monkeypatch.setattr(op.graph, "bind", refuse)
+    monkeypatch.setattr(fn.ctx, "run", refuse)
+    calls = op.stats["calls"]
+    inputs = w.inputs(SIZES["rmsnorm_matmul"][1], seed=9)
     _check(fn(*inputs.values()), w.reference(*inputs.values()))
+    assert op.stats["calls"] == calls + 1
+    monkeypatch.undo()
+    assert cleave.explain(fn, *inputs.values()).kernels
     new = w.inputs({**SIZES["rmsnorm_matmul"][0], "s": 17}, seed=8)  # a new size: symbols read off the tensors
     _check(fn(*new.values()), w.reference(*new.values()))
 

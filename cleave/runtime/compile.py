@@ -51,8 +51,11 @@ class CompiledFunction:
             runner = self._runners[sig] = self._build(args)
             if runner is None:
                 return self._call_dynamo(args)
-        remember(self._seen, exact, runner)
-        return runner(*args)
+        result = runner(*args)
+        # Later calls with exactly these arguments go straight to the prepared kernels.
+        hot = runner.hot(args) if isinstance(runner, Launcher) else None
+        remember(self._seen, exact, hot or runner)
+        return result
 
     def prepare(self, *args):
         """Search (or load) and schedule for the shapes of `args` without running: the

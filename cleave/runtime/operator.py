@@ -15,6 +15,7 @@ eagerly instead. Errors on later launches are real errors and propagate.
 """
 from __future__ import annotations
 
+import functools
 import sys
 import time
 import warnings
@@ -28,7 +29,7 @@ from ..ir import BindingError, Candidate, CleaveError, Graph, Separable, parse_g
 from ..ir.dtypes import dtype as ir_dtype
 from ..scheduler import Plan, launch, rank, schedule
 from ..scheduler.exprs import evaluate
-from ..scheduler.launch import remember
+from ..scheduler.launch import prepare, remember, run
 from ..scheduler.waves import waves
 from . import artifact as A
 from .buckets import bucket
@@ -70,7 +71,7 @@ class CompiledOperator:
         self.candidates: list[Candidate] | None = None
         self.specs: dict[tuple, Spec] = {}
         self._dispatch: dict[tuple, tuple] = {}
-        self._ready: dict[tuple, Plan] = {}  # input shapes -> their plan, once it has run
+        self._ready: dict[tuple, object] = {}  # input shapes -> their plan's prepared launch, once it has run
         self._launched: set[int] = set()  # ids of plans that have run once (Triton compiled them)
         self._where = _symbol_locations(graph)
 
@@ -79,8 +80,8 @@ class CompiledOperator:
         self.stats["calls"] += 1
         shapes = tuple((k, v.shape) for k, v in inputs.items())
         ready = self._ready.get(shapes)
-        if ready is not None:  # a shape seen before: one dict lookup, then the launch
-            return launch(ready, inputs)
+        if ready is not None:  # a shape seen before: one dict lookup, then the kernels
+            return run(ready, inputs)
         plan, _ = self.select(inputs)
         try:
             outs = launch(plan, inputs)
@@ -91,8 +92,14 @@ class CompiledOperator:
                 raise
             raise CompileFailure(f"its kernels failed on their first launch ({_reason(err)})") from err
         self._launched.add(id(plan))
-        remember(self._ready, shapes, plan)
+        remember(self._ready, shapes, prepare(plan, inputs))
         return outs
+
+    def ready(self, inputs: dict[str, torch.Tensor]):
+        """The launch serving these input shapes once they have run, as a callable on
+        inputs of these shapes; else None."""
+        prepared = self._ready.get(tuple((k, v.shape) for k, v in inputs.items()))
+        return None if prepared is None else functools.partial(run, prepared)
 
     def select(self, inputs: dict[str, torch.Tensor]):
         """(plan, spec) for these inputs: cached per shape tuple, so a repeated shape costs a
