@@ -66,6 +66,21 @@ def test_dynamic_reduced_extent_is_ranked_short_and_long():
         run_and_check(cand.graph, long, {**env, "s": s}, seed=s)
 
 
+def test_grid_lanes_past_a_dynamic_extent_load_unmasked():
+    """A q tile's rows past a dynamic s are never stored: the load reads row s-1 there
+    instead of masking (a masked tl.dot operand made Triton spill registers), the store
+    still masks them, and results hold at odd s into a poisoned output."""
+    cand = CANDIDATES["mha_causal"]()
+    env = {"b": 1, "h": 2, "s": 37, "d": 16}
+    plan = schedule(cand, env, dynamic={"s"}, target=LOOPS, top_k=1)[0]
+    lines = [line for k in plan.kernels for line in k.source.splitlines()]
+    q_load = next(line for line in lines if "tl.load(q_ptr" in line)
+    assert "tl.minimum(idx" in q_load and "mask=" not in q_load, q_load
+    assert all("mask=" in line for line in lines if "tl.store(" in line)
+    for s in (5, 37, 50):
+        run_and_check(cand.graph, plan, {**env, "s": s}, seed=s)
+
+
 def test_gpu_branch_compiles_every_plan_once_and_ranks_each_bucket(monkeypatch, tmp_path, capsys):
     """The CUDA branch of the plan choice, run here with a recording launch (the
     kernels' numerics are tested elsewhere): the first call launches every plan, those
