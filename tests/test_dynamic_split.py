@@ -11,7 +11,7 @@ import torch
 from cleave import workloads as W
 from cleave.interpreter import interpret
 from cleave.ir import BindingError
-from cleave.runtime.operator import CompiledOperator
+from cleave.runtime.operator import CompiledOperator, NotReadyDuringCapture
 from cleave.scheduler import launch, schedule
 from cleave.scheduler.api import DYNAMIC_SPLITS
 from fixtures_candidates import CANDIDATES
@@ -126,6 +126,33 @@ def test_each_wave_count_of_a_buckets_choice_is_timed_once(monkeypatch, tmp_path
     assert op.stats["tunings"] == 2
     (spec,) = op.specs.values()
     assert set(A.load_tuning(op.entry, spec.static)) == {"L=64,b=64", "L=64,b=64;waves=1", "L=64,b=64;waves=2"}
+
+
+def test_shapes_first_met_during_graph_capture_are_built_after_it(monkeypatch, tmp_path):
+    """Compiling plans and timing a bucket launch kernels of their own, which a CUDA
+    graph capture would record or refuse: a shape first met during a capture raises
+    NotReadyDuringCapture with nothing launched, timed or remembered; outside the
+    capture the same shape is built as usual, and a later capture simply launches it."""
+    import cleave.runtime.operator as operator
+
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    scratch, launched, capturing = operator._scratch, [], [True]
+    monkeypatch.setattr(operator, "_scratch", lambda plan, device: scratch(plan, "meta"))
+    monkeypatch.setattr(operator, "launch", lambda plan, inputs, out=None: launched.append("built") or [None])
+    monkeypatch.setattr(operator, "run", lambda prepared, inputs, out=None: launched.append("ready") or [None])
+    monkeypatch.setattr(operator, "_capturing", lambda device: capturing[0])
+    op = CompiledOperator(W.get("gqa_decode").graph, {"b", "L"}, top_k=1)
+    op.device = torch.device("cuda")
+    inputs = W.get("gqa_decode").inputs({**DECODE, "L": 45}, seed=1)
+    with pytest.raises(NotReadyDuringCapture, match="first met during CUDA graph capture"):
+        op(inputs)
+    assert launched == [] and op.stats["tunings"] == 0 and not op._ready and not op._dispatch
+    capturing[0] = False
+    op(inputs)
+    assert op.stats["tunings"] == 1 and set(launched) == {"built"}
+    capturing[0], launched[:] = True, []
+    op(inputs)
+    assert launched == ["ready"]
 
 
 def test_blocks_per_sm_is_the_tightest_resource():

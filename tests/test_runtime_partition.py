@@ -69,3 +69,30 @@ def test_operator_that_fails_to_build_warns_could_not_compile_and_runs_eagerly(d
     assert "running eagerly" in messages[0] and "not supported" not in messages[0]
     stats = compiled.stats
     assert stats["failed"] == 1 and stats["graph_breaks"] == 0 and stats["unsupported"] == []
+
+
+def test_call_first_met_during_graph_capture_runs_eagerly_with_one_warning(doubles, monkeypatch):
+    """Under a CUDA graph capture, shapes cleave has not built yet run eagerly (it
+    cannot compile or time kernels there), with one warning that says so and without
+    marking the operator failed; the next call outside the capture compiles it."""
+    import cleave.runtime.operator as operator
+
+    capturing = [True]
+    monkeypatch.setattr(operator, "_capturing", lambda device: capturing[0])
+    monkeypatch.setattr(operator, "device_name", lambda device: "a GPU")  # this machine has none
+
+    def f(x, w):
+        return torch.softmax(x @ w, dim=-1)
+    compiled = cleave.compile(f, dynamic={"x": {0: "s"}}, device="cuda")
+    x, w = torch.randn(5, 7), torch.randn(7, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x, w), f(x, w))
+    messages = [str(m.message) for m in caught if "cleave" in str(m.message)]
+    assert len(messages) == 1, messages
+    assert "CUDA graph capture" in messages[0] and "ran eagerly" in messages[0]
+    assert compiled.stats["failed"] == 0 and compiled.stats["tunings"] == 0
+    capturing[0] = False
+    torch.testing.assert_close(compiled(x, w), f(x, w))
+    assert compiled.stats["tunings"] == 1 and compiled.stats["failed"] == 0

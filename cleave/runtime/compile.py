@@ -53,8 +53,9 @@ class CompiledFunction:
                 return self._call_dynamo(args)
         result = runner(*args)
         # Later calls with exactly these arguments go straight to the prepared kernels.
-        hot = runner.hot(args) if isinstance(runner, Launcher) else None
-        remember(self._seen, exact, hot or runner)
+        fast = runner.hot(args) if isinstance(runner, Launcher) else runner
+        if fast is not None:
+            remember(self._seen, exact, fast)
         return result
 
     def prepare(self, *args):

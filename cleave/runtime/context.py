@@ -23,6 +23,7 @@ class Context:
         self.warned: set[str] = set()
         self.failed: list[str] = []
         self.eager_regions = 0
+        self.capture_notes: set[str] = set()
         self.log: list | None = None  # a list while explain runs: (operator, spec, plan, shapes) per launch
 
     def operator(self, graph: Graph, dynamic: set[str], device: torch.device) -> CompiledOperator:
@@ -47,6 +48,14 @@ class Context:
         message = f"cleave: could not compile {name} (in {where}): {reason}; running eagerly"
         if message not in self.failed:
             self.failed.append(message)
+            warnings.warn(message, stacklevel=4)
+
+    def warn_capture(self, where: str, reason: str) -> None:
+        """Shapes first met inside a CUDA graph capture ran eagerly: said once per reason."""
+        message = (f"cleave: {reason} (in {where}); that call ran eagerly, so the captured graph holds "
+                   f"PyTorch's kernels: call it once with these shapes before capturing")
+        if message not in self.capture_notes:
+            self.capture_notes.add(message)
             warnings.warn(message, stacklevel=4)
 
     def stats(self) -> dict:

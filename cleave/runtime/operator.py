@@ -11,7 +11,10 @@ and running an artifact needs torch and triton alone.
 
 Failures to build (the search, the scheduler, or a kernel's first launch, which
 is when Triton compiles it) raise CompileFailure; the caller runs the code
-eagerly instead. Errors on later launches are real errors and propagate.
+eagerly instead. Errors on later launches are real errors and propagate. While
+the caller captures a CUDA graph nothing is compiled or timed (that would launch
+kernels into the graph): shapes not built yet raise NotReadyDuringCapture, and
+that one call runs eagerly.
 """
 from __future__ import annotations
 
@@ -41,6 +44,12 @@ STAT_KEYS = ("calls", "searches", "compiles", "from_cache", "tunings", "search_s
 class CompileFailure(CleaveError):
     """cleave could not build this operator for these shapes (search, scheduler or
     the kernels' first launch failed); the message says why."""
+
+
+class NotReadyDuringCapture(CleaveError):
+    """These shapes need kernels compiled or a bucket timed, which launch work of their
+    own: not while the caller captures a CUDA graph. This call runs eagerly; the next
+    one outside a capture builds them."""
 
 
 @dataclass
@@ -83,6 +92,8 @@ class CompiledOperator:
         if ready is not None:  # a shape seen before: one dict lookup, then the kernels
             return run(ready, inputs)
         plan, _ = self.select(inputs)
+        if id(plan) not in self._launched:
+            self._outside_capture("its kernels compiled")
         try:
             outs = launch(plan, inputs)
         except BindingError:  # the inputs do not fit the graph: the caller's error, not cleave's
@@ -114,7 +125,7 @@ class CompiledOperator:
         try:
             spec = self._spec(static, env)
             plan = self._choose(spec, env, inputs)
-        except (CompileFailure, BindingError):
+        except (CompileFailure, BindingError, NotReadyDuringCapture):
             raise
         except Exception as err:  # search, scheduler, or their imports (no egglog on a serving box)
             raise CompileFailure(_reason(err)) from err
@@ -162,8 +173,14 @@ class CompiledOperator:
                 ranking = [i for i in spec.tuning.get(sub, []) if i in fits] or self._tune(spec, sub, fits, inputs)
         return spec.plans[ranking[0]]
 
+    def _outside_capture(self, step: str) -> None:
+        if _capturing(self.device):
+            raise NotReadyDuringCapture(f"{self.graph.name} needs {step} for shapes first met during CUDA graph "
+                                        f"capture")
+
     def _tune(self, spec: Spec, key: str, fits: list[int], inputs) -> list[int]:
         """Time the plans that fit on these inputs; save and return their ranking."""
+        self._outside_capture(f"shape bucket {key} timed")
         start = time.perf_counter()
         ranking = [fits[i] for i in rank([spec.plans[i] for i in fits], inputs)]
         best = spec.plans[ranking[0]]
@@ -188,6 +205,7 @@ class CompiledOperator:
         every value)."""
         if spec.warm:
             return
+        self._outside_capture("its plans compiled")
         start = time.perf_counter()
         for i, plan in enumerate(spec.plans):
             if id(plan) in self._launched:
@@ -283,6 +301,11 @@ def search(graph: Graph, top_k: int):
     from ..search.api import search as run
 
     return run(graph, top_k=top_k)
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether the current CUDA stream is capturing a graph (never off the GPU)."""
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _progress(line: str) -> None:

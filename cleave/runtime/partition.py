@@ -15,7 +15,7 @@ import torch.fx
 from torch.fx.passes.split_module import split_module
 
 from .context import Context
-from .operator import CompileFailure
+from .operator import CompileFailure, NotReadyDuringCapture
 
 
 def op_name(target) -> str:
@@ -189,6 +189,9 @@ class Launcher:
             self.ctx.warn_failed(self.op.graph.name, self.where, str(err))
             self.failed = True
             return self.eager_fn(*args)
+        except NotReadyDuringCapture as err:
+            self.ctx.warn_capture(self.where, str(err))
+            return self.eager_fn(*args)
         return tuple(outs) if self.tuple_output else outs[0]
 
     def _inputs(self, args) -> dict[str, torch.Tensor]:
@@ -200,9 +203,12 @@ class Launcher:
         """A callable for later calls whose arguments match these exactly (shapes, dtypes,
         devices), once they have run: the operator's prepared launch, without this
         launcher's, the context's and the operator's per-call lookups (a decode step's
-        kernels take less time than the host spends launching them). None when these
-        arguments did not run compiled."""
-        launch = None if self.failed else self.op.ready(self._inputs(args))
+        kernels take less time than the host spends launching them). The launcher
+        itself once it runs eagerly for good; None while these arguments have not run
+        compiled yet (first met during a CUDA graph capture)."""
+        if self.failed:
+            return self
+        launch = self.op.ready(self._inputs(args))
         if launch is None:
             return None
         op, ctx, names, positions, tuple_output = self.op, self.ctx, self.graph_inputs, self.positions, self.tuple_output
