@@ -96,3 +96,19 @@ def test_call_first_met_during_graph_capture_runs_eagerly_with_one_warning(doubl
     capturing[0] = False
     torch.testing.assert_close(compiled(x, w), f(x, w))
     assert compiled.stats["tunings"] == 1 and compiled.stats["failed"] == 0
+
+
+def test_repeated_call_through_dynamo_regions_goes_straight_to_the_kernels(doubles, monkeypatch):
+    """Behind a graph break (dynamo regions), a call whose arguments match an earlier one
+    exactly skips the region's signature and the operator lookups, on fresh values."""
+    compiled = cleave.compile(sorted_softmax, dynamic={"x": {0: "s"}})
+    w = torch.randn(7, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled(torch.randn(8, 7), w)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a call seen before was looked up again")
+    monkeypatch.setattr(compiled.ctx, "run", refuse)
+    x = torch.randn(8, 7)
+    torch.testing.assert_close(compiled(x, w), sorted_softmax(x, w))

@@ -13,9 +13,8 @@ import inspect
 import torch
 
 from ..ir import CleaveError
-from ..scheduler.launch import remember
 from .context import Context
-from .partition import Launcher
+from .partition import Launcher, exact_key, remember_fast
 
 
 class CompiledFunction:
@@ -41,7 +40,7 @@ class CompiledFunction:
         self.calls += 1
         if self._dynamo is not None:
             return self._call_dynamo(args)
-        exact = tuple((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+        exact = exact_key(args)
         runner = self._seen.get(exact)
         if runner is not None:
             return runner(*args)
@@ -52,10 +51,7 @@ class CompiledFunction:
             if runner is None:
                 return self._call_dynamo(args)
         result = runner(*args)
-        # Later calls with exactly these arguments go straight to the prepared kernels.
-        fast = runner.hot(args) if isinstance(runner, Launcher) else runner
-        if fast is not None:
-            remember(self._seen, exact, fast)
+        remember_fast(self._seen, exact, runner, args)
         return result
 
     def prepare(self, *args):

@@ -14,6 +14,7 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
+from ..scheduler.launch import remember
 from .context import Context
 from .operator import CompileFailure, NotReadyDuringCapture
 
@@ -99,6 +100,7 @@ class Region:
         self.dynamic = {p.name: _dynamic_axes(p) for p in self.placeholders}
         self.sizes = _size_inputs(self.placeholders, self.dynamic)
         self.runners: dict[tuple, object] = {}
+        self.seen: dict[tuple, object] = {}  # exact arguments -> runner: skips the signature
 
     def signature(self, args) -> tuple:
         sig = []
@@ -111,11 +113,17 @@ class Region:
         return tuple(sig)
 
     def __call__(self, *args):
+        exact = exact_key(args)
+        runner = self.seen.get(exact)
+        if runner is not None:
+            return runner(*args)
         sig = self.signature(args)
         runner = self.runners.get(sig)
         if runner is None:
             runner = self.runners[sig] = self._build(args)
-        return runner(*args)
+        result = runner(*args)
+        remember_fast(self.seen, exact, runner, args)
+        return result
 
     def _build(self, args):
         from .. import capture
@@ -224,6 +232,20 @@ class Launcher:
             return tuple(outs) if tuple_output else outs[0]
 
         return launch_hot
+
+
+def exact_key(args) -> tuple:
+    """What a prepared launch depends on: each tensor's shape, dtype and device, and
+    every other argument's value."""
+    return tuple((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def remember_fast(memo: dict, key: tuple, runner, args) -> None:
+    """Keep for calls with exactly these arguments the runner's fastest form: a
+    Launcher's hot path once they have run compiled, any other runner as it is."""
+    fast = runner.hot(args) if isinstance(runner, Launcher) else runner
+    if fast is not None:
+        remember(memo, key, fast)
 
 
 def _dynamic_axes(placeholder: torch.fx.Node) -> dict[int, str]:
