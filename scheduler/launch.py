@@ -21,7 +21,7 @@ from cleave.ir.dtypes import dtype as ir_dtype
 from .exprs import evaluate
 from .plan import Plan
 
-WORKSPACE_ALIGN = 256  # bytes: the caching allocator's own block alignment
+WORKSPACE_ALIGN = 256  # bytes: what cudaMalloc guarantees (the caching allocator gives 512)
 _MODULES: dict[tuple, object] = {}  # (kernel name, source hash) -> the jitted function
 _DIR = tempfile.mkdtemp(prefix="cleave_kernels_")
 

@@ -219,17 +219,14 @@ class Launcher:
         launch = self.op.ready(self._inputs(args))
         if launch is None:
             return None
-        op, ctx, names, positions, tuple_output = self.op, self.ctx, self.graph_inputs, self.positions, self.tuple_output
+        stats, ctx = self.op.stats, self.ctx
 
         def launch_hot(*args):
             if ctx.log is not None:  # explain records each launch: the full path does
                 return self(*args)
-            op.stats["calls"] += 1
-            if positions is None:
-                outs = launch(dict(zip(names, [a for a in args if isinstance(a, torch.Tensor)])))
-            else:
-                outs = launch({k: args[i] for k, i in zip(names, positions)})
-            return tuple(outs) if tuple_output else outs[0]
+            stats["calls"] += 1
+            outs = launch(self._inputs(args))
+            return tuple(outs) if self.tuple_output else outs[0]
 
         return launch_hot
 
