@@ -10,7 +10,7 @@ from cleave.ir.graph import rebuild
 
 from .codegen import Emitter, fact_table
 from .cost import kernel_time
-from .exprs import code
+from .exprs import code, evaluate
 from .partition import KernelSpec, Store, partition
 from .plan import Buffer, Kernel, Plan
 from .target import H200
@@ -30,10 +30,7 @@ def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
     spec = KernelSpec(spec.name, views, stores, spec.root_labels)
     em = Emitter(spec, t, facts, env, dynamic)
     source, bufs, grid = em.program(spec.name, symbols, dynamic)
-    programs = 1
-    for lab in spec.root_labels:
-        programs *= -(-D.evaluate(lab.extent, env) // t.block[lab.id])
-    return em.stats, programs, source, bufs, grid
+    return em.stats, evaluate(grid[0], env), source, bufs, grid
 
 
 def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
@@ -136,7 +133,9 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     facts = fact_table(graph, candidate.facts)
     dynamic = set(dynamic)
     splits = split_symbols(graph)
-    env = dict(shapes)
+    # The plans serve every value of a dynamic symbol; one that is 0 here (a first call
+    # with an empty batch) is ranked at 1 instead, where the kernels have programs to cost.
+    env = {s: 1 if s in dynamic and v == 0 else v for s, v in shapes.items()}
     missing = [s.name for s in graph.symbols() if s.name not in env and s.name not in splits]
     if missing:
         raise BindingError(f"scheduler: no value for symbol(s) {', '.join(missing)}")
@@ -189,8 +188,12 @@ def _rankings(graph, facts, envs, dynamic, symbols, target, top_k, split=None) -
 
 
 def _by_cost(options: list[Plan]) -> list[Plan]:
-    """Costs within 2% are a tie at the model's resolution: prefer more parallel programs."""
-    return sorted(options, key=lambda p: (math.floor(math.log(p.cost) / math.log(1.02)), -_programs(p)))
+    """Costs within 2% are a tie at the model's resolution: prefer more parallel programs.
+    A plan whose outputs are all empty (a static extent 0) launches nothing: it costs 0."""
+    def tier(cost):
+        return math.floor(math.log(cost) / math.log(1.02)) if cost > 0 else -math.inf
+
+    return sorted(options, key=lambda p: (tier(p.cost), -_programs(p)))
 
 
 def _long(graph, env, dynamic) -> dict | None:
@@ -254,8 +257,6 @@ def lead_with_each_split(ranked: list[Plan], top_k: int) -> list[Plan]:
 
 
 def _programs(plan: Plan) -> int:
-    from .exprs import evaluate
-
     return max(evaluate(k.grid[0], plan.env) for k in plan.kernels)
 
 

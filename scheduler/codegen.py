@@ -37,8 +37,12 @@ UNARY = {"exp": "tl.exp({x})", "log": "tl.log({x})", "sqrt": "tl.sqrt({x})", "rs
          "neg": "-{x}", "recip": "1.0 / {x}", "silu": "{x} * tl.sigmoid({x})", "sigmoid": "tl.sigmoid({x})",
          "tanh": "2.0 * tl.sigmoid(2.0 * {x}) - 1.0", "square": "{x} * {x}", "cos": "tl.cos({x})",
          "sin": "tl.sin({x})", "abs": "tl.abs({x})"}
+# torch.pow: |a|^b through exp and log, negated for a negative base and an odd integer
+# exponent, NaN for a negative base and a fractional one, and 1 for a zero exponent.
+POW = ("tl.where({b} == 0.0, 1.0, tl.where(({a} < 0.0) & (tl.floor({b}) != {b}), float(\"nan\"), "
+       "tl.where(({a} < 0.0) & (tl.floor({b} * 0.5) * 2.0 != {b}), -1.0, 1.0) * tl.exp(tl.log(tl.abs({a})) * {b})))")
 BINARY = {"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
-          "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})", "pow": "tl.exp(tl.log({a}) * {b})",
+          "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})", "pow": POW,
           "lt": "{a} < {b}", "le": "{a} <= {b}", "gt": "{a} > {b}", "ge": "{a} >= {b}", "eq": "{a} == {b}",
           "ne": "{a} != {b}"}
 
@@ -84,7 +88,12 @@ class Emitter:
         # masked. A masked tl.dot operand (a dynamic prefill's q tile) made Triton spill
         # registers: 25% of that kernel's time on the H200.
         reduced = {i.reduced.id for i in self.views.memo.values() if i.reduced is not None}
-        self.free_lanes = {i for i in grid if t.block[i] > 1 and i not in reduced}
+        # A store that does not vary over a grid label (a row sum beside the rows) needs a
+        # program even where that label's extent is 0, so the label keeps one tile there.
+        # Its lanes may then all be invalid: they are masked, never clamped to a last lane.
+        stored = [self.views.labels_of(st.view) for st in spec.stores]
+        self.one_tile_at_least = {i for i in grid if t.static.get(i, 0) == 0 and any(i not in s for s in stored)}
+        self.free_lanes = {i for i in grid if t.block[i] > 1 and i not in reduced} - self.one_tile_at_least
 
     # -- small helpers ----------------------------------------------------
     def var(self, block: Block, expr: str, dims, ty: str, prefix="v") -> Val:
@@ -113,7 +122,11 @@ class Emitter:
     def valid(self, lid: int, dims) -> str | None:
         lab, b = self.labels[lid], self.t.block[lid]
         static = self.t.static.get(lid)
-        if (b == 1 and self.t.role[lid] != "loop") or (static is not None and static % b == 0) or lid == self.whole:
+        if lid in self.one_tile_at_least:
+            return f"({self.idx(lid, dims)} < {code(lab.extent)})"
+        # An empty extent is divided by every tile but has no valid index: it keeps its mask.
+        if (b == 1 and self.t.role[lid] != "loop") or (static is not None and static > 0 and static % b == 0) \
+                or lid == self.whole:
             return None  # a program's own grid index, tiles that divide the extent, or a whole-tile segment
         return f"({self.idx(lid, dims)} < {code(lab.extent)})"
 
@@ -189,7 +202,7 @@ class Emitter:
             return self.var(b, UNARY[op].format(x=self.f32(args[0])), dims, "tl.float32")
         if op == "cast":
             ty = TL[n.dtype]
-            out = self.var(b, f"{args[0].name}.to({ty})", args[0].dims, ty)
+            out = self.var(b, convert(args[0].name, ty), args[0].dims, ty)
             out.zero = args[0].zero
             return out
         if op in BINARY:
@@ -330,10 +343,17 @@ class Emitter:
         flops = 2 * elems * self.t.block[k] * b.trips
         self.stats.flops += flops
         if blocks_ok and shape_ok and tuple(m) in ((mk[0], kn[0]), (kn[0], mk[0])):
-            # Padded contraction lanes must contribute 0: a masked load is 0 there,
-            # a computed operand is masked (one zero side suffices, the other is finite).
-            if self.valid(k, a.dims) and not (a.zero or c.zero):
-                a = self.var(b, f"tl.where({self.valid(k, a.dims)}, {a.name}, 0.0).to({a.ty})", a.dims, a.ty)
+            # Padded contraction lanes must contribute exactly 0: a masked load is 0 there, a
+            # computed operand is masked too, since a zero on the other side does not make
+            # inf vanish (softmax's exp(0 - m) on a padded lane is inf when every score is
+            # below -88, and over an empty axis, whose max m is -inf).
+            def zero_padded(v: Val) -> Val:
+                valid = self.valid(k, v.dims)
+                if v.zero or not valid:
+                    return v
+                return self.var(b, f"tl.where({valid}, {v.name}, 0.0).to({v.ty})", v.dims, v.ty)
+
+            a, c = zero_padded(a), zero_padded(c)
             low = (a.ty in LOW or self._low(na)) and (c.ty in LOW or self._low(nc))
             if tuple(m) == (mk[0], kn[0]):
                 lo, hi = self.operand(a, na, (mk[0], k), low), self.operand(c, nc, (k, kn[0]), low)
@@ -511,7 +531,8 @@ class Emitter:
         tiles = {lid: self.grid_tiles(lid) for lid in order}
         for lid in order:
             bx = self.t.block[lid]
-            grid_terms.append(f"cdiv({code(self.labels[lid].extent)}, {bx})" if bx > 1 else code(self.labels[lid].extent))
+            term = f"cdiv({code(self.labels[lid].extent)}, {bx})" if bx > 1 else code(self.labels[lid].extent)
+            grid_terms.append(f"max({term}, 1)" if lid in self.one_tile_at_least else term)
         if len(order) >= 2 and all(self.t.block[i] > 1 for i in order[:2]) and set(order[:2]) <= dot_labels(self.views):
             # Two tiled MatMul sides: GROUP rows of tiles run together so that a wave of
             # programs reuses their A rows and B columns from L2 (grouped program order).
@@ -558,14 +579,15 @@ class Emitter:
         src = ["import os", "", "import triton", "import triton.language as tl", "",
                "# Triton's CPU interpreter computes bf16 tl.dot wrongly; it gets fp32 operands there.",
                "DOT_BF16 = tl.constexpr(tl.float32 if os.environ.get(\"TRITON_INTERPRET\") == \"1\" else tl.bfloat16)",
-               "", ""] + comment + [
+               ""] + ROUND_BF16 + ["", ""] + comment + [
             f"@triton.jit{dns}", f"def {name}({', '.join(params)}):"] + ["    " + ln for ln in top.lines]
         grid = " * ".join(grid_terms) or "1"
         return "\n".join(src) + "\n", bufs, [grid]
 
     def grid_tiles(self, lid: int) -> str:
         bx, ext = self.t.block[lid], code(self.labels[lid].extent)
-        return f"(({ext} + {bx - 1}) // {bx})" if bx > 1 else ext
+        tiles = f"(({ext} + {bx - 1}) // {bx})" if bx > 1 else ext
+        return f"max({tiles}, 1)" if lid in self.one_tile_at_least else tiles
 
     def canon_grid(self) -> list:
         return [lab.id for lab in self.spec.root_labels]
@@ -595,7 +617,27 @@ class Emitter:
         elif not v.dims and dims:
             value = f"tl.full({[self.t.block[d] for d in dims]}, 0, {v.ty}) + {value}"
         m = f", mask={' & '.join(mask)}" if mask else ""
-        b.lines.append(f"tl.store({addr}, {value}.to({st.buffer}_ptr.dtype.element_ty){m})")
+        b.lines.append(f"tl.store({addr}, {convert(value, ty)}{m})")
+
+
+# A cast to bf16 rounds to nearest even on the GPU; Triton's CPU interpreter truncates,
+# so there the rounding is done on the bits first (the cast is then exact).
+ROUND_BF16 = [
+    "INTERPRETED = tl.constexpr(os.environ.get(\"TRITON_INTERPRET\") == \"1\")",
+    "",
+    "",
+    "@triton.jit",
+    "def to_bf16(x):",
+    "    if INTERPRETED:",
+    "        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)",
+    "        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000",
+    "        x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))",
+    "    return x.to(tl.bfloat16)",
+]
+
+
+def convert(value: str, ty: str) -> str:
+    return f"to_bf16({value})" if ty == "tl.bfloat16" else f"{value}.to({ty})"
 
 
 def _prod(xs) -> int:

@@ -32,6 +32,8 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
     regs = 32 + (stats.acc_elems + 1.5 * stats.tile_elems) / threads
     if regs > 255:
         return None
+    if programs == 0:  # an empty output or intermediate: launch skips the kernel
+        return 0.0
     per_sm = max(1, min(target.smem_per_block // max(smem, 1), WARPS_PER_SM // num_warps,
                         REGS_PER_SM // int(regs * threads)))
     slots = target.sms * per_sm

@@ -44,4 +44,4 @@ def _p(e, names) -> str:
 
 def evaluate(text: str, env: dict[str, int]) -> int:
     """Evaluate a printed grid or shape expression with integer symbol values."""
-    return int(eval(text, {"__builtins__": {}, "cdiv": lambda a, b: -(-a // b)}, dict(env)))
+    return int(eval(text, {"__builtins__": {}, "cdiv": lambda a, b: -(-a // b), "max": max}, dict(env)))

@@ -3,9 +3,12 @@ load each kernel's module once per plan, launch. Imports torch and triton only
 (plus the IR's binder), never egglog, z3, cleave.search or cleave.verify."""
 from __future__ import annotations
 
+import atexit
+import functools
 import importlib.util
 import math
 import os
+import shutil
 import sys
 import tempfile
 
@@ -23,7 +26,20 @@ from .plan import Plan
 
 WORKSPACE_ALIGN = 256  # bytes: what cudaMalloc guarantees (the caching allocator gives 512)
 _MODULES: dict[tuple, object] = {}  # (kernel name, source hash) -> the jitted function
-_DIR = tempfile.mkdtemp(prefix="cleave_kernels_")
+
+
+@functools.cache
+def _kernel_dir() -> str:
+    """This process's directory of kernel files, made on first need and removed at exit
+    (by the process that made it, not by a forked child)."""
+    path = tempfile.mkdtemp(prefix="cleave_kernels_")
+    atexit.register(_remove_kernel_dir, path, os.getpid())
+    return path
+
+
+def _remove_kernel_dir(path: str, owner: int) -> None:
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _kernel_fn(plan: Plan, k):
@@ -31,7 +47,7 @@ def _kernel_fn(plan: Plan, k):
     fn = _MODULES.get(key)
     if fn is None:
         # Triton reads a jitted function's source from its file: write it, then import.
-        path = os.path.join(_DIR, f"{k.name}_{abs(hash(k.source)):x}.py")
+        path = os.path.join(_kernel_dir(), f"{k.name}_{abs(hash(k.source)):x}.py")
         with open(path, "w") as f:
             f.write(k.source)
         spec = importlib.util.spec_from_file_location(f"cleave_kernel_{abs(hash(k.source)):x}", path)
@@ -80,6 +96,9 @@ class _Prepared:
                          [(a, None) if a not in env else (None, env[a]) for a in k.args],
                          dict(k.constexprs, num_warps=k.num_warps, num_stages=k.num_stages))
                         for k in plan.kernels]
+        # Kernels without programs here (an empty output or intermediate) are skipped:
+        # Triton does not compile them at this shape.
+        self.launches = [grid[0] > 0 for _, grid, _, _ in self.kernels]
         # Triton's compiled kernel per launch, once the JIT has picked it for these
         # shapes: calling it directly skips the JIT's per-call argument binding and
         # cache lookup (most of a small decode step's launch cost).
@@ -154,6 +173,8 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
             tensors.update(_views(prepared, workspace))
     stream = None
     for i, (fn, grid, args, options) in enumerate(prepared.kernels):
+        if not prepared.launches[i]:  # nothing to compute, and a GPU rejects an empty grid
+            continue
         values = [tensors[name] if name is not None else value for name, value in args]
         direct = prepared.direct[i]
         if direct is not None and direct_now:

@@ -4,6 +4,7 @@ still varies over the chunk-count label) is materialised by a producer kernel wh
 grid includes that label, and the consumer (the combine) reads it back."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import sympy
@@ -39,13 +40,22 @@ def buffer_name(graph: Graph, node: Node) -> str:
     return f"t{node.id}"
 
 
-def _build(graph: Graph, roots: list[Node], leaves: set) -> KernelSpec:
+def identifier(name: str) -> str:
+    """A graph's name as the stem of its kernels' names, which must be Python identifiers:
+    the words of `<lambda>`, `functools.partial(...)` or `my-fn.v2` joined by `_`, no
+    leading digit (the `_k0` that follows keeps a keyword such as `if` from being one)."""
+    stem = "_".join(re.findall(r"\w+", name, flags=re.ASCII)) or "kernel"
+    return f"fn_{stem}" if stem[0].isdigit() else stem
+
+
+def _build(graph: Graph, roots: list[tuple[Node, str]], leaves: set) -> KernelSpec:
+    """One kernel storing each root node into its buffer."""
     views = Views(graph, set(leaves))
     by_pos: dict = {}
     stores, root_labels = [], []
-    for out in roots:
+    for out, buffer in roots:
         # an output buffer holds the node's own dtype (an intermediate holds f32)
-        inner, chain = store_chain(out, out.dtype if any(out is o for o in graph.outputs) else None)
+        inner, chain = store_chain(out, out.dtype if buffer in graph.output_names else None)
         view, seen = [], {}
         for d in inner.shape:
             if D.is_one(d):
@@ -59,7 +69,7 @@ def _build(graph: Graph, roots: list[Node], leaves: set) -> KernelSpec:
                 root_labels.append(by_pos[key])
             view.append(by_pos[key].sym)
         inst = views.get(inner, tuple(view))
-        stores.append(Store(inst, buffer_name(graph, out), forward_view(chain, tuple(view)), out))
+        stores.append(Store(inst, buffer, forward_view(chain, tuple(view)), out))
     views.roots = [s.inst for s in stores]
     return KernelSpec(graph.name, views, stores, root_labels)
 
@@ -102,10 +112,11 @@ def partition(graph: Graph, env: dict) -> list[KernelSpec]:
         chunk = _split_labels(spec.views, env) - {lab.id for lab in spec.root_labels}
         produced = _per_chunk(spec.views, chunk) if chunk else []
         if produced:
-            visit(produced, leaves)
+            visit([(n, buffer_name(graph, n)) for n in produced], leaves)
             spec = _build(graph, roots, leaves | {n.id for n in produced})
-        spec.name = f"{graph.name}_k{len(kernels)}"
+        spec.name = f"{identifier(graph.name)}_k{len(kernels)}"
         kernels.append(spec)
 
-    visit(list(graph.outputs), set())
+    # Outputs by name: one node may be returned under several names, or be an input.
+    visit(list(zip(graph.outputs, graph.output_names)), set())
     return kernels

@@ -2,13 +2,17 @@
 shapes, against the fp64 interpreter, with fresh random inputs and NaN-poisoned
 outputs. The candidates are stand-ins for search output (tests/fixtures_candidates)."""
 import dataclasses
+import keyword
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
 
+import cleave
 from cleave import workloads as W
 from cleave.scheduler import H200, Plan, launch, profile, schedule
 from fixtures_candidates import CANDIDATES
@@ -179,3 +183,119 @@ def test_small_rows_share_a_program():
     assert plan.tiles["moe_routing_k0.X0"] >= 4
     small = schedule(cand, {"t": 37, "e": 24}, top_k=1)[0]
     _run(cand.graph, small, {"t": 37, "e": 24}, seed=6)
+
+
+def test_padded_contraction_lanes_add_nothing_to_a_dot():
+    """A computed tl.dot operand is masked on the padded lanes of a ragged contraction
+    tile: a zero load on the other side does not cancel inf there (softmax's exp(0 - m)
+    on a padded lane overflows when every score of the row is below -88)."""
+    from cleave.interpreter import interpret
+    from cleave.ir import Graph
+    from kernel_check import check_outputs
+
+    g = Graph("softmax_matmul")
+    x, v = g.input("x", (3, "n"), "f32"), g.input("v", ("n", 5), "f32")
+    e = (x - x.max(-1, keepdim=True)).exp()
+    g.output((e / e.sum(-1, keepdim=True)) @ v, names=["y"])
+    inputs = {"x": torch.randn(3, 37) - 1000.0, "v": torch.randn(37, 5)}
+    for name, target in (("H200", H200), ("LOOPS", LOOPS)):
+        plan = schedule(g, {"n": 37}, target=target, top_k=1)[0]
+        check_outputs(launch(plan, inputs), interpret(g, inputs, compute_dtype=torch.float64), name)
+
+
+@pytest.mark.parametrize("name", ["<lambda>", "functools.partial", "my-fn.v2", "2fast", "class", "<>"])
+def test_kernel_names_are_identifiers_whatever_the_graph_name(name):
+    from cleave.ir import Graph
+
+    g = Graph(name)
+    x = g.input("x", (3, 5), "f32")
+    g.output(x.exp(), names=["y"])
+    plan = schedule(g, {}, top_k=1)[0]
+    kernel = plan.kernels[0]
+    assert kernel.name.isidentifier() and not keyword.iskeyword(kernel.name), kernel.name
+    assert f"def {kernel.name}(" in kernel.source
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(launch(plan, {"x": x})[0], x.exp())
+
+
+def test_compiled_lambda_runs_its_kernels(monkeypatch, tmp_path):
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    f = cleave.compile(lambda x: torch.softmax(x, -1))
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(f(x), torch.softmax(x, -1))
+    assert f.stats["failed"] == 0 and f.stats["compiles"] == 1, f.stats
+
+
+KERNEL_DIR_PROBE = """
+import os, tempfile
+import torch
+import cleave
+from cleave.scheduler import launch, schedule
+
+def kernel_dirs():
+    return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("cleave_kernels_")]
+
+assert not kernel_dirs(), "made before any kernel is loaded"
+g = cleave.Graph("probe")
+g.output(g.input("x", (3, 5), "f32").exp(), names=["y"])
+launch(schedule(g, {}, top_k=1)[0], {"x": torch.randn(3, 5)})
+assert len(kernel_dirs()) == 1, kernel_dirs()
+"""
+
+
+def test_kernel_files_leave_no_directory_behind(tmp_path):
+    """Each process writes its kernel files into one temporary directory, made on first
+    need and removed when the process exits."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "TRITON_INTERPRET": "1", "CLEAVE_CACHE_DIR": str(tmp_path / "c")}
+    done = subprocess.run([sys.executable, "-c", KERNEL_DIR_PROBE], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("cleave_kernels_")]
+
+
+def test_kernel_check_is_element_wise_and_names_seed_and_binding():
+    """One wrong element in a ragged tail passes a relative L2 check (its share of the
+    norm is small) but not the element-wise one; failures name the seed and binding."""
+    from cleave.ir import Graph
+    from kernel_check import check_outputs
+
+    ref = torch.randn(64, 160, dtype=torch.float64)
+    got = ref.bfloat16()
+    got[-1, -1] += 0.05 * ref.abs().max().item()
+    assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-2
+    with pytest.raises(AssertionError, match=r"element-wise error .* at index \[63, 159\]"):
+        check_outputs([got], [ref], "tail")
+    g, other = Graph("exp"), Graph("exp")
+    g.output(g.input("x", (3, "n"), "f32").exp(), names=["y"])
+    other.output(other.input("x", (3, "n"), "f32").exp() * 1.01, names=["y"])
+    plan = schedule(g, {"n": 5}, top_k=1)[0]
+    with pytest.raises(AssertionError, match=r"exp: seed 7, binding \{'n': 5\}"):
+        _run(g, plan, {"n": 5}, seed=7, reference=other)
+
+
+def test_each_output_name_gets_its_own_store():
+    """A node returned under several names, or an input returned as is, is stored into
+    every output buffer (not only the first name's, nor into the input)."""
+    from cleave.ir import Graph
+
+    g = Graph("aliases")
+    x = g.input("x", ("n",), "f32")
+    e = x.exp()
+    g.output(e, e, x, names=["a", "b", "c"])
+    plan = schedule(g, {"n": 5}, dynamic={"n"}, top_k=1)[0]
+    for n in (5, 37):
+        _run(g, plan, {"n": n}, seed=n)
+
+
+def test_pow_follows_torch_for_negative_bases():
+    """pow(a, b) is exp(b log|a|) with torch's sign: an odd integer exponent keeps a
+    negative base's sign (GELU's tanh form takes x**3), a fractional one gives NaN."""
+    from cleave.interpreter import interpret
+    from cleave.ir import Graph
+    from kernel_check import check_outputs
+
+    g = Graph("pow")
+    g.output(g.add("pow", g.input("a", (8,), "f32"), g.input("b", (8,), "f32")), names=["y"])
+    inputs = {"a": torch.tensor([-2.0, -2.0, -2.0, -2.0, -1.5, 0.0, 0.0, 3.0]),
+              "b": torch.tensor([3.0, 2.0, 0.5, 0.0, -3.0, 2.0, 0.0, 0.5])}
+    plan = schedule(g, {}, top_k=1)[0]
+    check_outputs(launch(plan, inputs), interpret(g, inputs, compute_dtype=torch.float64), "pow")

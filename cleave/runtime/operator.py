@@ -102,7 +102,8 @@ class CompiledOperator:
             if id(plan) in self._launched:
                 raise
             raise CompileFailure(f"its kernels failed on their first launch ({_reason(err)})") from err
-        self._launched.add(id(plan))
+        if not any(self._empty_outputs(self._env(dict(shapes)))):  # else kernels were skipped, uncompiled
+            self._launched.add(id(plan))
         remember(self._ready, shapes, prepare(plan, inputs))
         return outs
 
@@ -155,7 +156,10 @@ class CompiledOperator:
                                  f"{first.fits({**env, **first.split})}")
         if self.device.type != "cuda" or len(fits) == 1:
             return spec.plans[fits[0]]
-        self._warm(spec, inputs, fits)
+        empty = self._empty_outputs(env)
+        if all(empty):  # no kernel has programs: nothing to time
+            return spec.plans[fits[0]]
+        self._warm(spec, inputs, fits, compiles_all=not any(empty))
         key = bucket(env, self.dynamic)
         ranking = [i for i in spec.tuning.get(key, []) if i in fits]
         timed_here = not ranking
@@ -172,6 +176,11 @@ class CompiledOperator:
             else:
                 ranking = [i for i in spec.tuning.get(sub, []) if i in fits] or self._tune(spec, sub, fits, inputs)
         return spec.plans[ranking[0]]
+
+    def _empty_outputs(self, env: dict) -> list[bool]:
+        """Which outputs have no elements at env. A kernel with nothing to store has no
+        programs: launch skips it, so it is neither compiled nor worth timing there."""
+        return [0 in self.graph.concrete_shape(o, env) for o in self.graph.outputs]
 
     def _outside_capture(self, step: str) -> None:
         if _capturing(self.device):
@@ -198,11 +207,11 @@ class CompiledOperator:
         except OSError as err:  # a read-only artifact: the choice holds for this process
             warnings.warn(f"cleave: cannot save tuning for {self.graph.name} ({err})", stacklevel=5)
 
-    def _warm(self, spec: Spec, inputs, fits):
+    def _warm(self, spec: Spec, inputs, fits, compiles_all: bool):
         """Compile every plan of the spec now, so that no later shape compiles a kernel:
-        the plans that fit run on these inputs, the others on scratch inputs at the
-        binding they were ranked at (dynamic ints are unspecialized: one compile serves
-        every value)."""
+        the plans that fit run on these inputs where that launches every kernel (no output
+        is empty), the others on scratch inputs at the binding they were ranked at
+        (dynamic ints are unspecialized: one compile serves every value)."""
         if spec.warm:
             return
         self._outside_capture("its plans compiled")
@@ -212,7 +221,7 @@ class CompiledOperator:
                 continue
             _progress(f"[cleave compile] {self.graph.name}: plan {i + 1}/{len(spec.plans)} "
                       f"(split {plan.split or 'none'}), {time.perf_counter() - start:.1f}s")
-            args = inputs if i in fits else _scratch(plan, self.device)
+            args = inputs if i in fits and compiles_all else _scratch(plan, self.device)
             try:
                 launch(plan, args)
             except BindingError:

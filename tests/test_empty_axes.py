@@ -1,0 +1,149 @@
+"""Extents of 0, static or dynamic (0 only at run time): every load stays in bounds, a
+reduction over nothing yields its neutral element (sum 0, max -inf, min +inf, MatMul
+0), and a kernel with nothing to compute is not launched. Checked against the fp64
+interpreter under TRITON_INTERPRET=1 (an out-of-bounds load crashes the interpreter),
+with NaN-poisoned outputs."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cleave
+from cleave.runtime.operator import CompiledOperator
+from cleave.scheduler import schedule
+from cleave.scheduler.launch import prepare
+from kernel_check import LOOPS, check_outputs, run_and_check
+
+
+def reduce_exp(op):
+    def build(n):
+        g = cleave.Graph(f"{op}_exp")
+        x = g.input("x", (3, n), "f32")
+        g.output(getattr(x, op)(-1, keepdim=True).exp(), names=["y"])
+        return g
+    return build
+
+
+def matmul_silu(n):  # n is the contracted extent
+    g = cleave.Graph("matmul_silu")
+    x, w = g.input("x", (3, n), "f32"), g.input("w", (n, 4), "f32")
+    g.output((x @ w).silu(), names=["y"])
+    return g
+
+
+def logsumexp(n):  # a softmax-like chain whose output survives the empty axis: -inf
+    g = cleave.Graph("logsumexp")
+    x = g.input("x", (3, n), "f32")
+    m = x.max(-1, keepdim=True)
+    g.output((x - m).exp().sum(-1, keepdim=True).log() + m, names=["y"])
+    return g
+
+
+def softmax_matmul(n):  # attention-like: softmax over n, then a MatMul over n (its output is 0)
+    g = cleave.Graph("softmax_matmul")
+    x, v = g.input("x", (3, n), "f32"), g.input("v", (n, 5), "f32")
+    e = (x - x.max(-1, keepdim=True)).exp()
+    g.output((e / e.sum(-1, keepdim=True)) @ v, names=["y"])
+    return g
+
+
+def softmax(n):  # the output itself is empty
+    g = cleave.Graph("softmax")
+    x = g.input("x", (n, 5), "f32")
+    e = (x - x.max(-1, keepdim=True)).exp()
+    g.output(e / e.sum(-1, keepdim=True), names=["y"])
+    return g
+
+
+def rows_and_row_sums(n):  # one kernel, two outputs: empty rows beside non-empty sums (zeros)
+    g = cleave.Graph("rows_and_row_sums")
+    x = g.input("x", (3, n), "f32")
+    g.output(x.exp(), x.sum(-1), names=["rows", "sums"])
+    return g
+
+
+GRAPHS = {"sum": reduce_exp("sum"), "max": reduce_exp("max"), "min": reduce_exp("min"),
+          "matmul": matmul_silu, "logsumexp": logsumexp, "softmax_matmul": softmax_matmul,
+          "softmax": softmax, "rows_and_row_sums": rows_and_row_sums}
+
+
+@pytest.mark.parametrize("target", [None, LOOPS], ids=["h200", "loops"])
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_static_extent_zero(name, target):
+    graph = GRAPHS[name](0)
+    plan = schedule(graph, {}, top_k=1, **({"target": target} if target else {}))[0]
+    run_and_check(graph, plan, {}, seed=1)
+
+
+@pytest.mark.parametrize("target", [None, LOOPS], ids=["h200", "loops"])
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_dynamic_extent_zero_at_run_time(name, target):
+    """One plan, scheduled at n=5, serves n=0 (and still n=5 and n=37)."""
+    graph = GRAPHS[name]("n")
+    plan = schedule(graph, {"n": 5}, dynamic={"n"}, top_k=1, **({"target": target} if target else {}))[0]
+    for n in (0, 5, 37):
+        run_and_check(graph, plan, {"n": n}, seed=n)
+
+
+def test_empty_output_launches_nothing():
+    """No kernel is launched with an empty grid (a GPU rejects it), static or dynamic."""
+    graph = softmax("b")
+    x = torch.randn(0, 5)
+    for plan in (schedule(softmax(0), {}, top_k=1)[0], schedule(graph, {"b": 4}, dynamic={"b"}, top_k=1)[0]):
+        assert prepare(plan, {"x": x}).launches == [False]
+        run_and_check(graph, plan, {"b": 0}, seed=0)
+
+
+def test_a_dynamic_zero_is_ranked_where_programs_run():
+    """Plans over a dynamic symbol that is 0 at the first call are ranked at 1 (at 0 every
+    kernel would cost nothing), and serve other values."""
+    graph = softmax("b")
+    plans = schedule(graph, {"b": 0}, dynamic={"b"}, top_k=2)
+    assert plans and all(p.env["b"] == 1 for p in plans)
+    run_and_check(graph, plans[0], {"b": 3}, seed=3)
+
+
+def sum_exp(x):
+    return x.sum(-1, keepdim=True).exp()
+
+
+def silu_matmul(x, w):
+    return F.silu(x @ w)
+
+
+@pytest.mark.parametrize("fn, shapes", [(sum_exp, [(3, 0)]), (silu_matmul, [(3, 0), (0, 4)])])
+def test_compile_static_empty_axis(monkeypatch, tmp_path, fn, shapes):
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    compiled = cleave.compile(fn)
+    args = [torch.randn(s) for s in shapes]
+    check_outputs([compiled(*args)], [fn(*(a.double() for a in args))], fn.__name__)
+    assert compiled.stats["failed"] == 0, compiled.stats
+
+
+def test_compile_first_call_with_batch_zero(monkeypatch, tmp_path):
+    """An empty first batch is compiled (no ZeroDivisionError in ranking), and so is
+    every later batch, by the same operator."""
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    f = cleave.compile(lambda x: torch.softmax(x, -1), dynamic={"x": {0: "b"}})
+    for b in (0, 3, 0, 7):
+        x = torch.randn(b, 5)
+        check_outputs([f(x)], [torch.softmax(x.double(), -1)], f"b={b}")
+    assert f.stats["failed"] == 0 and f.stats["compiles"] == 1 and f.stats["searches"] == 1, f.stats
+
+
+def test_operator_at_an_empty_shape_compiles_and_times_nothing(monkeypatch, tmp_path):
+    """On the GPU a shape whose kernels have no programs is neither timed nor counted as
+    having compiled its plan: the first non-empty shape compiles it (outside a capture)."""
+    import cleave.runtime.operator as operator
+
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(operator, "_capturing", lambda device: False)
+    op = CompiledOperator(softmax("b"), {"b"}, top_k=4)
+    op.device = torch.device("cuda")  # the path that warms and times plans; kernels still run on CPU
+    x = torch.randn(0, 5)
+    (got,) = op({"x": x})
+    assert got.shape == (0, 5) and op.stats["tunings"] == 0
+    assert not op._launched  # nothing was compiled at b=0
