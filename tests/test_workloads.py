@@ -14,7 +14,10 @@ def test_interpreter_matches_reference_in_fp64(name):
     w = workloads.get(name)
     for k, env in enumerate(w.test_bindings):
         inputs = w.inputs(env, seed=17 + k, dtype=torch.float64)
-        got = interpret(w.graph, inputs, compute_dtype=torch.float64)
+        # the reference on fp64 inputs casts to fp64 (`.to(q.dtype)`): the graph's casts
+        # are identities here, where the interpreter would round a cast to bf16
+        casts = {n.id for n in w.graph.live_nodes() if n.op == "cast"}
+        got = interpret(w.graph, inputs, compute_dtype=torch.float64, exact=casts)
         want = w.run_reference(inputs)
         assert len(got) == len(want) == len(w.graph.outputs)
         for out, ref, node in zip(got, want, w.graph.outputs):

@@ -68,3 +68,15 @@ def promote(a: DType, b: DType) -> DType:
     if DType.i32 in (a, b):
         return DType.i32
     return DType.bool
+
+
+# The float types whose every value each float type holds exactly (f16 and bf16 each
+# have values the other lacks: range against precision).
+_HOLDS = {DType.f64: {DType.f64, DType.f32, DType.f16, DType.bf16}, DType.f32: {DType.f32, DType.f16, DType.bf16},
+          DType.f16: {DType.f16}, DType.bf16: {DType.bf16}}
+
+
+def rounds(source: DType, target: DType) -> bool:
+    """Whether a float-to-float cast can change a value (it narrows): such a cast
+    is part of what a program computes, never a value identity."""
+    return source.is_float and target.is_float and source not in _HOLDS[target]

@@ -2,10 +2,12 @@
 
 The directory is the user cache dir (platformdirs) unless `CLEAVE_CACHE_DIR` is
 set. The key hashes everything that may change the generated code: the graph's
-structural hash, its dynamic axes, the device, and the cleave/triton/torch versions.
+structural hash, its dynamic axes, the device, the cleave/triton/torch versions and
+a hash of cleave's source (a development tree changes without a new version).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -36,7 +38,22 @@ def versions() -> dict[str, str]:
 
     from .. import __version__
 
-    return {"cleave": __version__, "triton": triton.__version__, "torch": torch.__version__}
+    return {"cleave": __version__, "source": source_hash(), "triton": triton.__version__, "torch": torch.__version__}
+
+
+@functools.cache
+def source_hash() -> str:
+    """A hash of cleave's own code (the package, its rules and its scheduler): an
+    entry built by other code, even under the same version number, is not reused."""
+    import cleave.rules
+    import cleave.scheduler
+
+    digest = hashlib.sha256()
+    for package in (cleave, cleave.rules, cleave.scheduler):
+        root = Path(package.__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def key_fields(graph_key: str, dynamic: set[str], device: str) -> dict:

@@ -1,11 +1,19 @@
-"""Candidate verification against the reference interpreter (fp64, random inputs)."""
+"""Candidate verification against the reference interpreter (fp64, random inputs).
+
+Both graphs are interpreted in fp64 with every narrowing cast rounding, except the
+MatMul operand roundings (encode.operand_roundings), which rules may move: those
+are identities in both. Each output is rounded to its own dtype, as the kernel's
+store rounds it. What remains must agree to fp64 accuracy: a deleted or moved
+rounding (`x.to(bf16).float()` turned into `x`) is a mismatch."""
 from __future__ import annotations
 
 import torch
 
-from cleave.interpreter import interpret
+from cleave.interpreter import TORCH_DTYPES, interpret
 from cleave.ir import BindingError, CleaveError, Graph
 from cleave.ir import dims as D
+
+from .encode import operand_roundings
 
 SMALL = (5, 7, 6, 9, 11, 10, 13)
 
@@ -66,8 +74,7 @@ def check_candidate(naive: Graph, cand: Graph, shapes: dict | None = None, seed:
     (or at the user's `shapes`: symbol -> value). Returns the binding used."""
     env = small_binding(naive, cand, shapes)
     ins = inputs_for(naive, env, seed)
-    want = interpret(naive, ins, compute_dtype=torch.float64, env=env)
-    got = interpret(cand, ins, compute_dtype=torch.float64, env=env)
+    want, got = compared_values(naive, ins, env), compared_values(cand, ins, env)
     for name, w, g in zip(naive.output_names, want, got):
         same = (w.shape == g.shape and (torch.equal(w, g) if not w.is_floating_point()
                                         else torch.allclose(w, g.to(w.dtype), rtol=1e-7, atol=1e-9)))
@@ -77,3 +84,10 @@ def check_candidate(naive: Graph, cand: Graph, shapes: dict | None = None, seed:
                 + ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
                 + f"\n--- input graph ---\n{naive.text()}--- candidate ---\n{cand.text()}")
     return env
+
+
+def compared_values(graph: Graph, inputs: dict[str, torch.Tensor], env: dict) -> list[torch.Tensor]:
+    """The graph's outputs as the candidate check compares them: in fp64, MatMul
+    operand roundings as identities, each float output rounded to its dtype."""
+    values = interpret(graph, inputs, torch.float64, env, exact=operand_roundings(graph))
+    return [v.to(TORCH_DTYPES[o.dtype]).double() if v.is_floating_point() else v for v, o in zip(values, graph.outputs)]

@@ -1,9 +1,12 @@
 """IR graph -> search terms (and the facts only dims can decide), and back.
 
-Float-to-float casts are value identities and are dropped; decoding re-applies
-the graph's precision policy (rules/lower.py). Ops outside the rewritable
-vocabulary (layout, compare, gather, ...) become opaque leaves keyed by their
-IR node, so they decode to themselves.
+Widening float casts are value identities and are dropped; decoding re-applies
+the graph's precision policy (rules/lower.py). A cast that rounds (to bf16, say)
+is kept: as an opaque leaf, so no rule can move or delete it, except where it is
+a MatMul's operand precision (every consumer a MatMul, every MatMul of the graph
+in that precision), which the policy re-applies to each MatMul operand. Ops
+outside the rewritable vocabulary (layout, compare, gather, ...) become opaque
+leaves keyed by their IR node, so they decode to themselves.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import sympy
 
 from cleave.ir import Graph, Node
 from cleave.ir import dims as D
+from cleave.ir.dtypes import rounds
 from cleave.ir.ops import BINARY, UNARY
 from cleave.rules.dsl import REDUCE, Axis, Leaf, Term
 from cleave.rules.lower import LOW, Lowering
@@ -56,22 +60,46 @@ def _is_float_cast(n: Node) -> bool:
     return n.op == "cast" and n.dtype.is_float and n.inputs[0].dtype.is_float
 
 
+def matmul_precision(graph: Graph):
+    """The low precision (f16/bf16) that every MatMul of the graph takes its operands
+    in, or None when there is none or the MatMuls disagree (one takes f32)."""
+    kinds = {x.dtype for n in graph.live_nodes() if n.op == "matmul" for x in n.inputs}
+    return next(iter(kinds)) if len(kinds) == 1 and kinds <= set(LOW) else None
+
+
+def operand_roundings(graph: Graph) -> set[int]:
+    """Ids of the rounding casts that are only a MatMul's operand precision: rules may
+    move where such an operand rounds (FlashAttention rounds P before normalising it),
+    as the lowering casts every MatMul operand to that precision again."""
+    lowp = matmul_precision(graph)
+    if lowp is None:
+        return set()
+    users: dict[int, set[str]] = {}
+    for n in graph.live_nodes():
+        for x in n.inputs:
+            users.setdefault(x.id, set()).add(n.op)
+    outputs = {o.id for o in graph.outputs}
+    return {n.id for n in graph.live_nodes() if _is_float_cast(n) and n.dtype == lowp
+            and users.get(n.id) == {"matmul"} and n.id not in outputs}
+
+
 def encode(graph: Graph) -> Encoded:
     terms: dict[int, object] = {}
+    identities = operand_roundings(graph)
     for n in graph.live_nodes():
-        terms[n.id] = _term(n, [terms[x.id] for x in n.inputs])
-    low = {x.dtype for n in graph.live_nodes() if n.op == "matmul" for x in n.inputs if x.dtype in LOW}
+        args = [terms[x.id] for x in n.inputs]
+        terms[n.id] = args[0] if n.id in identities else _term(n, args)
     out_syms = set()
     for o in graph.outputs:
         out_syms |= D.free_symbols(o.shape)
     all_syms = set(graph.symbols())
     return Encoded(graph, [terms[o.id] for o in graph.outputs], terms,
-                   lowp=min(low, key=str) if low else None, reducible=all_syms - out_syms)
+                   lowp=matmul_precision(graph), reducible=all_syms - out_syms)
 
 
 def _term(n: Node, args: list):
     op, a = n.op, n.attrs
-    if _is_float_cast(n):
+    if _is_float_cast(n) and not rounds(n.inputs[0].dtype, n.dtype):
         return args[0]
     if op in UNARY:
         return Term(op, tuple(args))
