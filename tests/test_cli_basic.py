@@ -1,9 +1,24 @@
-"""`cleave workloads` and `cleave show`, run in-process."""
-import pytest
+"""`cleave --version`, `workloads`, `show`, `cache`, and bad input to `trace` and
+`explain`, run in-process."""
+import errno
+import shutil
 
-from cleave import workloads
+import pytest
+import torch
+from test_runtime_cache import DoubleSearch, install_doubles
+
+from cleave import __version__, workloads
 from cleave.cli.main import main
 from cleave.ir import parse_graph
+from cleave.runtime import cache
+from cleave.runtime.operator import CompiledOperator
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out == f"cleave {__version__}\n" == "cleave 0.1.0\n"
 
 
 def test_workloads_lists_every_workload_with_presets(capsys):
@@ -38,3 +53,98 @@ def test_unknown_workload_is_one_clear_line_and_exit_2(capsys):
     assert len(lines) == 1
     assert "unknown workload 'no_such_workload'" in lines[0] and "mha" in lines[0]
     assert captured.out == ""
+
+
+def test_a_missing_graph_file_is_named_as_a_file(tmp_path, capsys):
+    path = tmp_path / "g.cir"
+    assert main(["show", str(path)]) == 2
+    assert capsys.readouterr().err == f"cleave show: error: graph file {path} does not exist\n"
+
+
+def test_a_file_that_is_not_a_graph_is_named(tmp_path, capsys):
+    path = tmp_path / "weights.cir"
+    path.write_bytes(b"\x80\x04not text")
+    assert main(["show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"cleave show: error: {path}: ") and len(err.splitlines()) == 1
+
+
+# -- cache -------------------------------------------------------------------
+def _rmsnorm_matmul_shapes(s, k, n):
+    return {"x": (s, k), "w": (k, n)}
+
+
+@pytest.fixture
+def one_cached_operator(monkeypatch, tmp_path):
+    """An operator built (searched and scheduled, not launched) into a fresh cache dir,
+    the search and the scheduler replaced by test_runtime_cache's doubles: what is
+    under test is the cache."""
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path / "cache"))
+    install_doubles(monkeypatch)
+    DoubleSearch.calls = 0
+    op = CompiledOperator(workloads.get("rmsnorm_matmul").graph, {"s"})
+    op.prepare(_rmsnorm_matmul_shapes(s=7, k=9, n=5))
+    return op
+
+
+def test_cache_clear_reports_an_entry_it_cannot_remove(one_cached_operator, monkeypatch, capsys):
+    # What rmtree raises in a read-only cache dir; patched because root (CI) may write anywhere.
+    def rmtree(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path / "operator.json"))
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    assert main(["cache", "clear"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("cleave cache: error: removed 0 of 1 cached operator(s); could not remove "
+                                   f"{one_cached_operator.entry} (") and "Permission denied" in captured.err
+    assert one_cached_operator.entry.is_dir()
+
+
+def test_cache_ls_says_what_happens_to_a_damaged_operator_json(one_cached_operator, capsys):
+    w = workloads.get("rmsnorm_matmul")
+    path = one_cached_operator.entry / "operator.json"
+    path.write_text(path.read_text()[:50])
+    assert main(["cache", "ls"]) == 0
+    out = capsys.readouterr().out
+    assert f"DAMAGED: {path} is unreadable" in out
+    assert "its 1 scheduled binding(s) still load; a new binding searches again, which rewrites it" in out
+    # As ls says: the scheduled binding loads without the search, and the file stays damaged ...
+    op = CompiledOperator(w.graph, {"s"})
+    op.prepare(_rmsnorm_matmul_shapes(s=3, k=9, n=5))
+    assert op.stats["searches"] == 0 and op.stats["from_cache"] == 1
+    assert cache.entries()[0]["damaged"]
+    # ... until a new binding of the static symbols needs the candidates.
+    with pytest.warns(UserWarning, match="damaged cache entry"):
+        op.prepare(_rmsnorm_matmul_shapes(s=3, k=13, n=5))
+    assert op.stats["searches"] == 1 and cache.entries()[0]["damaged"] is None
+
+
+def test_cache_ls_of_a_damaged_entry_without_bindings(one_cached_operator, capsys):
+    entry = one_cached_operator.entry
+    (entry / "operator.json").write_text("{}")
+    for spec in entry.glob("spec-*"):
+        shutil.rmtree(spec)
+    assert main(["cache", "ls"]) == 0
+    assert "is not a cleave artifact of format 2; the next use searches again and rewrites it" in \
+        capsys.readouterr().out
+
+
+# -- trace and explain ---------------------------------------------------------
+@pytest.mark.parametrize("option, value, message", [
+    ("--limit", "0", "argument --limit: must be >= 1, got 0"),  # used to replay every shape
+    ("--limit", "-1", "argument --limit: must be >= 1, got -1"),  # used to drop the last one
+    ("--scale", "0", "argument --scale: must be a finite number > 0, got '0'"),
+])
+def test_trace_replay_rejects_a_bad_number(option, value, message, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["trace", "replay", "traces/workloads/gqa_decode.jsonl", option, value])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"cleave trace replay: error: {message}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine without CUDA")
+def test_explain_on_cuda_without_a_gpu_is_one_line(capsys):
+    assert main(["explain", "layernorm", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err == ("cleave explain: error: --device cuda: no CUDA device here "
+                                       "(use --device cpu with TRITON_INTERPRET=1)\n")

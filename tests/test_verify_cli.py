@@ -44,3 +44,16 @@ def test_verify_names_the_unsound_rule(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "my-exp-add-wrong" in captured.out and "unsound" in captured.out
     assert "FAILED rule 'my-exp-add-wrong' is unsound" in captured.err and "lhs=" in captured.err
+
+
+@pytest.mark.parametrize("command", ["verify", "list"])
+def test_a_missing_rule_file_is_one_clear_line(command, tmp_path, capsys):
+    path = tmp_path / "missing.txt"
+    assert main(["rules", command, str(path)]) == 2
+    assert capsys.readouterr().err == f"cleave rules: error: [Errno 2] No such file or directory: '{path}'\n"
+
+
+def test_listing_a_file_without_rules_is_an_error(tmp_path, capsys):
+    path = _file(tmp_path, "family algebra\n")
+    assert main(["rules", "list", path]) == 2
+    assert capsys.readouterr().err == f"cleave rules: error: no rules in {path}\n"

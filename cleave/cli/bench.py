@@ -25,6 +25,7 @@ def register(sub) -> None:
 def _bench(args) -> int:
     import torch
 
+    from .. import workloads
     from ..benchmarking import bench_spec, plan_specs, table
 
     if not torch.cuda.is_available():
@@ -33,6 +34,11 @@ def _bench(args) -> int:
         with open(args.plans) as f:
             specs = [json.load(f)]
     else:
+        presets = workloads.get(args.workload).presets
+        unknown = [p for p in args.preset or () if p not in presets]
+        if unknown:  # plan_specs would skip them and time nothing
+            raise CleaveError(f"--preset: {args.workload} has no preset {', '.join(unknown)}; "
+                              f"presets: {', '.join(presets)}")
         specs = plan_specs(args.workload, presets=args.preset)
     print(table([bench_spec(spec) for spec in specs]))
     return 0

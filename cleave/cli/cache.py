@@ -29,8 +29,18 @@ def _cache(args) -> int:
     rows = cache.entries()
     print(f"cache: {cache.cache_dir()} ({len(rows)} operator(s))")
     for r in rows:
-        state = "" if r["ok"] else "  DAMAGED (rebuilt on next use)"
         dyn = ",".join(r["dynamic"]) or "-"
         print(f"  {r['key']}  {r['name']:<24} dynamic={dyn:<10} specs={r['specs']} device={r['device']} "
-              f"{r['bytes'] / 1024:.1f} KiB{state}")
+              f"{r['bytes'] / 1024:.1f} KiB")
+        if r["damaged"]:
+            print(f"    DAMAGED: {r['damaged']}; {_after_damage(r['specs'])}")
     return 0
+
+
+def _after_damage(specs: int) -> str:
+    """What the runtime does with a damaged operator.json (CompiledOperator): a binding
+    already scheduled loads its spec without reading it; a new binding needs the
+    candidates, so the search runs again and rewrites the file."""
+    if not specs:
+        return "the next use searches again and rewrites it"
+    return f"its {specs} scheduled binding(s) still load; a new binding searches again, which rewrites it"

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..ir import CleaveError
+
 EPILOG = """examples:
   TRITON_INTERPRET=1 cleave explain rmsnorm_matmul
   TRITON_INTERPRET=1 cleave explain gqa_decode --binding 1
@@ -26,8 +28,12 @@ def register(sub) -> None:
 
 
 def _explain(args) -> int:
+    import torch
+
     from .. import compile, explain, workloads
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CleaveError("--device cuda: no CUDA device here (use --device cpu with TRITON_INTERPRET=1)")
     w = workloads.get(args.workload)
     if args.preset:
         env = w.presets.get(args.preset)

@@ -1,15 +1,18 @@
 """Entry point of the `cleave` console script.
 
 Each subcommand module exposes `register(subparsers)`; it adds its parser and
-sets `func(args) -> int`. Errors that cleave raises on purpose become one line
-on stderr and exit code 2.
+sets `func(args) -> int`. Errors that cleave raises on purpose, and OS errors on
+the files a user names (missing, unreadable, unwritable), become one line on stderr
+and exit code 2.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
+from .. import __version__
 from ..ir import CleaveError
 
 # Subcommand modules, in the order `cleave --help` lists them.
@@ -21,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cleave", description="Derive fused GPU kernels from naive tensor programs.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  cleave workloads\n  cleave show gqa_decode\n")
+    parser.add_argument("--version", action="version", version=f"cleave {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"cleave.cli.{name}").register(sub)
@@ -35,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (CleaveError, KeyError, ValueError) as err:
+    except BrokenPipeError:  # the reader stopped early (`| head`): nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush would fail again
+        return 0
+    except (CleaveError, KeyError, ValueError, OSError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"cleave {args.command}: error: {message}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ import json
 import sys
 
 from ..ir import CleaveError
+from .args import positive_float, positive_int, shape_binding
 
 
 def register(sub) -> None:
@@ -14,14 +15,16 @@ def register(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  cleave optimize gqa_decode --json\n  cleave optimize matmul --top-k 3 --seconds 10")
     p.add_argument("target", help="workload name, or a file holding a graph's text")
-    p.add_argument("--top-k", type=int, default=3, help="candidates to print (default 3)")
-    p.add_argument("--iterations", type=int, help="saturation iteration budget (default 30)")
-    p.add_argument("--enodes", type=int, help="e-node budget (default 20000)")
-    p.add_argument("--seconds", type=float, help="time budget in seconds (default 30)")
+    p.add_argument("--top-k", type=positive_int, default=3, help="candidates to print (default 3)")
+    p.add_argument("--iterations", type=positive_int, help="saturation iteration budget (default 30)")
+    p.add_argument("--enodes", type=positive_int, help="e-node budget (default 20000)")
+    p.add_argument("--seconds", type=positive_float, help="time budget in seconds (default 30)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--verbose", action="store_true",
+                   help="on stderr, why each candidate that could not be scheduled was skipped")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--preset", help="workload preset to schedule at (default: the first)")
-    p.add_argument("--shape", action="append", default=[], metavar="SYM=N",
+    p.add_argument("--shape", action="append", default=[], metavar="SYM=N", type=shape_binding,
                    help="bind a symbol for scheduling (repeatable); needed for a graph file")
     p.add_argument("--no-schedule", action="store_true", help="search only, no plan")
     p.add_argument("--emit", metavar="DIR", help="write the plan's kernels as readable, runnable .py files")
@@ -47,7 +50,6 @@ def report(result, plan=None, candidate_index=None, shapes=None) -> dict:
 def _shapes(args, graph) -> dict[str, int] | None:
     """The binding to schedule at: --shape values over the workload preset."""
     from .. import workloads
-    from ..ir import CleaveError
 
     shapes: dict[str, int] = {}
     if args.target in workloads.names():
@@ -56,28 +58,40 @@ def _shapes(args, graph) -> dict[str, int] | None:
         if name not in presets:
             raise CleaveError(f"workload {args.target!r} has no preset {name!r}; presets: {', '.join(presets)}")
         shapes.update(presets[name])
-    for item in args.shape:
-        key, _, value = item.partition("=")
-        if not value.isdigit():
-            raise CleaveError(f"--shape takes SYM=N, got {item!r}")
-        shapes[key.strip()] = int(value)
+    shapes.update(args.shape)
     missing = [s.name for s in graph.symbols() if s.name not in shapes and not s.name.startswith("s_")]
     if missing:
         raise CleaveError(f"cannot schedule: no value for {', '.join(missing)} (give --shape SYM=N)")
     return shapes
 
 
-def best_plan(result, shapes):
-    """The cheapest plan over all candidates, by the scheduler's cost model."""
+def best_plan(result, shapes, graph):
+    """(plan, candidate index, skipped) for the cheapest plan, by the scheduler's cost
+    model, over the candidates that can be scheduled at `shapes`, then the graph as
+    written if none can (index len(candidates)); `skipped` lists (index, reason) for
+    those that cannot (no tiling fits the target, say). Only when none can is that an
+    error, naming each one's reason."""
+    from ..ir.contracts import then_as_written
     from ..scheduler import schedule
 
-    ranked = []
-    for index, candidate in enumerate(result.candidates):
-        plans = schedule(candidate, shapes, top_k=1)
+    ranked, skipped = [], []
+    for index, candidate in enumerate(then_as_written(result.candidates, graph)):
+        if ranked and index >= len(result.candidates):
+            break
+        try:
+            plans = schedule(candidate, shapes, top_k=1)
+        except CleaveError as err:
+            skipped.append((index, str(err)))
+            continue
         if plans:
             ranked.append((plans[0].cost, index, plans[0]))
-    ranked.sort(key=lambda t: t[0])
-    return ranked[0][2], ranked[0][1]
+        else:
+            skipped.append((index, "the scheduler returned no plan"))
+    if not ranked:
+        raise CleaveError(f"no candidate can be scheduled at {shapes}: "
+                          + "; ".join(f"candidate {i}: {reason}" for i, reason in skipped))
+    _, index, plan = min(ranked, key=lambda t: t[0])
+    return plan, index, skipped
 
 
 def emit(plan, directory: str) -> list[str]:
@@ -129,18 +143,26 @@ def _optimize(args) -> int:
     from ..search import search
     from .show import load_graph
 
+    # The target, the options and the shapes are checked before the search, which takes seconds.
     graph = load_graph(args.target)
+    if args.emit and args.no_schedule:
+        raise CleaveError("--emit needs a plan (drop --no-schedule)")
+    shapes = None if args.no_schedule else _shapes(args, graph)
     result = search(graph, top_k=args.top_k, iterations=args.iterations, enodes=args.enodes,
                     seconds=args.seconds, progress=not args.quiet)
-    plan = index = shapes = None
-    if not args.no_schedule:
-        shapes = _shapes(args, graph)
-        plan, index = best_plan(result, shapes)
+    plan = index = None
+    if shapes is not None:
+        plan, index, skipped = best_plan(result, shapes, graph)
+        if args.verbose:
+            for i, reason in skipped:
+                print(f"candidate {i} not scheduled: {reason}", file=sys.stderr)
     out = report(result, plan, index, shapes)
     if args.emit:
-        if plan is None:
-            raise CleaveError("--emit needs a plan (drop --no-schedule)")
-        for path in emit(plan, args.emit):
+        try:
+            written = emit(plan, args.emit)
+        except OSError as err:
+            raise CleaveError(f"--emit {args.emit}: cannot write {err.filename}: {err.strerror}") from err
+        for path in written:
             print(f"wrote {path}", file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=2))
@@ -152,7 +174,8 @@ def _optimize(args) -> int:
         print(c["text"])
     print("stats: " + json.dumps(out["stats"]))
     if plan is not None:
-        print(f"# plan at {shapes}: candidate {index}, {len(plan.kernels)} kernel(s), split {plan.split}, "
+        which = f"candidate {index}" if index < len(result.candidates) else "the graph as written"
+        print(f"# plan at {shapes}: {which}, {len(plan.kernels)} kernel(s), split {plan.split}, "
               f"cost {plan.cost:.3g}")
         for k in plan.kernels:
             print(f"# kernel {k.name}: grid {k.grid}, num_warps={k.num_warps}, num_stages={k.num_stages}")

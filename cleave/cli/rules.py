@@ -1,6 +1,8 @@
 """`cleave rules list`: the rule library (name, family, reason)."""
 from __future__ import annotations
 
+from ..ir import CleaveError
+
 
 def register(sub) -> None:
     p = sub.add_parser("rules", help="list the rewrite rules", description="Inspect the rule library.")
@@ -18,6 +20,8 @@ def _list(args) -> int:
     from cleave import rules
 
     found = [r for f in args.files for r in rules.load_file(f)] if args.files else rules.all_rules()
+    if not found:
+        raise CleaveError(f"no rules in {', '.join(args.files)}")
     width = max(len(r.name) for r in found)
     for r in found:
         print(f"{r.name:<{width}}  {r.family:<13}  {r.reason}")

@@ -18,11 +18,16 @@ def load_graph(target: str):
     import os
 
     from .. import workloads
-    from ..ir import parse_graph
+    from ..ir import CleaveError, parse_graph
 
     if os.path.exists(target):
-        with open(target) as f:
-            return parse_graph(f.read())
+        try:
+            with open(target) as f:
+                return parse_graph(f.read())
+        except ValueError as err:  # not UTF-8 text, or not a graph's text form (ParseError)
+            raise CleaveError(f"{target}: {err}") from err
+    if "/" in target or target.endswith((".cir", ".txt")):  # meant as a file: "unknown workload" would mislead
+        raise CleaveError(f"graph file {target} does not exist")
     return workloads.get(target).graph
 
 

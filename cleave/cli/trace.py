@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .args import positive_float, positive_int
+
 EPILOG = """examples:
   cleave trace replay traces/workloads/gqa_decode.jsonl --device cuda
   cleave trace replay traces/workloads/gqa.jsonl --device cuda --limit 50
@@ -28,8 +30,8 @@ def register(sub) -> None:
                         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     r.add_argument("trace", help="a workloads/NAME.jsonl file (its definition is ../definitions/NAME.json)")
     r.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    r.add_argument("--scale", type=float, default=1.0, help="multiply every var axis (for tiny CPU runs)")
-    r.add_argument("--limit", type=int, default=None, help="replay only the first N shapes")
+    r.add_argument("--scale", type=positive_float, default=1.0, help="multiply every var axis (for tiny CPU runs)")
+    r.add_argument("--limit", type=positive_int, default=None, help="replay only the first N shapes")
     r.add_argument("--const", default="", help="override const axes, e.g. h=4,hkv=2,d=16")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--artifact", help="load the operator from this directory (made by `cleave trace build`, "
@@ -43,7 +45,7 @@ def register(sub) -> None:
                         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     b.add_argument("trace", help="a workloads/NAME.jsonl file")
     b.add_argument("--out", required=True, help="artifact directory to write (created if missing)")
-    b.add_argument("--scale", type=float, default=1.0, help="as for replay: build for the scaled shapes")
+    b.add_argument("--scale", type=positive_float, default=1.0, help="as for replay: build for the scaled shapes")
     b.add_argument("--const", default="", help="as for replay: override const axes")
     b.set_defaults(func=_build)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -61,9 +63,6 @@ def _parse_const(text: str) -> dict[str, int]:
 
 def _replay(args) -> int:
     from ..runtime.replay import replay
-
-    if args.scale <= 0:
-        raise ValueError("--scale must be positive")
 
     def progress(i, n, shape):
         graph = "" if shape.graph_speedup is None else f"  graphs x{shape.graph_speedup:.2f}"
@@ -94,8 +93,6 @@ def _replay(args) -> int:
 def _build(args) -> int:
     from ..runtime.replay import build
 
-    if args.scale <= 0:
-        raise ValueError("--scale must be positive")
     print(f"searching and scheduling {args.trace} into {args.out} ...", file=sys.stderr, flush=True)
     summary = build(args.trace, args.out, scale=args.scale, const=_parse_const(args.const))
     for entry in summary["entries"]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .graph import Graph
+from .graph import Graph, rebuild
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,15 @@ class Candidate:
     facts: list[Separable] = field(default_factory=list)
     derivation: list[str] = field(default_factory=list)
     cost: sympy.Expr | float = 0
+
+
+def then_as_written(candidates: list[Candidate], graph: Graph) -> list[Candidate]:
+    """The candidates, then the graph as written when none of them is it: what a
+    scheduler tries in order, since a rewrite can need a tiling it does not have."""
+    written = rebuild(graph)
+    if any(c.graph.key() == written.key() for c in candidates):
+        return list(candidates)
+    return list(candidates) + [Candidate(written)]
 
 
 @dataclass

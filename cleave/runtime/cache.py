@@ -78,26 +78,40 @@ def _operator_dirs(root: Path) -> list[Path]:
 
 
 def entries() -> list[dict]:
-    """One summary per cached operator (for `cleave cache ls`); unreadable ones are marked."""
+    """One summary per cached operator (for `cleave cache ls`). `damaged` says why its
+    operator.json cannot be read, else None; `specs` counts its scheduled bindings
+    either way, since they load without operator.json."""
     from .artifact import ArtifactError, read_json
 
     out = []
     for d in _operator_dirs(cache_dir()):
-        size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+        row = {"key": d.name, "name": "?", "device": "?", "dynamic": [], "specs": len(list(d.glob("spec-*"))),
+               "bytes": sum(f.stat().st_size for f in d.rglob("*") if f.is_file()), "damaged": None}
         try:
             body = read_json(d / "operator.json")
-            out.append({"key": d.name, "name": body["name"], "device": body["fields"]["device"],
-                        "dynamic": body["fields"]["dynamic"], "specs": len(list(d.glob("spec-*"))),
-                        "bytes": size, "ok": True})
-        except (ArtifactError, KeyError):
-            out.append({"key": d.name, "name": "?", "device": "?", "dynamic": [], "specs": 0,
-                        "bytes": size, "ok": False})
+            row.update(name=body["name"], device=body["fields"]["device"], dynamic=body["fields"]["dynamic"])
+        except ArtifactError as err:
+            row["damaged"] = str(err)
+        except KeyError as err:
+            row["damaged"] = f"{d / 'operator.json'} has no field {err}"
+        out.append(row)
     return out
 
 
 def clear() -> int:
-    """Remove every cached operator; returns how many were removed."""
+    """Remove every cached operator; returns how many were removed. An entry that
+    cannot be removed (permissions) raises CleaveError naming it, after the others
+    were tried."""
+    from ..ir import CleaveError
+
     found = _operator_dirs(cache_dir())
+    failed = []
     for d in found:
-        shutil.rmtree(d, ignore_errors=True)
+        try:
+            shutil.rmtree(d)
+        except OSError as err:
+            failed.append(f"{d} ({err})")
+    if failed:
+        raise CleaveError(f"removed {len(found) - len(failed)} of {len(found)} cached operator(s); "
+                          f"could not remove {'; '.join(failed)}")
     return len(found)

@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
+from .. import progress
 from ..interpreter import TORCH_DTYPES
 from ..ir import BindingError, Candidate, CleaveError, Graph, Separable, parse_graph
+from ..ir.contracts import then_as_written
 from ..ir.dtypes import dtype as ir_dtype
 from ..scheduler import Plan, launch, rank, schedule
 from ..scheduler.exprs import evaluate
@@ -252,7 +254,7 @@ class CompiledOperator:
         return Spec(static, candidate, plans, A.load_tuning(self.entry, static), from_cache=True)
 
     def _build_spec(self, static, env) -> Spec:
-        candidates = self._candidates()
+        candidates = then_as_written(self._candidates(), self.graph)
         start = time.perf_counter()
         reasons = []
         for index, cand in enumerate(candidates):

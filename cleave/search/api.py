@@ -30,6 +30,9 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
     """Equality saturation of `graph` under `rules` (default: cleave.rules.all_rules()),
     then the `top_k` cheapest distinct candidates, each checked against the reference
     interpreter. `shapes` (symbol -> value) ranks at, and verifies at, the user's shapes."""
+    for name, value in (("top_k", top_k), ("iterations", iterations), ("enodes", enodes), ("seconds", seconds)):
+        if value is not None and not value > 0:
+            raise ValueError(f"search: {name} must be > 0, got {value!r}")
     if rules is None:
         from cleave.rules import all_rules
 
