@@ -21,11 +21,11 @@ def capture(fn, *example_inputs, dynamic=None, name=None):
     return _capture(fn, *example_inputs, dynamic=dynamic, name=name)
 
 
-def compile(fn, dynamic=None, device=None, top_k=4):
+def compile(fn, dynamic=None, device=None, top_k=4, verbose=None):
     """Compile `fn` once for every shape along its dynamic axes (see cleave.runtime.compile)."""
     from .runtime.compile import compile as _compile
 
-    return _compile(fn, dynamic=dynamic, device=device, top_k=top_k)
+    return _compile(fn, dynamic=dynamic, device=device, top_k=top_k, verbose=verbose)
 
 
 def explain(compiled, *args):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..ir import dims as D
 from .aten_elementwise import binary
 from .aten_map import rule
+from .errors import CaptureError
 
 _BIG = 2 ** 62  # torch spells "to the end" as INT64_MAX
 
@@ -194,6 +195,9 @@ def _index_tensor(t, node, a):
 # -- matmul family ---------------------------------------------------------------
 def matmul(t, x, y):
     """torch.matmul, including its rank-1 rules (a vector gets a unit axis, dropped after)."""
+    if x.dtype != y.dtype:  # torch's fake tensors accept it, its kernels do not
+        raise CaptureError(f"{t.op}: operands have dtypes {x.dtype} and {y.dtype}"
+                           + (f" (at {t.loc})" if t.loc else "") + "; torch's matmul needs equal dtypes")
     xv, yv = x.rank == 1, y.rank == 1
     if xv:
         x = unsqueeze(t, x, 0)

@@ -1,8 +1,14 @@
 """cleave.capture: a PyTorch function -> an IR graph with symbolic dims, via torch.export."""
 from __future__ import annotations
 
+import contextlib
 import inspect
+import keyword
+import logging
+import re
 import types
+import warnings
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,17 +21,37 @@ from .symbols import SymbolMap
 from .translate import Translator, ir_dtype
 
 
+@dataclass
+class Captured:
+    """A captured function: its graph, and how the graph meets the function's world."""
+    graph: Graph
+    # graph input -> the module's state_dict key it reads (a parameter or buffer)
+    state: dict[str, str] = field(default_factory=dict)
+    # graph output -> the function input it is the new value of (an in-place op on it)
+    writes: dict[str, str] = field(default_factory=dict)
+
+
 def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:
     """Trace `fn(*example_inputs)` and translate it into an IR graph.
 
     `dynamic` names the axes that stay symbolic: `{"q": {0: "b"}, "k": {2: "L"}}`
     (parameter name -> axis -> symbol; equal names are one symbol), or `"all"`
     (every axis, named `<param>_<axis>`; torch merges axes it proves equal and keeps
-    size-1 axes static). Other axes become ints. Graph inputs take the parameter names.
+    size-1 axes static). Other axes become ints. Graph inputs take the parameter names
+    (`a_0, a_1, ...` for the entries of `*a`); a module's parameters and buffers are
+    inputs named by their state_dict key (`proj.weight` -> `proj_weight`). Example
+    inputs that share memory are still distinct inputs. An in-place op on an input
+    adds an output `<input>_inplace`, its new value (`capture_program` says which).
     Raises UnsupportedOpError (naming the aten op and the source line) for an op cleave
     cannot express, CaptureError when torch cannot trace the function.
     """
-    params = _param_names(fn, len(example_inputs))
+    return capture_program(fn, *example_inputs, dynamic=dynamic, name=name).graph
+
+
+def capture_program(fn, *example_inputs, dynamic=None, name=None) -> Captured:
+    """`capture`, plus where the graph's other inputs come from and which outputs are
+    inputs' new values (what a runtime needs to run it in the function's place)."""
+    params = param_names(fn, len(example_inputs))
     for pname, x in zip(params, example_inputs):
         if not isinstance(x, torch.Tensor):
             raise CaptureError(f"capture: example input {pname!r} is a {type(x).__name__}, not a tensor "
@@ -36,15 +62,22 @@ def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:
     return _translate(ep, params, named, dynamic == "all", graph_name)
 
 
-def _param_names(fn, count: int) -> list[str]:
+def param_names(fn, count: int) -> list[str]:
+    """Names for the first `count` positional arguments of fn (a module: its forward):
+    the parameters' names, `a_0, a_1, ...` for the entries of `*a`, `x<i>` past them."""
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn
     try:
         sig = inspect.signature(target)
     except (TypeError, ValueError):
         return [f"x{i}" for i in range(count)]
-    names = [p.name for p in sig.parameters.values()
-             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    names += [f"x{i}" for i in range(len(names), count)]
+    names, rest = [], None
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+        elif p.kind == p.VAR_POSITIONAL:
+            rest = p.name
+    start = len(names)
+    names += [f"{rest}_{i - start}" if rest else f"x{i}" for i in range(start, count)]
     return names[:count]
 
 
@@ -102,7 +135,10 @@ def _export(fn, params, inputs, named, auto: bool):
     kind = Dim.AUTO if auto else Dim.DYNAMIC
     specs = [{a: kind for a in named.get(pname, {})} or None for pname in params]
     try:
-        return export(_Wrap(fn), _traceable(params, inputs, named), dynamic_shapes=(tuple(specs),))
+        with _quiet_torch():
+            ep = export(_Wrap(fn), _traceable(params, inputs, named), dynamic_shapes=(tuple(specs),))
+            # export keeps in-place ops; functionalized, each becomes a new value (an output)
+            return ep.run_decompositions({}) if _mutates(ep) else ep
     except UnsupportedOpError:
         raise
     except Exception as err:  # torch raises many types; keep its message, drop its traceback
@@ -111,20 +147,53 @@ def _export(fn, params, inputs, named, auto: bool):
         raise CaptureError(f"capture: torch.export could not trace {getattr(fn, '__name__', fn)!s}: {detail}") from err
 
 
+@contextlib.contextmanager
+def _quiet_torch():
+    """torch logs each failing meta kernel with its traceback (40+ lines) before export
+    raises; the error cleave raises says it in one line. Its own deprecation notices
+    (pytree internals) are not the user's concern either."""
+    fake = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake.level
+    fake.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        fake.setLevel(level)
+
+
+def _mutates(ep) -> bool:
+    return any(n.op == "call_function" and getattr(getattr(n.target, "_schema", None), "is_mutable", False)
+               for n in ep.graph.nodes)
+
+
 def _traceable(params, inputs, named) -> tuple:
     """torch specializes axes of size 0 and 1, so a dynamic axis with such an example
-    size is traced at size 2 (zeros: export traces shapes, not values)."""
-    out = []
+    size is traced at size 2 (zeros: export traces shapes, not values). Inputs that
+    share memory with an earlier one are traced as copies: export would merge them into
+    one input, and later calls pass distinct tensors."""
+    out, seen = [], []
     for pname, x in zip(params, inputs):
         small = [a for a in named.get(pname, {}) if x.shape[a] < 2]
         if small:
             shape = [2 if a in small else n for a, n in enumerate(x.shape)]
             x = x.new_zeros(shape)
+        elif any(shares_memory(x, y) for y in seen):
+            x = x.clone()
+        seen.append(x)
         out.append(x)
     return tuple(out)
 
 
-def _translate(ep, params, named, auto: bool, graph_name: str) -> Graph:
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors may overlap in memory (views of one storage)."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _translate(ep, params, named, auto: bool, graph_name: str) -> Captured:
     from torch.export.graph_signature import InputKind
 
     symbols = SymbolMap()
@@ -143,22 +212,38 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Graph:
     graph = Graph(graph_name)
     t = Translator(graph, symbols)
     user_names = dict(zip((n.name for n in user), params))
+    state = {}
     for node in placeholders:
         val = node.meta["val"]
         spec = kinds[node.name]
         if spec.kind == InputKind.CONSTANT_TENSOR:
             t.set(node, _constant(t, ep.constants[spec.target], node))
             continue
-        # parameters and buffers of a module become inputs named by their state_dict key
-        input_name = user_names.get(node.name) or str(spec.target).removeprefix("fn.").replace(".", "_")
+        input_name = user_names.get(node.name)
+        if input_name is None:  # a module's parameter or buffer, named by its state_dict key
+            key = str(spec.target).removeprefix("fn.")
+            input_name = state_input_name(key, set(params) | set(state))
+            state[input_name] = key
         shape = tuple(t.size(d) for d in val.shape)
         t.set(node, graph.input(input_name, shape, ir_dtype(val.dtype, f"input {input_name!r}")))
+    writes = {}
     for node in ep.graph.nodes:
         if node.op == "call_function" and not aten_map.is_ignored(node):
             t.translate(node)
         elif node.op == "output":
-            _outputs(t, graph, node)
-    return regroup_repeated_operands(simplify_masks(rebuild(graph)))
+            writes = _outputs(t, graph, node, ep.graph_signature, user_names)
+    return Captured(regroup_repeated_operands(simplify_masks(rebuild(graph))), state, writes)
+
+
+def state_input_name(key: str, taken: set[str]) -> str:
+    """A graph input name for a state_dict key, an identifier and unique: `proj.weight`
+    -> `proj_weight`, `0.weight` (an nn.Sequential's) -> `p0_weight`."""
+    name = re.sub(r"\W", "_", key)
+    if not name[:1].isalpha() and name[:1] != "_" or keyword.iskeyword(name):
+        name = "p" + name
+    while name in taken:
+        name += "_"
+    return name
 
 
 def _constant(t, value: torch.Tensor, node):
@@ -174,10 +259,28 @@ def _constant(t, value: torch.Tensor, node):
     return t.graph.add("reshape", out, shape=tuple(value.shape), loc=source) if value.dim() else out
 
 
-def _outputs(t, graph, node) -> None:
-    values = [t.value(v) for v in node.args[0]]
-    for k, v in enumerate(values):
-        if not hasattr(v, "graph"):
-            raise UnsupportedOpError("output", source_of(node), f"output {k} is {v!r}, not a tensor")
-    names = ["out"] if len(values) == 1 else [f"out{k}" for k in range(len(values))]
+def _outputs(t, graph, node, signature, user_names) -> dict[str, str]:
+    """The function's outputs, named out / out0, out1, ..., then the new value of each
+    input an in-place op changed, named <input>_inplace. Returns {output: input} for those."""
+    from torch.export.graph_signature import OutputKind
+
+    values, names, writes = [], [], {}
+    specs = signature.output_specs
+    user = sum(spec.kind == OutputKind.USER_OUTPUT for spec in specs)
+    for k, (raw, spec) in enumerate(zip(node.args[0], specs)):
+        v = t.value(raw)
+        if spec.kind == OutputKind.USER_OUTPUT:
+            if not hasattr(v, "graph"):
+                raise UnsupportedOpError("output", source_of(node), f"output {k} is {v!r}, not a tensor")
+            names.append("out" if user == 1 else f"out{len(names)}")
+        elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+            target = user_names[spec.target]
+            names.append(f"{target}_inplace")
+            writes[names[-1]] = target
+        else:  # a module's buffer changed in place (batch norm's running stats in training)
+            raise UnsupportedOpError(f"in-place update of {spec.target}", source_of(node),
+                                     f"the function changes {spec.kind.name.lower().replace('_', ' ')} "
+                                     f"{spec.target!r}, which cleave does not write back")
+        values.append(v)
     graph.output(*values, names=names)
+    return writes

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import keyword
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -34,6 +35,13 @@ class Constraint:
     def __str__(self) -> str:
         sign = {"eq": "==", "le": "<=", "divides": "|"}[self.kind]
         return f"{D.fmt(self.lhs)} {sign} {D.fmt(self.rhs)}  (from {self.origin})"
+
+
+def _check_name(kind: str, name: str) -> None:
+    """Inputs and outputs name the kernels' buffer arguments: Python identifiers."""
+    if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)):
+        raise ShapeError(f"{kind} name {name!r} is not a Python identifier (letters, digits and _, "
+                         f"not starting with a digit, not a keyword)")
 
 
 class Node(TensorOps):
@@ -142,6 +150,7 @@ class Graph:
         return node
 
     def input(self, name: str, shape: Sequence, dtype="f32") -> Node:
+        _check_name("input", name)
         if name in self.inputs:
             raise ShapeError(f"input {name!r} is declared twice")
         node = self.add("input", name=name, shape=shape, dtype=dtype)
@@ -157,6 +166,9 @@ class Graph:
     def output(self, *nodes: Node, names: Sequence[str] | None = None) -> "Graph":
         names = list(names) if names else [f"out{len(self.outputs) + i}" for i in range(len(nodes))]
         for node, name in zip(nodes, names, strict=True):
+            _check_name("output", name)
+            if name in self.output_names:
+                raise ShapeError(f"output {name!r} is declared twice")
             if node.graph is not self:
                 raise ShapeError(f"output {name!r} is not a node of graph {self.name!r}")
             self.outputs.append(node)

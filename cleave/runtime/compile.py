@@ -18,12 +18,13 @@ from .partition import Launcher, exact_key, remember_fast
 
 
 class CompiledFunction:
-    def __init__(self, fn, dynamic=None, device=None, top_k: int = 4, artifact=None):
+    def __init__(self, fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbose=None):
         self.fn = fn
+        self.name = _function_name(fn)
         self.dynamic = dynamic
-        self.ctx = Context(device, top_k, artifact)
+        self.ctx = Context(device, top_k, artifact, verbose)
         self.calls = 0
-        self._params = _param_names(fn)
+        self._signature_of = _call_signature(fn)
         self._runners: dict[tuple, object] = {}
         self._seen: dict[tuple, object] = {}  # exact argument shapes -> runner: skips the signature
         self._dynamo = None
@@ -36,10 +37,12 @@ class CompiledFunction:
     def operators(self):
         return list(self.ctx.operators.values())
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         self.calls += 1
-        if self._dynamo is not None:
-            return self._call_dynamo(args)
+        if kwargs:
+            args, kwargs = self._positional(args, kwargs)
+        if self._dynamo is not None or kwargs:
+            return self._call_dynamo(args, kwargs)
         exact = exact_key(args)
         runner = self._seen.get(exact)
         if runner is not None:
@@ -47,9 +50,12 @@ class CompiledFunction:
         sig = self._signature(args)
         runner = self._runners.get(sig)
         if runner is None:
-            runner = self._runners[sig] = self._build(args)
+            runner = self._build(args)
+            if isinstance(runner, _Ran):
+                return runner.result
             if runner is None:
-                return self._call_dynamo(args)
+                return self._call_dynamo(args, {})
+            self._runners[sig] = runner
         result = runner(*args)
         remember_fast(self._seen, exact, runner, args)
         return result
@@ -60,55 +66,92 @@ class CompiledFunction:
         sig = self._signature(args)
         runner = self._runners.get(sig)
         if runner is None:
-            runner = self._runners[sig] = self._build(args)
+            runner = self._build(args)
         if not isinstance(runner, Launcher):
-            raise CleaveError(f"{getattr(self.fn, '__name__', 'fn')} does not capture whole "
+            raise CleaveError(f"{self.name} does not capture whole "
                               f"({', '.join(self.ctx.stats()['unsupported']) or 'graph break'}): nothing to prepare")
-        runner.op.prepare({k: tuple(a.shape) for k, a in zip(runner.names, args) if k in runner.op.graph.inputs})
+        self._runners[sig] = runner
+        runner.op.prepare({k: tuple(v.shape) for k, v in runner.inputs(args).items()})
         return runner.op
 
+    def _positional(self, args, kwargs) -> tuple[tuple, dict]:
+        """Keyword arguments moved to their positions where the signature allows; the
+        rest (keyword-only ones) stay keywords, which whole-function capture cannot take."""
+        if self._signature_of is None:
+            return args, kwargs
+        try:
+            bound = self._signature_of.bind(*args, **kwargs)
+        except TypeError:
+            return args, kwargs  # the call itself is wrong: eager raises Python's own error
+        return tuple(bound.args), dict(bound.kwargs)
+
     # -- whole-function capture -------------------------------------------
-    def _axes(self, index: int, tensor: torch.Tensor) -> dict[int, str]:
+    def _params(self, count: int) -> list[str]:
+        from ..frontends.capture import param_names
+
+        return param_names(self.fn, count)
+
+    def _axes(self, name: str, tensor: torch.Tensor) -> dict[int, str]:
         if self.dynamic == "all":
-            return {i: f"{self._params[index]}_{i}" for i in range(tensor.dim())}
-        return dict((self.dynamic or {}).get(self._params[index], {}))
+            return {i: f"{name}_{i}" for i in range(tensor.dim())}
+        return dict((self.dynamic or {}).get(name, {}))
 
     def _signature(self, args) -> tuple:
         sig = []
-        for i, a in enumerate(args):
+        for name, a in zip(self._params(len(args)), args):
             if isinstance(a, torch.Tensor):
-                dyn = self._axes(i, a)
+                dyn = self._axes(name, a)
                 sig.append((a.dtype, a.device.type, tuple(-1 if k in dyn else s for k, s in enumerate(a.shape))))
             else:
                 sig.append(a)
         return tuple(sig)
 
     def _build(self, args):
-        from .. import capture
+        from ..frontends.capture import capture_program
         from ..frontends.errors import CaptureError, UnsupportedOpError
 
         try:
-            graph = capture(self.fn, *args, dynamic=self.dynamic, name=getattr(self.fn, "__name__", None))
+            captured = capture_program(self.fn, *args, dynamic=self.dynamic, name=self.name)
         except UnsupportedOpError as err:
-            self.ctx.warn_unsupported(err.op, getattr(self.fn, "__name__", "fn"))
+            self.ctx.warn_unsupported(err.op, self.name, err.source)
             self._dynamo = _dynamo_compile(self.fn, self.ctx, {err.op})
             return None
-        except CaptureError:  # torch.export cannot take fn whole: dynamo splits it into graphs it can
+        except CaptureError:
+            captured = None
+        if captured is None:
+            # Either fn is wrong for these inputs (a shape error), and eager raises its own
+            # error here, or torch.export cannot take it whole: dynamo splits it into graphs
+            # it can. This call's eager result is kept (running fn twice would repeat its
+            # in-place ops); no runner is kept until it has run.
+            result = self.fn(*args)
             self._dynamo = _dynamo_compile(self.fn, self.ctx, set())
-            return None
-        symbols = _dynamic_symbols(graph, self.dynamic, self._params)
+            return _Ran(result)
+        params = self._params(len(args))
+        graph = captured.graph
+        symbols = _dynamic_symbols(graph, self.dynamic, params)
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         op = self.ctx.operator(graph, symbols, device)
-        name = getattr(self.fn, "__name__", type(self.fn).__name__)
-        return Launcher(op, self.ctx, self._params[:len(args)], len(graph.outputs) != 1, self.fn, name)
+        module = self.fn if isinstance(self.fn, torch.nn.Module) else None
+        user_outputs = len(graph.outputs) - len(captured.writes)
+        return Launcher(op, self.ctx, params, user_outputs != 1, self.fn, self.name,
+                        state=_state_getters(module, captured.state), writes=captured.writes)
 
     # -- graph breaks through dynamo --------------------------------------
-    def _call_dynamo(self, args):
-        for i, a in enumerate(args):
+    def _call_dynamo(self, args, kwargs):
+        if self._dynamo is None:
+            self._dynamo = _dynamo_compile(self.fn, self.ctx, set())
+        for name, a in zip(self._params(len(args)), args):
             if isinstance(a, torch.Tensor):
-                for axis in self._axes(i, a):
+                for axis in self._axes(name, a):
                     torch._dynamo.maybe_mark_dynamic(a, axis)
-        return self._dynamo(*args)
+        return self._dynamo(*args, **kwargs)
+
+
+class _Ran:
+    """What a first call that ran eagerly returned."""
+
+    def __init__(self, result):
+        self.result = result
 
 
 def _dynamo_compile(fn, ctx: Context, unsupported: set[str]):
@@ -124,28 +167,57 @@ def _dynamic_symbols(graph, dynamic, params) -> set[str]:
         return set()
     symbols = set()
     for name, node in graph.inputs.items():
+        if name not in params:
+            continue  # a module's parameter or buffer: static
         axes = range(node.rank) if dynamic == "all" else (dynamic.get(name) or {})
         for axis in axes:
             symbols |= {s.name for s in node.shape[axis].free_symbols}
     return symbols
 
 
-def _param_names(fn) -> list[str]:
+def _state_getters(module, state: dict[str, str]) -> dict:
+    """graph input -> a function reading that parameter or buffer off the module at
+    call time (an optimizer step or load_state_dict between calls is seen)."""
+    def getter(path):
+        *owners, attr = path.split(".")
+
+        def get():
+            owner = module
+            for name in owners:
+                owner = getattr(owner, name)
+            return getattr(owner, attr)
+        return get
+
+    return {name: getter(key) for name, key in state.items()}
+
+
+def _call_signature(fn):
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn
     try:
-        return [p.name for p in inspect.signature(target).parameters.values()
-                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return inspect.signature(target)
     except (TypeError, ValueError):
-        return []
+        return None
 
 
-def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None) -> CompiledFunction:
+def _function_name(fn) -> str:
+    if isinstance(fn, torch.nn.Module):
+        return type(fn).__name__
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbose=None) -> CompiledFunction:
     """Wrap `fn` so that its first call compiles it with cleave and later calls reuse the result.
 
     `dynamic` names the axes that vary between calls, per argument name:
     `{"q": {0: "b"}, "k": {2: "L"}}`, or "all". `compiled.stats` counts calls,
     searches, compiles, cache hits and graph breaks. `artifact` is a directory built
-    elsewhere (`cleave trace build`) to load operators from, whatever machine built it."""
+    elsewhere (`cleave trace build`) to load operators from, whatever machine built it.
+    `verbose`: True shows this function's progress lines (search, compile, tuning),
+    False hides them; None leaves it to the "cleave" logger's level (INFO shows them)."""
     if dynamic is not None and dynamic != "all" and not isinstance(dynamic, dict):
         raise TypeError(f"dynamic must be None, 'all' or a dict of axes per argument, not {dynamic!r}")
-    return CompiledFunction(fn, dynamic, device, top_k, artifact)
+    if not (isinstance(top_k, int) and top_k >= 1):
+        raise ValueError(f"top_k must be an int >= 1, not {top_k!r}")
+    if verbose not in (None, True, False):
+        raise TypeError(f"verbose must be None, True or False, not {verbose!r}")
+    return CompiledFunction(fn, dynamic, device, top_k, artifact, verbose)

@@ -9,21 +9,24 @@ import warnings
 
 import torch
 
+from .. import progress
 from ..ir import Graph
 from .artifact import find_operator
 from .operator import STAT_KEYS, CompiledOperator
 
 
 class Context:
-    def __init__(self, device: str | torch.device | None = None, top_k: int = 4, artifact=None):
+    def __init__(self, device: str | torch.device | None = None, top_k: int = 4, artifact=None, verbose=None):
         self.device = torch.device(device) if device else None
         self.top_k = top_k
+        self.verbose = verbose  # progress lines: True, False, or None (the "cleave" logger's level)
         self.artifact = artifact  # an artifact directory (cleave trace build) to load operators from
         self.operators: dict[str, CompiledOperator] = {}
         self.warned: set[str] = set()
         self.failed: list[str] = []
         self.eager_regions = 0
         self.capture_notes: set[str] = set()
+        self.eager_notes: set[str] = set()
         self.log: list | None = None  # a list while explain runs: (operator, spec, plan, shapes) per launch
 
     def operator(self, graph: Graph, dynamic: set[str], device: torch.device) -> CompiledOperator:
@@ -36,12 +39,21 @@ class Context:
         if self.log is not None:
             plan, spec = op.select(inputs)
             self.log.append((op, spec, plan, {k: list(v.shape) for k, v in inputs.items()}))
-        return op(inputs)
+        with progress.verbose(self.verbose):
+            return op(inputs)
 
-    def warn_unsupported(self, op: str, where: str) -> None:
+    def warn_unsupported(self, op: str, where: str, source: str | None = None) -> None:
         if op not in self.warned:
             self.warned.add(op)
-            warnings.warn(f"cleave: {op} is not supported; it runs eagerly in {where} (graph break)", stacklevel=3)
+            at = f" (at {source})" if source else ""
+            warnings.warn(f"cleave: {op}{at} is not supported; it runs eagerly in {where} (graph break)", stacklevel=3)
+
+    def warn_eager(self, where: str, reason: str) -> None:
+        """A call cleave leaves to eager PyTorch although it compiles: said once per reason."""
+        message = f"cleave: {where} runs eagerly: {reason}"
+        if message not in self.eager_notes:
+            self.eager_notes.add(message)
+            warnings.warn(message, stacklevel=4)
 
     def warn_failed(self, name: str, where: str, reason: str) -> None:
         """An operator cleave could not build (not an unsupported op): said once per operator and reason."""

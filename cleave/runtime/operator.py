@@ -19,7 +19,6 @@ that one call runs eagerly.
 from __future__ import annotations
 
 import functools
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -272,7 +271,7 @@ class CompiledOperator:
         self.stats["compile_seconds"] += time.perf_counter() - start
         body = {"candidate": _candidate_to_json(cand), "shapes": dict(env), "dynamic": sorted(self.dynamic),
                 "plans": [p.to_json() for p in plans]}
-        A.save_spec(self.entry, static, body, [[k.source for k in p.kernels] for p in plans])
+        self._write("its plans", A.save_spec, self.entry, static, body, [[k.source for k in p.kernels] for p in plans])
         return Spec(static, cand, plans)
 
     def _candidates(self) -> list[Candidate]:
@@ -301,10 +300,19 @@ class CompiledOperator:
         cands = list(result.candidates)
         if not cands:
             raise CleaveError(f"the search returned no candidate for {self.graph.name}")
-        A.write_json(self.entry / "operator.json", {
+        self._write("its candidates", A.write_json, self.entry / "operator.json", {
             "name": self.graph.name, "fields": self.fields, "graph": self.graph.text(),
             "candidates": [_candidate_to_json(c) for c in cands], "search_stats": self.search_stats})
         return cands
+
+    def _write(self, what: str, save, *args) -> None:
+        """Save to the cache; a cache that cannot be written (read-only, full) only
+        costs the next process a rebuild: this one keeps the operator in memory."""
+        try:
+            save(*args)
+        except OSError as err:
+            warnings.warn(f"cleave: cannot write {what} of {self.graph.name} to the cache at {self.entry} "
+                          f"({err}); keeping them in memory for this process", stacklevel=5)
 
 
 def search(graph: Graph, top_k: int):
@@ -321,7 +329,7 @@ def _capturing(device: torch.device) -> bool:
 
 def _progress(line: str) -> None:
     """Long first-call work (compiling every plan, timing a bucket) says what it does."""
-    print(line, file=sys.stderr, flush=True)
+    progress.report(line)
 
 
 def _scratch(plan: Plan, device) -> dict[str, torch.Tensor]:

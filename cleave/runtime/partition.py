@@ -126,16 +126,17 @@ class Region:
         return result
 
     def _build(self, args):
-        from .. import capture
+        from ..frontends.capture import capture_program
         from ..frontends.errors import CaptureError, UnsupportedOpError
 
         names = [p.name for p, a in zip(self.placeholders, args) if isinstance(a, torch.Tensor)]
         dynamic = {name: self.dynamic[name] for name in names if self.dynamic.get(name)}
         try:
-            graph = capture(_tensor_function(self.gm, self.placeholders, args, self.sizes), *[a for a in args
-                            if isinstance(a, torch.Tensor)], dynamic=dynamic or None, name=_name(self.gm))
+            captured = capture_program(_tensor_function(self.gm, self.placeholders, args, self.sizes),
+                                       *[a for a in args if isinstance(a, torch.Tensor)], dynamic=dynamic or None,
+                                       name=_name(self.gm))
         except UnsupportedOpError as err:
-            self.ctx.warn_unsupported(err.op, _name(self.gm))
+            self.ctx.warn_unsupported(err.op, _name(self.gm), err.source)
             name = op_name(err.op)
             if name in self.unsupported or not _unsupported_nodes(self.gm, {name}):
                 self.ctx.eager_regions += 1
@@ -147,8 +148,9 @@ class Region:
             return self.gm
         symbols = {sym for axes in dynamic.values() for sym in axes.values()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
-        op = self.ctx.operator(graph, symbols, device)  # search and schedule run lazily, on its first call
-        return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, _name(self.gm))
+        op = self.ctx.operator(captured.graph, symbols, device)  # search and schedule run lazily, on its first call
+        return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, _name(self.gm),
+                        writes=captured.writes)
 
 
 def _tensor_function(gm, placeholders, args, sizes):
@@ -177,22 +179,35 @@ def _tensor_function(gm, placeholders, args, sizes):
 
 class Launcher:
     """Feeds arguments to an operator by input name and shapes the result like the
-    code it replaces. If cleave cannot build the operator (CompileFailure: the search,
-    the scheduler or the kernels' first launch failed), it warns once, saying why, and
-    runs that code eagerly from then on."""
+    code it replaces: a module's parameters and buffers are read off it at each call
+    (`state`), and outputs that are an input's new value (an in-place op in the code,
+    `writes`: output -> input) are copied into that input. If cleave cannot build the
+    operator (CompileFailure: the search, the scheduler or the kernels' first launch
+    failed), it warns once, saying why, and runs that code eagerly from then on. The
+    code also runs eagerly, with one warning, when autograd would need a backward
+    through the kernels (they have none), and when inputs it writes share memory."""
 
-    def __init__(self, op, ctx: Context, names, tuple_output: bool, eager, where: str):
-        self.op, self.ctx, self.names, self.tuple_output = op, ctx, names, tuple_output
+    def __init__(self, op, ctx: Context, names, tuple_output: bool, eager, where: str,
+                 state: dict | None = None, writes: dict[str, str] | None = None):
+        self.op, self.ctx, self.names, self.tuple_output = op, ctx, list(names), tuple_output
         self.eager_fn, self.where, self.failed = eager, where, False
-        self.graph_inputs = list(op.graph.inputs)
-        self.by_name = set(self.graph_inputs) <= set(names)
-        self.positions = [list(names).index(k) for k in self.graph_inputs] if self.by_name else None
+        self.state = state or {}
+        self.graph_inputs = [k for k in op.graph.inputs if k not in self.state]
+        self.by_name = set(self.graph_inputs) <= set(self.names)
+        self.positions = [self.names.index(k) for k in self.graph_inputs] if self.by_name else None
+        writes = writes or {}
+        outputs = op.graph.output_names
+        self.results = [i for i, name in enumerate(outputs) if name not in writes]
+        self.writebacks = [(i, self.names.index(writes[name])) for i, name in enumerate(outputs) if name in writes]
 
     def __call__(self, *args):
         if self.failed:
             return self.eager_fn(*args)
+        inputs = self.inputs(args)
+        if self._runs_eagerly(args, inputs):
+            return self.eager_fn(*args)
         try:
-            outs = self.ctx.run(self.op, self._inputs(args))
+            outs = self.ctx.run(self.op, inputs)
         except CompileFailure as err:
             self.ctx.warn_failed(self.op.graph.name, self.where, str(err))
             self.failed = True
@@ -200,12 +215,32 @@ class Launcher:
         except NotReadyDuringCapture as err:
             self.ctx.warn_capture(self.where, str(err))
             return self.eager_fn(*args)
-        return tuple(outs) if self.tuple_output else outs[0]
+        return self._finish(args, outs)
 
-    def _inputs(self, args) -> dict[str, torch.Tensor]:
+    def inputs(self, args) -> dict[str, torch.Tensor]:
         if self.by_name:
-            return {k: args[i] for k, i in zip(self.graph_inputs, self.positions)}
-        return dict(zip(self.graph_inputs, [a for a in args if isinstance(a, torch.Tensor)]))
+            out = {k: args[i] for k, i in zip(self.graph_inputs, self.positions)}
+        else:
+            out = dict(zip(self.graph_inputs, [a for a in args if isinstance(a, torch.Tensor)]))
+        for name, get in self.state.items():
+            out[name] = get()
+        return out
+
+    def _finish(self, args, outs):
+        for i, position in self.writebacks:
+            args[position].copy_(outs[i])
+        results = [outs[i] for i in self.results]
+        return tuple(results) if self.tuple_output else results[0]
+
+    def _runs_eagerly(self, args, inputs) -> bool:
+        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs.values()):
+            self.ctx.warn_eager(self.where, "inputs require grad and cleave's kernels have no backward "
+                                "(call it under torch.no_grad(), or with requires_grad=False, to compile it)")
+            return True
+        if self.writebacks and _overlapping(args):
+            self.ctx.warn_eager(self.where, "it changes an input in place and its inputs share memory")
+            return True
+        return False
 
     def hot(self, args):
         """A callable for later calls whose arguments match these exactly (shapes, dtypes,
@@ -214,21 +249,29 @@ class Launcher:
         kernels take less time than the host spends launching them). The launcher
         itself once it runs eagerly for good; None while these arguments have not run
         compiled yet (first met during a CUDA graph capture)."""
-        if self.failed:
+        if self.failed or self.writebacks:
             return self
-        launch = self.op.ready(self._inputs(args))
+        launch = self.op.ready(self.inputs(args))
         if launch is None:
             return None
         stats, ctx = self.op.stats, self.ctx
 
         def launch_hot(*args):
-            if ctx.log is not None:  # explain records each launch: the full path does
+            inputs = self.inputs(args)
+            # explain records each launch, and autograd needs the eager path: the full path does
+            if ctx.log is not None or (torch.is_grad_enabled() and any(t.requires_grad for t in inputs.values())):
                 return self(*args)
             stats["calls"] += 1
-            outs = launch(self._inputs(args))
-            return tuple(outs) if self.tuple_output else outs[0]
+            return self._finish(args, launch(inputs))
 
         return launch_hot
+
+
+def _overlapping(args) -> bool:
+    from ..frontends.capture import shares_memory
+
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return any(shares_memory(a, b) for i, a in enumerate(tensors) for b in tensors[i + 1:])
 
 
 def exact_key(args) -> tuple:

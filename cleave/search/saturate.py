@@ -7,13 +7,13 @@ it is, with a warning: extraction still finds the best candidate so far.
 """
 from __future__ import annotations
 
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
 
 from egglog import ruleset, set_
 
+from ..progress import report as report_progress
 from . import egraph as E
 from .encode import Encoded, seeds
 
@@ -86,9 +86,9 @@ def saturate(enc: Encoded, rules, budgets: Budgets, progress: bool = True) -> Sa
             out.enodes = _size(eg)
             elapsed = time.perf_counter() - start
             if progress:
-                print(f"[cleave search] {enc.graph.name}: phase {phase} iteration {step + 1}: "
-                      f"{out.enodes} e-nodes, {elapsed:.2f}s, fired {', '.join(sorted(set(fired))) or 'nothing'}",
-                      file=sys.stderr)
+                report_progress(f"[cleave search] {enc.graph.name}: phase {phase} iteration {step + 1}: "
+                                f"{out.enodes} e-nodes, {elapsed:.2f}s, "
+                                f"fired {', '.join(sorted(set(fired))) or 'nothing'}")
             if not report.updated:
                 break
             stop = _over(budgets, out, elapsed)

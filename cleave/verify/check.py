@@ -12,6 +12,7 @@ import warnings
 from typing import Iterable
 
 from ..ir import CleaveError
+from ..progress import report as report_progress
 from ..ir.contracts import RuleInstance
 from . import verdict as V
 from .bindings import choose
@@ -139,12 +140,21 @@ def require_sound(rules: Iterable, **kwargs) -> list[Verdict]:
     return verdicts
 
 
+def _announce_proofs(rules: list, timeout_ms: int) -> None:
+    """A cold first compile spends seconds proving rules: say so, once per batch."""
+    cold = [r for r in rules if (key := V.definition_key(r)) is None or V.lookup(key, r.name, timeout_ms) is None]
+    if cold:
+        report_progress(f"[cleave] proving {len(cold)} rewrite rule(s) with z3 before their first use; this "
+                        f"takes a while once, then the verdicts are cached in {V.cache_dir()}")
+
+
 def sound_rules(rules: Iterable, **kwargs) -> list:
     """The gate before saturation: the proven rules, in order. A rule with a confirmed
     counterexample raises UnsoundRule (a library bug is never dropped silently); an
     unknown one is left out with an UnprovenRuleWarning saying why (e.g. a timeout at
     a binding)."""
     rules = list(rules)
+    _announce_proofs(rules, kwargs.get("timeout_ms", TIMEOUT_MS))
     verdicts = check_rules(rules, **kwargs)
     _reject([v for v in verdicts if v.verdict == "unsound"])
     for v in verdicts:

@@ -1,0 +1,269 @@
+"""Regressions of programs that cleave once ran silently wrong, or crashed on: aliased
+arguments, in-place ops, narrowing casts, modules, varargs, eager's own errors,
+progress output and a cache that cannot be written. Each runs the real pipeline
+(capture -> search -> scheduler -> Triton under TRITON_INTERPRET=1) on tiny shapes
+and compares with eager PyTorch."""
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cleave
+from cleave.interpreter import interpret
+from cleave.ir import Graph
+from cleave.search import CandidateMismatch, check_candidate, search
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(*shape, seed, dtype=torch.float32):
+    return torch.randn(*shape, generator=_gen(seed)).to(dtype)
+
+
+def _close(got, want, tol=1e-5):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    err = (got.double() - want.double()).abs().max().item() / max(want.double().abs().max().item(), 1e-30)
+    assert err <= tol, f"max error {err:.2e} over max |reference| (tolerance {tol:.0e})"
+
+
+# -- aliased arguments ----------------------------------------------------------
+def scale_by_exp(a, b):
+    return a * b.exp()
+
+
+def test_aliased_first_call_keeps_parameters_distinct():
+    f = cleave.compile(scale_by_exp)
+    x = _randn(5, 7, seed=0)
+    _close(f(x, x), scale_by_exp(x, x))
+    a, b = _randn(5, 7, seed=1), _randn(5, 7, seed=2)
+    _close(f(a, b), scale_by_exp(a, b))
+    assert f.stats["failed"] == 0 and f.stats["graph_breaks"] == 0
+    (op,) = f.operators
+    assert set(op.graph.inputs) == {"a", "b"}
+
+
+def attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def test_sdpa_called_with_one_tensor_first():
+    f = cleave.compile(attention)
+    q = _randn(1, 2, 5, 16, seed=3)
+    _close(f(q, q, q), attention(q, q, q), 1e-4)
+    q, k, v = (_randn(1, 2, 5, 16, seed=s) for s in (4, 5, 6))
+    _close(f(q, k, v), attention(q, k, v), 1e-4)
+
+
+def test_aliased_first_call_through_the_torch_compile_backend():
+    torch._dynamo.reset()
+    f = torch.compile(scale_by_exp, backend="cleave")
+    x = _randn(4, 6, seed=7)
+    _close(f(x, x), scale_by_exp(x, x))
+    a, b = _randn(4, 6, seed=8), _randn(4, 6, seed=9)
+    _close(f(a, b), scale_by_exp(a, b))
+
+
+# -- in-place ops ---------------------------------------------------------------
+def double_then_exp(x):
+    x.mul_(2)
+    return x.exp()
+
+
+def accumulate(x, y):
+    x.add_(y)
+    return x.sum(-1)
+
+
+def test_in_place_op_on_an_input_matches_eager_output_and_mutation():
+    f = cleave.compile(double_then_exp)
+    for seed in (10, 11):  # the second call takes the prepared (hot) path
+        x = _randn(3, 5, seed=seed)
+        mine, theirs = x.clone(), x.clone()
+        _close(f(mine), double_then_exp(theirs))
+        _close(mine, theirs)
+    assert f.stats["failed"] == 0 and f.stats["graph_breaks"] == 0
+
+
+def test_in_place_op_with_aliased_inputs_runs_eagerly():
+    f = cleave.compile(accumulate)
+    x, y = _randn(3, 5, seed=12), _randn(3, 5, seed=13)
+    mine, theirs = x.clone(), x.clone()
+    _close(f(mine, y), accumulate(theirs, y))
+    _close(mine, theirs)
+    with pytest.warns(UserWarning, match="changes an input in place and its inputs share memory"):
+        got = f(mine, mine)
+    _close(got, accumulate(theirs, theirs))
+    _close(mine, theirs)
+
+
+# -- narrowing casts ------------------------------------------------------------
+def round_trip(x):
+    return x.to(torch.bfloat16).float() * 3.0
+
+
+def test_cast_round_trip_rounds_like_eager():
+    f = cleave.compile(round_trip)
+    x = _randn(5, 7, seed=14)
+    assert torch.equal(f(x), round_trip(x))
+    (op,) = f.operators
+    assert any(n.op == "cast" and str(n.dtype) == "bf16" for n in op.specs[next(iter(op.specs))].candidate.graph.live_nodes())
+
+
+def _round_trip_graph(keep_cast: bool) -> Graph:
+    g = Graph("round_trip")
+    x = g.input("x", ("n", 7), "f32")
+    y = x.cast("bf16").cast("f32") if keep_cast else x
+    g.output(y * 3.0, names=["out"])
+    return g
+
+
+def test_reference_interpreter_rounds_at_a_narrowing_cast_in_fp64():
+    x = _randn(5, 7, seed=15).double()
+    (got,) = interpret(_round_trip_graph(True), {"x": x}, compute_dtype=torch.float64)
+    assert torch.equal(got, x.to(torch.bfloat16).double() * 3.0)
+    assert not torch.equal(got, x * 3.0)
+
+
+def test_candidate_check_rejects_a_deleted_narrowing_cast():
+    with pytest.raises(CandidateMismatch):
+        check_candidate(_round_trip_graph(True), _round_trip_graph(False))
+
+
+def test_search_keeps_a_narrowing_cast():
+    result = search(_round_trip_graph(True), top_k=3, progress=False)
+    for cand in result.candidates:
+        assert [str(n.dtype) for n in cand.graph.live_nodes() if n.op == "cast"][:1] == ["bf16"]
+
+
+# -- modules, autograd ----------------------------------------------------------
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 7), nn.SiLU())
+
+
+def test_module_reads_its_parameters_at_each_call():
+    m = _mlp()
+    f = cleave.compile(m)
+    x = _randn(3, 5, seed=16)
+    with torch.no_grad():
+        _close(f(x), m(x))
+        m[0].weight.mul_(2)  # an optimizer step between calls
+        _close(f(x), m(x))
+    assert f.stats["failed"] == 0 and f.stats["operators"] == 1
+
+
+def test_parameters_that_require_grad_run_eagerly_with_a_backward():
+    m = _mlp()
+    f = cleave.compile(m)
+    x = _randn(3, 5, seed=17)
+    with pytest.warns(UserWarning, match="require grad"):
+        y = f(x)
+    assert y.grad_fn is not None
+    y.sum().backward()
+    want = m[0].weight.grad.clone()
+    m.zero_grad()
+    m(x).sum().backward()
+    _close(want, m[0].weight.grad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        f(x)
+
+
+# -- calling conventions --------------------------------------------------------
+def product(*a):
+    return a[0] * a[1] + a[2]
+
+
+def test_varargs():
+    f = cleave.compile(product, dynamic={"a_0": {0: "n"}, "a_1": {0: "n"}, "a_2": {0: "n"}})
+    for n in (3, 5):
+        args = [_randn(n, 4, seed=18 + i) for i in range(3)]
+        _close(f(*args), product(*args))
+    assert f.stats["failed"] == 0 and f.stats["searches"] <= 1
+
+
+def scaled(x, y):
+    return x * 2 + y
+
+
+def test_keyword_arguments():
+    f = cleave.compile(scaled)
+    x, y = _randn(3, 4, seed=21), _randn(3, 4, seed=22)
+    _close(f(x, y=y), scaled(x, y))
+    _close(f(y=y, x=x), scaled(x, y))
+
+
+# -- errors eager raises ----------------------------------------------------------
+def project(x, w):
+    return x @ w
+
+
+def test_shape_error_is_eagers_one_message(capfd):
+    f = cleave.compile(project)
+    with pytest.raises(RuntimeError, match=r"3x5 and 4x4"):
+        f(_randn(3, 5, seed=23), _randn(4, 4, seed=24))
+    assert "fake_tensor" not in capfd.readouterr().err
+    _close(f(_randn(3, 5, seed=25), _randn(5, 4, seed=26)), project(_randn(3, 5, seed=25), _randn(5, 4, seed=26)))
+
+
+def test_mixed_dtype_matmul_is_rejected_like_eager():
+    f = cleave.compile(project)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        f(_randn(3, 5, seed=27), _randn(5, 4, seed=28, dtype=torch.bfloat16))
+
+
+# -- progress output --------------------------------------------------------------
+def softplus_ish(x):
+    return (x.exp() + 1.0).log()
+
+
+def test_verbose_false_is_silent_and_true_overrides_the_logger(capfd):
+    x = _randn(4, 9, seed=29)
+    cleave.compile(softplus_ish, verbose=False)(x)
+    assert "[cleave" not in capfd.readouterr().err
+    logger = logging.getLogger("cleave")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        cleave.compile(softplus_ish, dynamic={"x": {0: "n"}})(x)  # a new operator: it searches
+        assert "[cleave" not in capfd.readouterr().err
+        cleave.compile(softplus_ish, dynamic={"x": {1: "m"}}, verbose=True)(x)
+        assert "[cleave search]" in capfd.readouterr().err
+    finally:
+        logger.setLevel(level)
+
+
+def test_cold_rule_proofs_are_announced(tmp_path, monkeypatch, capfd):
+    from cleave.rules import parse_rules
+    from cleave.verify import sound_rules
+
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    (rule,) = parse_rules("family algebra\nrule announce-me: mul(x, y) => mul(y, x)\n  why: a test rule\n")
+    sound_rules([rule])
+    assert "proving 1 rewrite rule(s)" in capfd.readouterr().err
+    sound_rules([rule])
+    assert "proving" not in capfd.readouterr().err
+
+
+# -- a cache that cannot be written -------------------------------------------------
+def test_unwritable_cache_compiles_in_memory(monkeypatch):
+    from cleave.runtime import artifact
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(artifact, "write_json", refuse)
+    monkeypatch.setattr(artifact, "save_spec", refuse)
+    f = cleave.compile(lambda x: x.sigmoid() * x.sum(-1, keepdim=True))
+    x = _randn(3, 6, seed=30)
+    with pytest.warns(UserWarning, match="cannot write"):
+        got = f(x)
+    _close(got, x.sigmoid() * x.sum(-1, keepdim=True))
+    assert f.stats["failed"] == 0
