@@ -142,6 +142,30 @@ def test_search_keeps_a_narrowing_cast():
         assert [str(n.dtype) for n in cand.graph.live_nodes() if n.op == "cast"][:1] == ["bf16"]
 
 
+def root_and_log(y):
+    return torch.rsqrt(y) * torch.log(y).sum(-1, keepdim=True)
+
+
+def test_ops_defined_on_positive_values_compile():
+    # the candidate check's normal inputs give NaN here on both graphs: NaN must match NaN
+    f = cleave.compile(root_and_log, dynamic={"y": {1: "n"}})
+    y = torch.rand(5, 3, generator=_gen(31)) + 0.5
+    _close(f(y), root_and_log(y))
+    assert f.stats["failed"] == 0
+
+
+def widen_then_narrow(x):
+    return torch.exp(x.float().to(torch.bfloat16))
+
+
+def test_a_bf16_input_widened_then_narrowed_compiles():
+    # the candidate check's inputs hold bf16 values where the graph's inputs are bf16
+    f = cleave.compile(widen_then_narrow)
+    x = _randn(3, 7, seed=32, dtype=torch.bfloat16)
+    _close(f(x), widen_then_narrow(x), 1e-2)
+    assert f.stats["failed"] == 0
+
+
 # -- modules, autograd ----------------------------------------------------------
 def _mlp():
     torch.manual_seed(0)

@@ -57,13 +57,17 @@ def _ragged_count(n: int) -> int:
     return max(1, min(2, n))
 
 
-def inputs_for(g: Graph, env: dict, seed: int) -> dict[str, torch.Tensor]:
+def inputs_for(g: Graph, env: dict, seed: int, positive: bool = False) -> dict[str, torch.Tensor]:
+    """Random inputs in fp64 holding values of each input's own dtype (a bf16 input
+    gets bf16 values): normal, or in [0.5, 1.5) with `positive` (log's and sqrt's domain)."""
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for name, node in g.inputs.items():
         shape = [D.evaluate(d, env) for d in node.shape]
         if node.dtype.is_float:
-            out[name] = torch.randn(shape, generator=gen, dtype=torch.float64)
+            x = torch.rand(shape, generator=gen, dtype=torch.float64) + 0.5 if positive else \
+                torch.randn(shape, generator=gen, dtype=torch.float64)
+            out[name] = x.to(TORCH_DTYPES[node.dtype]).double()
         else:
             out[name] = torch.randint(0, 4, shape, generator=gen)
     return out
@@ -71,18 +75,21 @@ def inputs_for(g: Graph, env: dict, seed: int) -> dict[str, torch.Tensor]:
 
 def check_candidate(naive: Graph, cand: Graph, shapes: dict | None = None, seed: int = 0) -> dict:
     """Raise CandidateMismatch unless `cand` interprets equal to `naive` at a small binding
-    (or at the user's `shapes`: symbol -> value). Returns the binding used."""
+    (or at the user's `shapes`: symbol -> value), on normal and on positive inputs (log
+    and rsqrt of normal ones are NaN: NaN must match NaN). Returns the binding used."""
     env = small_binding(naive, cand, shapes)
-    ins = inputs_for(naive, env, seed)
-    want, got = compared_values(naive, ins, env), compared_values(cand, ins, env)
-    for name, w, g in zip(naive.output_names, want, got):
-        same = (w.shape == g.shape and (torch.equal(w, g) if not w.is_floating_point()
-                                        else torch.allclose(w, g.to(w.dtype), rtol=1e-7, atol=1e-9)))
-        if not same:
-            raise CandidateMismatch(
-                f"candidate of {naive.name} differs on output {name!r} at "
-                + ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
-                + f"\n--- input graph ---\n{naive.text()}--- candidate ---\n{cand.text()}")
+    for positive in (False, True):
+        ins = inputs_for(naive, env, seed, positive)
+        want, got = compared_values(naive, ins, env), compared_values(cand, ins, env)
+        for name, w, g in zip(naive.output_names, want, got):
+            same = w.shape == g.shape and (torch.equal(w, g) if not w.is_floating_point() else
+                                           torch.allclose(w, g.to(w.dtype), rtol=1e-7, atol=1e-9, equal_nan=True))
+            if not same:
+                raise CandidateMismatch(
+                    f"candidate of {naive.name} differs on output {name!r} at "
+                    + ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+                    + (" (positive inputs)" if positive else "")
+                    + f"\n--- input graph ---\n{naive.text()}--- candidate ---\n{cand.text()}")
     return env
 
 
