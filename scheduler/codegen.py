@@ -36,11 +36,19 @@ COMBINE = {"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum
 UNARY = {"exp": "tl.exp({x})", "log": "tl.log({x})", "sqrt": "tl.sqrt({x})", "rsqrt": "tl.rsqrt({x})",
          "neg": "-{x}", "recip": "1.0 / {x}", "silu": "{x} * tl.sigmoid({x})", "sigmoid": "tl.sigmoid({x})",
          "tanh": "2.0 * tl.sigmoid(2.0 * {x}) - 1.0", "square": "{x} * {x}", "cos": "tl.cos({x})",
-         "sin": "tl.sin({x})", "abs": "tl.abs({x})"}
+         "sin": "tl.sin({x})", "abs": "tl.abs({x})", "erf": "tl.erf({x})",
+         # near 0, 1 + x and exp(x) - 1 lose x's low bits: Kahan's forms keep them (libdevice's
+         # log1p/expm1 do not run in Triton's CPU interpreter)
+         "log1p": "tl.where(tl.abs({x}) < 0.5, tl.where(1.0 + {x} == 1.0, {x}, tl.log(1.0 + {x}) * {x} / "
+                  "(1.0 + {x} - 1.0)), tl.log(1.0 + {x}))",
+         "expm1": "tl.where(tl.abs({x}) < 0.5, tl.where(tl.exp({x}) == 1.0, {x}, (tl.exp({x}) - 1.0) * {x} / "
+                  "tl.log(tl.exp({x}))), tl.exp({x}) - 1.0)"}
 # torch.pow: |a|^b through exp and log, negated for a negative base and an odd integer
 # exponent, NaN for a negative base and a fractional one, and 1 for a zero exponent.
-POW = ("tl.where({b} == 0.0, 1.0, tl.where(({a} < 0.0) & (tl.floor({b}) != {b}), float(\"nan\"), "
-       "tl.where(({a} < 0.0) & (tl.floor({b} * 0.5) * 2.0 != {b}), -1.0, 1.0) * tl.exp(tl.log(tl.abs({a})) * {b})))")
+# Nested selects, not `&` of comparisons: with a scalar exponent, Triton's CPU
+# interpreter broadcasts the exponent's comparison as floats, and `&` then fails.
+POW = ("tl.where({b} == 0.0, 1.0, tl.where({a} < 0.0, tl.where(tl.floor({b}) == {b}, "
+       "tl.where(tl.floor({b} * 0.5) * 2.0 == {b}, 1.0, -1.0), float(\"nan\")), 1.0) * tl.exp(tl.log(tl.abs({a})) * {b}))")
 BINARY = {"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
           "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})", "pow": POW,
           "lt": "{a} < {b}", "le": "{a} <= {b}", "gt": "{a} > {b}", "ge": "{a} >= {b}", "eq": "{a} == {b}",
@@ -256,7 +264,7 @@ class Emitter:
         node = inst.node
         shape = node.shape
         names = self.names(dims)
-        terms, mask = [], []
+        terms, mask = [], {}  # mask: term -> the labels it varies over
         clamped = set()
         for lid in inst.labels & self.free_lanes:
             if self.valid(lid, dims):  # lanes past the extent read the last valid lane's element
@@ -271,16 +279,16 @@ class Emitter:
             terms.append(f"{code(e, names)} * {code(stride)}" if stride != 1 else code(e, names))
             lo, hi = self.bounds(e)
             if hi is None or not provable(shape[k] - 1 - hi):
-                mask.append(f"({code(e, names)} < {code(shape[k])})")
+                mask[f"({code(e, names)} < {code(shape[k])})"] = self.views.labels_of([e])
             if lo is None or not provable(lo):
-                mask.append(f"({code(e, names)} >= 0)")
+                mask[f"({code(e, names)} >= 0)"] = self.views.labels_of([e])
         for lid in inst.labels - clamped:
             v = self.valid(lid, dims)
             if v:
-                mask.append(v)
+                mask[v] = {lid}
         ptr = f"{buffer_name(self.views.graph, node)}_ptr"
         addr = ptr + (" + " + " + ".join(terms) if terms else "")
-        m = f", mask={' & '.join(dict.fromkeys(mask))}, other=0" if mask else ""
+        m = f"{self.mask(mask, dims)}, other=0" if mask else ""
         elems = 1
         for d in dims:
             elems *= self.t.block[d]
@@ -292,6 +300,16 @@ class Emitter:
         out = self.var(b, f"tl.load({addr}{m})", dims, ty)
         out.zero = True
         return out
+
+    def mask(self, terms: dict, dims) -> str:
+        """The `mask=` argument of a load or store of a tile over dims, from its terms
+        (each mapped to the labels it varies over)."""
+        # A term that holds for the whole tile (a grid index against an extent) is widened
+        # to the tile: Triton's CPU interpreter broadcasts a scalar comparison with its
+        # operands' integer dtype, and its load and store then reject the mask.
+        uniform = bool(dims) and any(not set(labels) & set(dims) for labels in terms.values())
+        head = [f"tl.full({[self.t.block[d] for d in dims]}, 1, tl.int1)"] if uniform else []
+        return ", mask=" + " & ".join(head + list(terms))
 
     def numel(self, node) -> int:
         return _prod([D.evaluate(d, self.env) for d in node.shape])
@@ -368,10 +386,13 @@ class Emitter:
             return self.var(b, expr, m, "tl.float32")
         full = self.dims(set(a.dims) | set(c.dims))
         prod = f"{self.f32(a, full)} * {self.f32(c, full)}"
-        valid = self.valid(k, full)
-        if valid:
-            prod = f"tl.where({valid}, {prod}, 0.0)"
-        expr = f"tl.sum({prod}, axis={full.index(k)})" if k in full else prod
+        if k in full:
+            valid = self.valid(k, full)
+            if valid:
+                prod = f"tl.where({valid}, {prod}, 0.0)"
+            expr = f"tl.sum({prod}, axis={full.index(k)})"
+        else:  # neither operand varies over K (a unit K, or broadcasts along it): one term per valid k
+            expr = f"{prod} * {self.count(k)}" if self.t.block[k] > 1 else prod
         if acc:
             expr = f"{acc} + {expr}"
         return self.var(b, expr, m, "tl.float32")
@@ -596,7 +617,7 @@ class Emitter:
         dims = self.dims(self.views.labels_of(st.view))
         names = self.names(dims)
         shape = st.node.shape
-        terms, mask = [], []
+        terms, mask = [], {}
         for k, e in enumerate(st.view):
             e = sympy.sympify(e)
             stride = sympy.Mul(*shape[k + 1:]) if k + 1 < len(shape) else sympy.Integer(1)
@@ -606,7 +627,7 @@ class Emitter:
         for lid in self.views.labels_of(st.view):
             m = self.valid(lid, dims)
             if m:
-                mask.append(m)
+                mask[m] = {lid}
         elems = _prod([self.t.block[d] for d in dims])
         ty = self.buffer_dtype(st.node)
         self.stats.traffic(st.buffer, elems * _size(ty), self.numel(st.node) * _size(ty))
@@ -616,7 +637,7 @@ class Emitter:
             value = f"tl.broadcast_to({value}, {[self.t.block[d] for d in dims]})"
         elif not v.dims and dims:
             value = f"tl.full({[self.t.block[d] for d in dims]}, 0, {v.ty}) + {value}"
-        m = f", mask={' & '.join(mask)}" if mask else ""
+        m = self.mask(mask, dims) if mask else ""
         b.lines.append(f"tl.store({addr}, {convert(value, ty)}{m})")
 
 

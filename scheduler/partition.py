@@ -1,7 +1,8 @@
-"""Kernel boundaries. All outputs start in one kernel; a Split whose count is bound
-above 1 is there to be run in parallel, so every per-chunk reduction (one whose value
-still varies over the chunk-count label) is materialised by a producer kernel whose
-grid includes that label, and the consumer (the combine) reads it back."""
+"""Kernel boundaries. Outputs that share a grid dim start in one kernel; a Split whose
+count is bound above 1 is there to be run in parallel, so every per-chunk reduction
+(one whose value still varies over the chunk-count label) is materialised by a
+producer kernel whose grid includes that label, and the consumer (the combine) reads
+it back."""
 from __future__ import annotations
 
 import re
@@ -48,24 +49,36 @@ def identifier(name: str) -> str:
     return f"fn_{stem}" if stem[0].isdigit() else stem
 
 
+def _stored(graph: Graph, out: Node, buffer: str) -> tuple[Node, list[Node], list]:
+    """The node a root's kernel computes, the chain its store peels, and a key per dim of
+    that node (None for a unit dim): dims of equal key across roots share a grid label."""
+    # an output buffer holds the node's own dtype (an intermediate holds f32)
+    inner, chain = store_chain(out, out.dtype if buffer in graph.output_names else None)
+    keys, seen = [], {}
+    for d in inner.shape:
+        if D.is_one(d):
+            keys.append(None)
+            continue
+        # dims of equal extent across roots share a label (roots may order them differently)
+        seen[d] = seen.get(d, -1) + 1
+        keys.append((d, seen[d]))
+    return inner, chain, keys
+
+
 def _build(graph: Graph, roots: list[tuple[Node, str]], leaves: set) -> KernelSpec:
     """One kernel storing each root node into its buffer."""
     views = Views(graph, set(leaves))
     by_pos: dict = {}
     stores, root_labels = [], []
     for out, buffer in roots:
-        # an output buffer holds the node's own dtype (an intermediate holds f32)
-        inner, chain = store_chain(out, out.dtype if buffer in graph.output_names else None)
-        view, seen = [], {}
-        for d in inner.shape:
-            if D.is_one(d):
+        inner, chain, keys = _stored(graph, out, buffer)
+        view = []
+        for key in keys:
+            if key is None:
                 view.append(sympy.Integer(0))
                 continue
-            # dims of equal extent across roots share a label (roots may order them differently)
-            seen[d] = seen.get(d, -1) + 1
-            key = (d, seen[d])
             if key not in by_pos:
-                by_pos[key] = views.label(d, "out")
+                by_pos[key] = views.label(key[0], "out")
                 root_labels.append(by_pos[key])
             view.append(by_pos[key].sym)
         inst = views.get(inner, tuple(view))
@@ -118,5 +131,20 @@ def partition(graph: Graph, env: dict) -> list[KernelSpec]:
         kernels.append(spec)
 
     # Outputs by name: one node may be returned under several names, or be an input.
-    visit(list(zip(graph.outputs, graph.output_names)), set())
+    for roots in _grid_groups(graph, list(zip(graph.outputs, graph.output_names))):
+        visit(roots, set())
     return kernels
+
+
+def _grid_groups(graph: Graph, roots: list) -> list[list]:
+    """Roots that share a grid dim, transitively, in root order: one kernel each. A
+    kernel's grid is the product of its roots' dims and each root is stored by every
+    program, so roots over unrelated dims (a (10n,) and an (n, 5)) would multiply each
+    other's programs (50n^3 of them). Roots without a grid dim share the one program."""
+    groups: list[tuple[set, list]] = []  # (dim keys, root indices)
+    for i, (out, buffer) in enumerate(roots):
+        keys = {k for k in _stored(graph, out, buffer)[2] if k is not None} or {()}
+        joined = [g for g in groups if g[0] & keys]
+        groups = [g for g in groups if not g[0] & keys]
+        groups.append((keys.union(*(g[0] for g in joined)), sorted([i] + [j for g in joined for j in g[1]])))
+    return [[roots[j] for j in g[1]] for g in sorted(groups, key=lambda g: g[1][0])]
