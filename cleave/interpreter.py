@@ -26,6 +26,7 @@ _UNARY = {
     "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "neg": torch.neg,
     "recip": torch.reciprocal, "silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid,
     "tanh": torch.tanh, "square": torch.square, "cos": torch.cos, "sin": torch.sin, "abs": torch.abs,
+    "erf": torch.erf, "log1p": torch.log1p, "expm1": torch.expm1,
 }
 _BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
@@ -113,8 +114,9 @@ def _eval(node: Node, args, inputs, env, float_type, device) -> torch.Tensor:
     if op == "permute":
         return args[0].permute(*a["perm"])
     if op == "slice":
-        return args[0].narrow(a["axis"], D.evaluate(a["start"], env),
-                              D.evaluate(a["stop"], env) - D.evaluate(a["start"], env))
+        index = [slice(None)] * args[0].dim()
+        index[a["axis"]] = slice(D.evaluate(a["start"], env), D.evaluate(a["stop"], env), a["step"])
+        return args[0][tuple(index)]
     if op == "concat":
         common = args[0].dtype
         for x in args[1:]:

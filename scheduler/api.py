@@ -278,13 +278,13 @@ def _schedule_at(graph, facts, env, dynamic, symbols, target, top_k, split=None)
 
 
 def _plan(graph, specs, kernels, tiles, cost, env, dynamic, split) -> Plan:
-    def buf(node, name):
-        return Buffer(name, [D.fmt(d) for d in node.shape], str(node.dtype))
+    def buf(node, name):  # shapes as integer code: launch evaluates them
+        return Buffer(name, [code(d) for d in node.shape], str(node.dtype))
 
     inputs = [buf(n, name) for name, n in graph.inputs.items()]
     outputs = [buf(n, name) for name, n in zip(graph.output_names, graph.outputs)]
     produced = {st.buffer: st.node for spec in specs for st in spec.stores}
-    inter = [Buffer(name, [D.fmt(d) for d in node.shape], "f32" if node.dtype.is_float else str(node.dtype))
+    inter = [Buffer(name, [code(d) for d in node.shape], "f32" if node.dtype.is_float else str(node.dtype))
              for name, node in produced.items() if name not in graph.output_names]
     requires = [(_check_code(c), c.origin) for c in graph.constraints]
     return Plan(graph.text(), kernels, inputs, outputs, inter, dict(split), tiles, cost, sorted(dynamic),

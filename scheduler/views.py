@@ -18,10 +18,10 @@ import sympy
 
 from cleave.ir import Graph, Node, ShapeError
 from cleave.ir import dims as D
+from cleave.ir.ops import UNARY
 
-ELEMENTWISE = {"exp", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh", "square", "cos",
-               "sin", "abs", "cast", "add", "sub", "mul", "div", "max", "min", "pow", "lt", "le", "gt",
-               "ge", "eq", "ne", "where", "broadcast"}
+ELEMENTWISE = {*UNARY, "cast", "add", "sub", "mul", "div", "max", "min", "pow", "lt", "le", "gt", "ge", "eq", "ne",
+               "where", "broadcast"}
 
 
 @dataclass(eq=False)
@@ -129,7 +129,7 @@ class Views:
             return self._through(n, reshape_back(n.inputs[0].shape, n.shape, view, n))
         if op == "slice":
             inner = list(view)
-            inner[n.attrs["axis"]] = view[n.attrs["axis"]] + n.attrs["start"]
+            inner[n.attrs["axis"]] = view[n.attrs["axis"]] * n.attrs["step"] + n.attrs["start"]
             return self._through(n, tuple(inner))
         if op == "concat":
             axis, offset, ins = n.attrs["axis"], D.dim(0), []

@@ -29,6 +29,8 @@ def _randn(*shape, seed, dtype=torch.float32):
 
 def _close(got, want, tol=1e-5):
     assert got.shape == want.shape and got.dtype == want.dtype
+    if not want.numel():
+        return
     err = (got.double() - want.double()).abs().max().item() / max(want.double().abs().max().item(), 1e-30)
     assert err <= tol, f"max error {err:.2e} over max |reference| (tolerance {tol:.0e})"
 
@@ -164,6 +166,34 @@ def test_a_bf16_input_widened_then_narrowed_compiles():
     x = _randn(3, 7, seed=32, dtype=torch.bfloat16)
     _close(f(x), widen_then_narrow(x), 1e-2)
     assert f.stats["failed"] == 0
+
+
+# -- strided slices -------------------------------------------------------------
+def every_other_column(x):
+    return torch.tanh(torch.exp(x)[:, ::2]).sum(-1)
+
+
+def strided_window(x):
+    return (x[1::3, 2:7:2] * 2).exp()
+
+
+@pytest.mark.parametrize("fn, sizes", [(every_other_column, (3, 5, 0, 3)), (strided_window, (10, 11, 12, 1))])
+def test_strided_slices_compile(fn, sizes):
+    f = cleave.compile(fn, dynamic={"x": {0: "n"}})
+    for n in sizes:
+        x = _randn(n, 9, seed=40 + n)
+        _close(f(x), fn(x))
+    assert f.stats["failed"] == 0 and f.stats["graph_breaks"] == 0 and f.stats["operators"] == 1
+
+
+def test_a_strided_slice_has_pythons_length():
+    g = Graph("strided")
+    x = g.input("x", ("n", 9), "f32")
+    g.output(x[1::3, 2:7:2], names=["out"])
+    for n in (0, 1, 4, 10, 11, 12):
+        t = _randn(n, 9, seed=n).double()
+        (got,) = interpret(g, {"x": t})
+        assert torch.equal(got, t[1::3, 2:7:2])
 
 
 # -- modules, autograd ----------------------------------------------------------

@@ -10,7 +10,7 @@ from .aten_map import rule
 
 _UNARY = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "neg": "neg", "reciprocal": "recip",
           "silu": "silu", "sigmoid": "sigmoid", "tanh": "tanh", "square": "square", "cos": "cos", "sin": "sin",
-          "abs": "abs"}
+          "abs": "abs", "erf": "erf", "log1p": "log1p", "expm1": "expm1"}
 _BINARY = {"mul": "mul", "div": "div", "true_divide": "div", "maximum": "max", "minimum": "min",
            "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne"}
 _POW_SPECIAL = {2: "square", 0.5: "sqrt", -1: "recip", -0.5: "rsqrt"}
@@ -74,14 +74,17 @@ def _relu(t, node, a):
     return binary(t, "max", a["self"], 0)
 
 
-@rule("gelu", check=lambda a, n: None if a.get("approximate") == "tanh" else "only approximate='tanh' is supported "
-      "(the IR has no erf)")
+@rule("gelu")
 def _gelu(t, node, a):
-    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"""
+    """0.5 x (1 + erf(x / sqrt(2))), or with approximate='tanh'
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"""
     x = a["self"]
-    inner = binary(t, "mul", t.add("add", x, binary(t, "mul", t.add("pow", x, t.lift(3, x)), 0.044715)),
-                   math.sqrt(2 / math.pi))
-    return binary(t, "mul", t.add("mul", x, binary(t, "add", t.add("tanh", inner), 1.0)), 0.5)
+    if a.get("approximate") == "tanh":
+        inner = binary(t, "mul", t.add("add", x, binary(t, "mul", t.add("pow", x, t.lift(3, x)), 0.044715)),
+                       math.sqrt(2 / math.pi))
+        return binary(t, "mul", t.add("mul", x, binary(t, "add", t.add("tanh", inner), 1.0)), 0.5)
+    return binary(t, "mul", t.add("mul", x, binary(t, "add", t.add("erf", binary(t, "mul", x, math.sqrt(0.5))), 1.0)),
+                  0.5)
 
 
 @rule("clamp", "clamp_min", "clamp_max",

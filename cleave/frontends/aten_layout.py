@@ -101,13 +101,23 @@ def _index(value, extent):
     return D.dim(value)
 
 
-@rule("slice.Tensor", check=lambda a, n: None if a.get("step", 1) == 1 else "only step 1 is supported")
+# torch's end of `x[a:]`: past any extent
+_TO_THE_END = 2 ** 62
+
+
+@rule("slice.Tensor")
 def _slice(t, node, a):
     x = a["self"]
     axis = a["dim"] % x.rank
-    start = _index(a["start"], x.shape[axis])
-    length = t.out_shape(node)[axis]  # torch already clamped the end
-    return x if D.equal(length, x.shape[axis]) else t.add("slice", x, axis=axis, start=start, stop=start + length)
+    extent = x.shape[axis]
+    start, step = _index(a["start"], extent), a.get("step", 1)
+    if step == 1:
+        length = t.out_shape(node)[axis]  # torch already clamped the end
+        return x if D.equal(length, extent) else t.add("slice", x, axis=axis, start=start, stop=start + length, step=1)
+    end = a.get("end")
+    to_the_end = end is None or (isinstance(end, int) and (end >= _TO_THE_END or (extent.is_number and end >= extent)))
+    stop = extent if to_the_end else _index(end, extent)
+    return t.add("slice", x, axis=axis, start=start, stop=stop, step=step)
 
 
 @rule("narrow")
@@ -115,7 +125,7 @@ def _narrow(t, node, a):
     x = a["self"]
     axis = a["dim"] % x.rank
     start = _index(a["start"], x.shape[axis])
-    return t.add("slice", x, axis=axis, start=start, stop=start + D.dim(a["length"]))
+    return t.add("slice", x, axis=axis, start=start, stop=start + D.dim(a["length"]), step=1)
 
 
 @rule("select.int")
@@ -123,7 +133,7 @@ def _select(t, node, a):
     x = a["self"]
     axis = a["dim"] % x.rank
     start = _index(a["index"], x.shape[axis])
-    return reshape(t, t.add("slice", x, axis=axis, start=start, stop=start + 1), t.out_shape(node))
+    return reshape(t, t.add("slice", x, axis=axis, start=start, stop=start + 1, step=1), t.out_shape(node))
 
 
 @rule("split", "split_with_sizes", "chunk", "unbind", "tensor_split.sections")
@@ -136,7 +146,7 @@ def _pieces(t, node, a):
     for piece in node.meta["val"]:
         shape = tuple(t.symbols.to_dim(d) for d in piece.shape)
         length = shape[axis] if keep else D.dim(1)
-        part = t.add("slice", x, axis=axis, start=start, stop=start + length)
+        part = t.add("slice", x, axis=axis, start=start, stop=start + length, step=1)
         out.append(reshape(t, part, shape))
         start = start + length
     return tuple(out)

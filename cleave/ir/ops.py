@@ -9,13 +9,15 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import sympy
+
 from . import dims as D
 from .dims import Dim
 from .dtypes import DType, promote
 from .errors import ShapeError
 
 UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh",
-         "square", "cos", "sin", "abs")
+         "square", "cos", "sin", "abs", "erf", "log1p", "expm1")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 REDUCE_OPS = ("sum", "max", "min")
@@ -176,12 +178,17 @@ def _infer_permute(x, *, perm):
     return Result(tuple(x.shape[p] for p in perm), x.dtype)
 
 
-def _infer_slice(x, *, axis, start, stop):
+def _infer_slice(x, *, axis, start, stop, step):
+    """Python's x[start:stop:step] along one axis: floor((stop - start + step - 1) / step)
+    elements (the form torch's shapes take)."""
     a = _axis("slice", axis, len(x.shape))
     extent = x.shape[a]
-    length = D.dim(stop) - D.dim(start)
-    if length.is_number and length < 0:
+    if step < 1:
+        _fail("slice", f"step {step} must be >= 1")
+    span = D.dim(stop) - D.dim(start)
+    if span.is_number and span < 0:
         _fail("slice", f"stop {D.fmt(stop)} is before start {D.fmt(start)}")
+    length = span if step == 1 else sympy.floor((span + step - 1) / step)
     if (stop - extent).is_number and stop - extent > 0:
         _fail("slice", f"stop {D.fmt(stop)} is past dim {a} of operand 0 (shape {D.fmt_shape(x.shape)})")
     shape = list(x.shape)
@@ -280,7 +287,7 @@ _register("reduce", 1, [("op", "str"), ("axis", "int"), ("keepdim", "int")], _in
 _register("broadcast", 1, [("shape", "shape")], _infer_broadcast)
 _register("reshape", 1, [("shape", "shape")], _infer_reshape)
 _register("permute", 1, [("perm", "ints")], _infer_permute)
-_register("slice", 1, [("axis", "int"), ("start", "dim"), ("stop", "dim")], _infer_slice)
+_register("slice", 1, [("axis", "int"), ("start", "dim"), ("stop", "dim"), ("step", "int")], _infer_slice)
 _register("concat", None, [("axis", "int")], _infer_concat)
 _register("gather", 2, [("axis", "int")], _infer_gather)
 _register("take", 2, [("axis", "int")], _infer_take)

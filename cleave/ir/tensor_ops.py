@@ -104,8 +104,8 @@ class TensorOps:
     def split(self, axis: int, count, pad=None):
         return self._op("split", axis=axis % self.rank, count=count, pad=pad)
 
-    def slice(self, axis: int, start, stop):
-        return self._op("slice", axis=axis % self.rank, start=start, stop=stop)
+    def slice(self, axis: int, start, stop, step: int = 1):
+        return self._op("slice", axis=axis % self.rank, start=start, stop=stop, step=step)
 
     def __getitem__(self, index):
         if not isinstance(index, tuple):
@@ -114,11 +114,12 @@ class TensorOps:
         for axis, sl in enumerate(index):
             if sl is Ellipsis:
                 raise TypeError("use explicit axes instead of ... in a cleave slice")
-            if not isinstance(sl, slice) or sl.step not in (None, 1):
-                raise TypeError(f"cleave slices take start:stop on each axis, got {sl!r}")
-            if sl.start is None and sl.stop is None:
+            if not isinstance(sl, slice) or (sl.step is not None and sl.step < 1):
+                raise TypeError(f"cleave slices take start:stop:step (step >= 1) on each axis, got {sl!r}")
+            step = sl.step or 1
+            if sl.start is None and sl.stop is None and step == 1:
                 continue
             start = 0 if sl.start is None else sl.start
             stop = out.shape[axis] if sl.stop is None else sl.stop
-            out = out.slice(axis, start, stop)
+            out = out.slice(axis, start, stop, step)
         return out

@@ -95,7 +95,7 @@ def _lower(node: Node, args, inputs, env, alg: Algebra) -> np.ndarray:
         return args[0].transpose(a["perm"])
     if op == "slice":
         idx = [slice(None)] * args[0].ndim
-        idx[a["axis"]] = slice(ev(a["start"]), ev(a["stop"]))
+        idx[a["axis"]] = slice(ev(a["start"]), ev(a["stop"]), a["step"])
         return args[0][tuple(idx)]
     if op == "concat":
         return np.concatenate(args, axis=a["axis"])
