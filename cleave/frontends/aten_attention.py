@@ -1,6 +1,8 @@
 """scaled_dot_product_attention, decomposed into the workloads' safe-softmax attention."""
 from __future__ import annotations
 
+import operator
+
 import sympy
 
 from ..ir import dims as D
@@ -14,13 +16,36 @@ NEG_INF = float("-inf")
 def _check(a, n):
     if a.get("dropout_p", 0.0) != 0.0:
         return "dropout_p must be 0"
-    if a.get("is_causal") and a.get("attn_mask") is not None:
+    if a.get("is_causal") and _mask(a) is not None:
         return "attn_mask together with is_causal is not supported"
+    if n is not None and isinstance(n.meta.get("val"), (tuple, list)) and _uses_more_than_the_output(n):
+        return "its logsumexp (or another output besides the attention) is used, as autograd does"
     if a.get("enable_gqa"):
         q, k = a["query"], a["key"]
         if q.dim() < 3 or not isinstance(q.shape[-3], int) or not isinstance(k.shape[-3], int):
             return "enable_gqa needs head counts that are static at capture"
     return None
+
+
+def _mask(a):
+    """The additive or boolean mask, by the name each attention op gives it."""
+    return a.get("attn_mask", a.get("attn_bias"))
+
+
+def _uses_more_than_the_output(node) -> bool:
+    return any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users)
+
+
+def _fused(t, node, a):
+    """A fused kernel SDPA dispatches to (its outputs: the attention, then logsumexp and
+    the like, which only autograd reads): the attention first, the rest unavailable."""
+    rest = len(node.meta["val"]) - 1
+    return (_sdpa(t, node, a),) + (None,) * rest
+
+
+# SDPA, and the kernels it dispatches to once AOTAutograd has traced through it
+rule("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention", check=_check)(_fused)
 
 
 @rule("scaled_dot_product_attention", check=_check)
@@ -39,7 +64,7 @@ def _sdpa(t, node, a):
         i = t.add("iota", shape=(rows, cols), axis=0, dtype="i64")
         j = t.add("iota", shape=(rows, cols), axis=1, dtype="i64")
         scores = t.add("where", t.add("le", j, i), scores, t.const(NEG_INF, scores.dtype))
-    mask = a.get("attn_mask")
+    mask = _mask(a)
     if mask is not None:
         if mask.dtype.value == "bool":
             scores = t.add("where", mask, scores, t.const(NEG_INF, scores.dtype))

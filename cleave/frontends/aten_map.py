@@ -44,8 +44,8 @@ def rule(*names: str, check: Callable | None = None):
 
 def rule_for(fx_node) -> Rule | None:
     target = fx_node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return None
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+        return None  # prims.var is not aten.var
     packet = target._schema.name.split("::")[-1]
     return RULES.get(f"{packet}.{target._overloadname}") or RULES.get(packet)
 

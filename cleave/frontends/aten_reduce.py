@@ -91,6 +91,20 @@ def _std(t, node, a):
     return t.add("sqrt", _var(t, node, a))
 
 
+@rule("var_mean", check=_NON_INT_CORRECTION)
+def _var_mean(t, node, a):
+    x = a["self"]
+    dims = axes(a.get("dim"), x.rank)
+    mean = t.add("div", reduce(t, x, "sum", dims, a.get("keepdim", False)), count(t, x, dims))
+    return _var(t, node, a), mean
+
+
+@rule("std_mean", check=_NON_INT_CORRECTION)
+def _std_mean(t, node, a):
+    var, mean = _var_mean(t, node, a)
+    return t.add("sqrt", var), mean
+
+
 def _normalized_axes(a, x):
     return list(range(x.rank - len(a["normalized_shape"]), x.rank))
 
@@ -103,15 +117,21 @@ def _affine(t, y, a):
     return y
 
 
-@rule("layer_norm")
-def _layer_norm(t, node, a):
+def _normalize(t, a):
+    """layer_norm's (output, mean, 1/std), the statistics kept over the normalized axes."""
     x = a["input"]
     dims = _normalized_axes(a, x)
     n = count(t, x, dims)
-    centered = t.add("sub", x, t.add("div", reduce(t, x, "sum", dims, True), n))
+    mean = t.add("div", reduce(t, x, "sum", dims, True), n)
+    centered = t.add("sub", x, mean)
     var = t.add("div", reduce(t, t.add("square", centered), "sum", dims, True), n)
     eps = t.const(float(a.get("eps") or 1e-5), x.dtype)
-    return _affine(t, t.add("mul", centered, t.add("rsqrt", t.add("add", var, eps))), a)
+    rstd = t.add("rsqrt", t.add("add", var, eps))
+    return _affine(t, t.add("mul", centered, rstd), a), mean, rstd
+
+
+rule("layer_norm")(lambda t, node, a: _normalize(t, a)[0])
+rule("native_layer_norm")(lambda t, node, a: _normalize(t, a))  # what AOTAutograd leaves of layer_norm
 
 
 @rule("rms_norm")

@@ -217,7 +217,7 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Captured:
         val = node.meta["val"]
         spec = kinds[node.name]
         if spec.kind == InputKind.CONSTANT_TENSOR:
-            t.set(node, _constant(t, ep.constants[spec.target], node))
+            t.set(node, constant_node(t, ep.constants[spec.target], node))
             continue
         input_name = user_names.get(node.name)
         if input_name is None:  # a module's parameter or buffer, named by its state_dict key
@@ -246,7 +246,7 @@ def state_input_name(key: str, taken: set[str]) -> str:
     return name
 
 
-def _constant(t, value: torch.Tensor, node):
+def constant_node(t, value: torch.Tensor, node):
     """A one-element tensor made inside the function becomes a const; larger ones would
     need their values in the graph, which the IR does not hold."""
     users = [u for u in node.users if u.op == "call_function"]

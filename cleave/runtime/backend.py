@@ -1,18 +1,26 @@
 """The torch.compile backend: `torch.compile(model, backend="cleave")`.
 
 Registered through the `torch_dynamo_backends` entry point in pyproject.toml.
-Dynamo hands over an FX graph per frame; supported runs of nodes become cleave
-operators, unsupported ones run eagerly (partition.py). Dims dynamo made
-symbolic (mark_dynamic, automatic dynamic) are the operators' dynamic axes. All
-graphs of a process share one Context, so a dynamo recompile of the same graph
+Dynamo hands over an FX graph per frame. AOTAutograd lowers it, as backends built
+on it do, with PyTorch's decompositions (frontends/decompositions.py) into a
+functional aten graph: parameters and buffers are its inputs, static; the dims
+dynamo made symbolic (mark_dynamic, automatic dynamic, dynamic=True) are its only
+symbols. Supported runs of that graph become cleave operators, unsupported nodes
+run eagerly (partition.py). Under autograd the forward graph is compiled this way
+and the backward graph runs eagerly, so gradients are PyTorch's own.
+
+All graphs of a process share one Context, so a dynamo recompile of the same graph
 reuses its operator: `context()` gives it, `reset()` starts a fresh one.
 """
 from __future__ import annotations
+
+import itertools
 
 from .context import Context
 from .partition import build
 
 _CONTEXT = Context()
+_FRAMES = itertools.count()
 
 
 def context() -> Context:
@@ -25,11 +33,26 @@ def reset() -> Context:
     return _CONTEXT
 
 
-def partitioning_backend(ctx: Context, unsupported: set[str] = frozenset()):
+def partitioning_backend(ctx: Context, name: str | None = None):
+    """A torch.compile backend compiling into `ctx`; regions are named after `name`
+    (the compiled function) or numbered per frame."""
     def backend(gm, example_inputs):
-        return build(gm, ctx, set(unsupported))
+        from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+        from ..frontends.decompositions import table
+
+        region = name or f"frame{next(_FRAMES)}"
+
+        def forward(graph, inputs):
+            return make_boxed_func(build(graph, ctx, region))
+
+        def backward(graph, inputs):
+            return make_boxed_func(graph)
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward, bw_compiler=backward,
+                                     decompositions=table())
     return backend
 
 
 def cleave_backend(gm, example_inputs):
-    return build(gm, _CONTEXT, set())
+    return partitioning_backend(_CONTEXT)(gm, example_inputs)

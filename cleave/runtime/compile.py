@@ -112,9 +112,8 @@ class CompiledFunction:
 
         try:
             captured = capture_program(self.fn, *args, dynamic=self.dynamic, name=self.name)
-        except UnsupportedOpError as err:
-            self.ctx.warn_unsupported(err.op, self.name, err.source)
-            self._dynamo = _dynamo_compile(self.fn, self.ctx, {err.op})
+        except UnsupportedOpError:  # dynamo cuts the function around that op (its warning names it)
+            self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return None
         except CaptureError:
             captured = None
@@ -124,7 +123,7 @@ class CompiledFunction:
             # it can. This call's eager result is kept (running fn twice would repeat its
             # in-place ops); no runner is kept until it has run.
             result = self.fn(*args)
-            self._dynamo = _dynamo_compile(self.fn, self.ctx, set())
+            self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return _Ran(result)
         params = self._params(len(args))
         graph = captured.graph
@@ -139,7 +138,7 @@ class CompiledFunction:
     # -- graph breaks through dynamo --------------------------------------
     def _call_dynamo(self, args, kwargs):
         if self._dynamo is None:
-            self._dynamo = _dynamo_compile(self.fn, self.ctx, set())
+            self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
         for name, a in zip(self._params(len(args)), args):
             if isinstance(a, torch.Tensor):
                 for axis in self._axes(name, a):
@@ -154,11 +153,10 @@ class _Ran:
         self.result = result
 
 
-def _dynamo_compile(fn, ctx: Context, unsupported: set[str]):
+def _dynamo_compile(fn, ctx: Context, name: str):
     from .backend import partitioning_backend
-    from .partition import op_name
 
-    return torch.compile(fn, backend=partitioning_backend(ctx, {op_name(o) for o in unsupported}), dynamic=None)
+    return torch.compile(fn, backend=partitioning_backend(ctx, name), dynamic=None)
 
 
 def _dynamic_symbols(graph, dynamic, params) -> set[str]:

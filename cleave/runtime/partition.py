@@ -1,14 +1,14 @@
-"""Graph breaks at the torch.fx level: split an FX graph into maximal runs of
-supported nodes (in topological order) and unsupported ones; each supported run is
-captured and compiled as one operator, each unsupported run executes eagerly.
-
-Which nodes are unsupported is learnt from the frontend: capture raises
-UnsupportedOpError naming the op, the nodes of that op are cut out, and the
-remaining runs are captured again, recursively. A run whose failing op cannot be
-located among its nodes (a torch-level node that lowers to the failing aten op
-under another name) runs eagerly as a whole, so results stay correct.
+"""Graph breaks over an aten-level FX graph (dynamo's graph as AOTAutograd lowered
+it, see backend.py): maximal runs of nodes cleave can translate (in topological
+order) become regions, each captured and compiled as one operator; the nodes it
+cannot translate (`frontends.is_supported`) run eagerly between them, with one
+warning per op naming it and the user's line. A region whose translation still
+fails (a rule that rejects its arguments late) runs eagerly as a whole, so results
+stay correct.
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.fx
@@ -19,59 +19,47 @@ from .context import Context
 from .operator import CompileFailure, NotReadyDuringCapture
 
 
-def op_name(target) -> str:
-    """The base name of an op, comparable across levels: torch.sort, 'sort' (a method),
-    aten.sort.stable and 'aten::sort' all give 'sort'."""
-    if isinstance(target, str):
-        text = target
-    elif hasattr(target, "_schema"):
-        text = target._schema.name
-    else:
-        text = getattr(target, "__name__", str(target))
-    text = text.replace("::", ".")
-    parts = [p for p in text.split(".") if p]
-    if parts and parts[0] in ("aten", "torch", "prims", "Tensor", "F", "functional", "nn"):
-        parts = parts[1:]
-    return (parts[0] if parts else text).rstrip("_") or text
-
-
 def _compute_nodes(gm: torch.fx.GraphModule):
     return [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
 
 
-def _unsupported_nodes(gm, names: set[str]) -> set[torch.fx.Node]:
-    """Nodes of an unsupported op, plus the tuple projections (getitem) of them."""
-    bad: set[torch.fx.Node] = set()
-    for n in gm.graph.nodes:
-        if n.op in ("call_function", "call_method") and op_name(n.target) in names:
-            bad.add(n)
-        elif n.op == "call_function" and n.args and isinstance(n.args[0], torch.fx.Node) and n.args[0] in bad \
-                and op_name(n.target) == "getitem":
-            bad.add(n)
-    return bad
+def _unsupported_nodes(gm) -> list[torch.fx.Node]:
+    """Nodes cleave cannot translate, plus the tuple projections (getitem) of them."""
+    from ..frontends import is_supported
+
+    bad: dict[torch.fx.Node, None] = {}
+    for n in _compute_nodes(gm):
+        projects_bad = n.target is operator.getitem and n.args and n.args[0] in bad
+        if projects_bad or not is_supported(n):
+            bad[n] = None
+    return list(bad)
 
 
-def build(gm: torch.fx.GraphModule, ctx: Context, unsupported: set[str] = frozenset()):
+def build(gm: torch.fx.GraphModule, ctx: Context, name: str = "region"):
     """A callable running gm: one compiled region, or a split module of regions."""
-    bad = _unsupported_nodes(gm, set(unsupported))
+    from ..frontends.errors import op_name, source_of
+
+    bad = _unsupported_nodes(gm)
     if not bad:
-        return Region(gm, ctx, unsupported)
+        return Region(gm, ctx, name)
+    for n in bad:
+        if n.target is not operator.getitem:
+            ctx.warn_unsupported(op_name(n), name, source_of(n))
+    bad = set(bad)
     ids, current, previous = {}, 0, None
     for n in _compute_nodes(gm):
         ok = n not in bad
         if previous is not None and ok != previous:
             current += 1
         previous, ids[n] = ok, (current, ok)
-    if not ids:
-        return gm
     kinds = {f"submod_{i}": ok for i, ok in ids.values()}
     split = split_module(gm, None, lambda n: ids[n][0] if n in ids else 0)
-    for name, ok in kinds.items():
-        sub = getattr(split, name, None)
+    for sub_name, ok in kinds.items():
+        sub = getattr(split, sub_name, None)
         if sub is None:
             continue
         if ok:
-            setattr(split, name, _Callable(Region(sub, ctx, unsupported)))
+            setattr(split, sub_name, _Callable(Region(sub, ctx, f"{name}_{sub_name.removeprefix('submod_')}")))
         else:
             ctx.eager_regions += 1
     return split
@@ -89,16 +77,17 @@ class _Callable(torch.nn.Module):
 
 
 class Region:
-    """A supported run of FX nodes, captured and compiled on its first call per
-    static signature (the non-dynamic dims, dtypes, and the int inputs it reads)."""
+    """A supported run of aten nodes, captured and compiled on its first call per
+    static signature (the non-dynamic dims, dtypes, and the static ints it reads).
+    Every symbolic dim of the graph is a dynamic axis of the operator: torch made
+    static whatever it specialised (a module's parameters among them)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, ctx: Context, unsupported=frozenset()):
-        self.gm, self.ctx, self.unsupported = gm, ctx, set(unsupported)
+    def __init__(self, gm: torch.fx.GraphModule, ctx: Context, name: str):
+        self.gm, self.ctx, self.name = gm, ctx, name
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         self.tuple_output = isinstance(out, (tuple, list))
         self.dynamic = {p.name: _dynamic_axes(p) for p in self.placeholders}
-        self.sizes = _size_inputs(self.placeholders, self.dynamic)
         self.runners: dict[tuple, object] = {}
         self.seen: dict[tuple, object] = {}  # exact arguments -> runner: skips the signature
 
@@ -108,8 +97,8 @@ class Region:
             if isinstance(a, torch.Tensor):
                 dyn = self.dynamic.get(p.name, {})
                 sig.append((a.dtype, a.device.type, tuple(-1 if i in dyn else s for i, s in enumerate(a.shape))))
-            else:  # an int read off a dynamic axis, or an unused one, is not a specialization
-                sig.append(a if p.users and p.name not in self.sizes else None)
+            else:  # a size that varies (a SymInt when traced) is not a specialization
+                sig.append(None if isinstance(p.meta.get("val"), torch.SymInt) else a)
         return tuple(sig)
 
     def __call__(self, *args):
@@ -126,55 +115,20 @@ class Region:
         return result
 
     def _build(self, args):
-        from ..frontends.capture import capture_program
-        from ..frontends.errors import CaptureError, UnsupportedOpError
+        from ..frontends.errors import CaptureError
+        from ..frontends.fx_graph import translate_graph_module
 
-        names = [p.name for p, a in zip(self.placeholders, args) if isinstance(a, torch.Tensor)]
-        dynamic = {name: self.dynamic[name] for name in names if self.dynamic.get(name)}
         try:
-            captured = capture_program(_tensor_function(self.gm, self.placeholders, args, self.sizes),
-                                       *[a for a in args if isinstance(a, torch.Tensor)], dynamic=dynamic or None,
-                                       name=_name(self.gm))
-        except UnsupportedOpError as err:
-            self.ctx.warn_unsupported(err.op, _name(self.gm), err.source)
-            name = op_name(err.op)
-            if name in self.unsupported or not _unsupported_nodes(self.gm, {name}):
-                self.ctx.eager_regions += 1
-                return self.gm
-            return build(self.gm, self.ctx, self.unsupported | {name})
+            captured = translate_graph_module(self.gm, self.name)
         except CaptureError as err:
-            self.ctx.warn_unsupported(f"capture of {_name(self.gm)} ({err})", _name(self.gm))
+            self.ctx.warn_unsupported(f"capture of {self.name} ({err})", self.name)
             self.ctx.eager_regions += 1
             return self.gm
-        symbols = {sym for axes in dynamic.values() for sym in axes.values()}
+        graph = captured.graph
+        symbols = {s.name for s in graph.symbols()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
-        op = self.ctx.operator(captured.graph, symbols, device)  # search and schedule run lazily, on its first call
-        return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, _name(self.gm),
-                        writes=captured.writes)
-
-
-def _tensor_function(gm, placeholders, args, sizes):
-    """gm as a function of its tensor inputs only, named like its placeholders (capture
-    reads parameter names). An int input that is the size of a dynamic axis (dynamo
-    passes such SymInts along, e.g. for a causal mask) is read off that tensor, so it
-    stays symbolic; the other non-tensor inputs are bound to this call's values,
-    which the region's signature includes."""
-    import inspect
-
-    tensor_names = [p.name for p, a in zip(placeholders, args) if isinstance(a, torch.Tensor)]
-    fixed = {p.name: a for p, a in zip(placeholders, args) if not isinstance(a, torch.Tensor)}
-    order = [p.name for p in placeholders]
-
-    def fn(*tensors):
-        given = {**fixed, **dict(zip(tensor_names, tensors))}
-        for name, (source, axis) in sizes.items():
-            given[name] = given[source].shape[axis]
-        return gm(*(given[n] for n in order))
-
-    fn.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in tensor_names])
-    fn.__name__ = _name(gm)
-    return fn
+        op = self.ctx.operator(graph, symbols, device)  # search and schedule run lazily, on its first call
+        return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, self.name)
 
 
 class Launcher:
@@ -299,18 +253,3 @@ def _dynamic_axes(placeholder: torch.fx.Node) -> dict[int, str]:
             expr = str(d)
             out[i] = expr if expr.isidentifier() else "d_" + "".join(c if c.isalnum() else "_" for c in expr)
     return out
-
-
-def _size_inputs(placeholders, dynamic) -> dict[str, tuple[str, int]]:
-    """Int placeholders whose SymInt is exactly a dynamic axis of a tensor input: name -> (tensor, axis)."""
-    axes = {sym: (name, axis) for name, dims in dynamic.items() for axis, sym in dims.items()}
-    out = {}
-    for p in placeholders:
-        value = p.meta.get("example_value", p.meta.get("val"))
-        if isinstance(value, torch.SymInt) and str(value) in axes:
-            out[p.name] = axes[str(value)]
-    return out
-
-
-def _name(gm) -> str:
-    return getattr(gm, "_cleave_name", None) or type(gm).__name__

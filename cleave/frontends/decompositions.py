@@ -1,0 +1,33 @@
+"""The decomposition table the torch.compile backend lowers dynamo's graph with.
+
+Coverage comes from PyTorch's own decompositions, not from mapping ops by hand:
+every op with a decomposition in `torch._decomp` (core ATen's, and the wider table)
+is lowered, recursively, to the ops cleave maps, unless cleave maps the op itself.
+Those keep their own rule: softmax stays one op whose safe form the rules know,
+and scaled_dot_product_attention (or the fused kernel it dispatches to) one
+attention, not the math fallback's masked bmm chain.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import aten_map
+
+
+@functools.cache
+def table() -> dict:
+    from torch._decomp import core_aten_decompositions, decomposition_table
+
+    merged = {**decomposition_table, **core_aten_decompositions()}
+    return {op: fn for op, fn in merged.items() if not _mapped(op)}
+
+
+def _mapped(op) -> bool:
+    """Whether cleave has a rule for this op (its packet or this overload); higher-order
+    ops in the table (no schema) are not aten ops cleave could map."""
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+        return False
+    packet = op._schema.name.split("::")[-1]
+    return f"{packet}.{op._overloadname}" in aten_map.RULES or packet in aten_map.RULES

@@ -1,0 +1,62 @@
+"""An aten-level FX graph, as torch.compile hands it to a backend (dynamo's graph
+lowered by AOTAutograd with `decompositions.table()`), into an IR graph.
+
+Nothing is traced again: each node's meta value gives its shape and dtype,
+placeholders are the inputs (named as in the graph), and a dim torch made symbolic
+(`mark_dynamic`, automatic dynamic shapes, `dynamic=True`) is an IR symbol named
+after torch's (`s0`, `s77`). Every other dim is an int, so a module's parameters
+are static. Integer placeholders (sizes dynamo passes along) are their values.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ..ir import Graph, rebuild
+from . import aten_map
+from .capture import Captured, constant_node
+from .errors import UnsupportedOpError, source_of
+from .masks import simplify_masks
+from .regroup import regroup_repeated_operands
+from .symbols import SymbolMap
+from .translate import Translator, ir_dtype
+
+
+def translate_graph_module(gm: torch.fx.GraphModule, name: str) -> Captured:
+    """The IR graph of gm. Raises UnsupportedOpError naming the first node cleave
+    cannot express (the caller cuts the graph there)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    symbols = SymbolMap()
+    for node in placeholders:  # name torch's symbols before reading any shape
+        val = node.meta.get("val")
+        for d in (val.shape if isinstance(val, torch.Tensor) else [val]):
+            if isinstance(d, torch.SymInt) and isinstance(d.node.expr, sympy.Symbol):
+                symbols.name(d.node.expr, str(d.node.expr))
+    graph = Graph(name)
+    t = Translator(graph, symbols)
+    for node in placeholders:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            shape = tuple(t.size(d) for d in val.shape)
+            t.set(node, graph.input(node.name, shape, ir_dtype(val.dtype, f"input {node.name!r}", source_of(node))))
+        elif isinstance(val, aten_map.SIZE_TYPES):
+            t.set(node, t.size(val))
+        else:
+            raise UnsupportedOpError(f"input {node.name}", None, f"a placeholder holding {type(val).__name__}")
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            t.set(node, constant_node(t, getattr(gm, node.target), node))
+        elif node.op == "call_function" and not aten_map.is_ignored(node):
+            t.translate(node)
+        elif node.op == "output":
+            _outputs(t, graph, node)
+    return Captured(regroup_repeated_operands(simplify_masks(rebuild(graph))))
+
+
+def _outputs(t, graph, node) -> None:
+    raw = node.args[0]
+    values = [t.value(v) for v in (raw if isinstance(raw, (tuple, list)) else [raw])]
+    for k, v in enumerate(values):
+        if not hasattr(v, "graph"):
+            raise UnsupportedOpError("output", source_of(node), f"output {k} is {v!r}, not a tensor")
+    graph.output(*values, names=[f"out{k}" for k in range(len(values))])

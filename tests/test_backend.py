@@ -1,0 +1,104 @@
+"""torch.compile(backend="cleave") on dynamo's own graph, lowered by AOTAutograd with
+PyTorch's decompositions: modules with parameters under dynamic=True, ops covered
+through decompositions, and autograd (the forward compiled, the backward eager)."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cleave.runtime import backend
+
+
+@pytest.fixture
+def ctx():
+    torch._dynamo.reset()
+    return backend.reset()
+
+
+def _close(got, want, tol=1e-5):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    err = (got.double() - want.double()).abs().max().item() / max(want.double().abs().max().item(), 1e-30)
+    assert err <= tol, f"max error {err:.2e} over max |reference|"
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.norm, self.down = nn.Linear(8, 24), nn.LayerNorm(24), nn.Linear(24, 8)
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.norm(self.up(x))))
+
+
+def test_module_with_dynamic_true_keeps_parameters_static(ctx):
+    m = Mlp()
+    f = torch.compile(m, backend="cleave", dynamic=True)
+    with torch.no_grad():
+        for b, s in ((2, 3), (3, 5), (4, 7)):  # not 1: dynamo specialises size 1
+            x = torch.randn(b, s, 8)
+            _close(f(x), m(x))
+    st = ctx.stats()
+    assert st["failed"] == 0 and st["graph_breaks"] == 0 and st["unsupported"] == [], st
+    assert st["searches"] == st["operators"] == 1, st
+    (op,) = ctx.operators.values()
+    weights = [n for n in op.graph.inputs.values() if n.rank == 2 and not n.shape[0].free_symbols]
+    assert len(weights) == 2  # the two Linear weights: all dims static
+
+
+# ops PyTorch decomposes into ops cleave maps, and the ones cleave maps itself
+COVERED = {
+    "normalize": lambda x: F.normalize(x, dim=-1),
+    "gelu": F.gelu,
+    "softplus": F.softplus,
+    "hardswish": F.hardswish,
+    "mish": F.mish,
+    "elu": F.elu,
+    "selu": F.selu,
+    "logsigmoid": F.logsigmoid,
+    "leaky_relu": lambda x: F.leaky_relu(x, 0.1),
+    "var_mean": lambda x: torch.var_mean(x, -1)[0] + torch.var_mean(x, -1)[1],
+    "std": lambda x: x.std(-1),
+    "glu": lambda x: F.glu(x, -1),
+    "lerp": lambda x: torch.lerp(x, x * 2, 0.3),
+    "addcmul": lambda x: torch.addcmul(x, x, x, value=0.5),
+    "log1p_expm1": lambda x: torch.log1p(x.abs()) + torch.expm1(x * 1e-3),
+    "erf": torch.erf,
+    "layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]),
+    "rms_norm": lambda x: F.rms_norm(x, x.shape[-1:]),
+    "log_softmax": lambda x: F.log_softmax(x, -1),
+    "relu6": F.relu6,
+}
+
+
+@pytest.mark.parametrize("name", sorted(COVERED))
+def test_decomposed_ops_compile_without_graph_breaks(ctx, name):
+    fn = COVERED[name]
+    f = torch.compile(fn, backend="cleave")
+    x = torch.randn(5, 12, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no graph break, no fallback
+        _close(f(x), fn(x), 1e-5)
+    st = ctx.stats()
+    assert st["operators"] >= 1 and st["graph_breaks"] == 0 and st["failed"] == 0, st
+
+
+def test_autograd_runs_the_forward_compiled_and_the_backward_eagerly(ctx):
+    m = Mlp()
+    f = torch.compile(m, backend="cleave")
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    y = f(x)
+    assert y.grad_fn is not None
+    y.square().sum().backward()
+    got = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
+    x.grad = None
+    m.zero_grad()
+    m(x).square().sum().backward()
+    for g, w in zip(got, [x.grad] + [p.grad for p in m.parameters()]):
+        _close(g, w, 1e-4)
+    st = ctx.stats()
+    assert st["operators"] >= 1 and st["graph_breaks"] == 0 and st["failed"] == 0, st
