@@ -20,10 +20,10 @@ def _check(a, n):
         return "attn_mask together with is_causal is not supported"
     if n is not None and isinstance(n.meta.get("val"), (tuple, list)) and _uses_more_than_the_output(n):
         return "its logsumexp (or another output besides the attention) is used, as autograd does"
-    if a.get("enable_gqa"):
-        q, k = a["query"], a["key"]
-        if q.dim() < 3 or not isinstance(q.shape[-3], int) or not isinstance(k.shape[-3], int):
-            return "enable_gqa needs head counts that are static at capture"
+    q, k = a["query"], a["key"]
+    if q.dim() >= 3 and q.shape[-3] is not k.shape[-3] and q.shape[-3] != k.shape[-3] and \
+            not (isinstance(q.shape[-3], int) and isinstance(k.shape[-3], int)):
+        return "grouped-query attention needs head counts that are static at capture"
     return None
 
 
@@ -51,7 +51,8 @@ rule("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_a
 @rule("scaled_dot_product_attention", check=_check)
 def _sdpa(t, node, a):
     q, k, v = a["query"], a["key"], a["value"]
-    if a.get("enable_gqa") and not D.equal(q.shape[-3], k.shape[-3]):
+    # enable_gqa, or a fused kernel SDPA dispatched to with fewer kv heads than query heads
+    if q.rank >= 3 and not D.equal(q.shape[-3], k.shape[-3]):
         groups = int(q.shape[-3] / k.shape[-3])
         k = repeat_interleave(t, k, groups, k.rank - 3)
         v = repeat_interleave(t, v, groups, v.rank - 3)

@@ -14,7 +14,7 @@ import sympy
 import torch
 
 from ..interpreter import IR_DTYPES
-from ..ir import Graph, Node
+from ..ir import Graph, Node, ShapeError
 from ..ir import dims as D
 from ..ir.dtypes import DType
 from . import aten_map
@@ -58,7 +58,10 @@ class Translator:
             reason = rule.unsupported(aten_map.meta_args(fx_node), fx_node)
             if reason:
                 raise UnsupportedOpError(self.op, self.loc, reason)
-            value = self._conform(rule.fn(self, fx_node, args), val)
+            try:
+                value = self._conform(rule.fn(self, fx_node, args), val)
+            except ShapeError as err:  # the rule built something the IR rejects: say which op, where
+                raise CaptureError(f"{self.op}: {err}" + (f" (at {self.loc})" if self.loc else "")) from None
         self.values[fx_node] = value
         return value
 

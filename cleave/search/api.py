@@ -8,7 +8,7 @@ from cleave.ir import Graph
 from cleave.ir.contracts import Candidate
 
 from . import cost as C
-from .check import check_candidate
+from .check import check_candidates
 from .encode import encode
 from .extract import Index, distinct, explore, find_class, read, to_candidate
 from .saturate import Budgets, saturate
@@ -63,10 +63,10 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
         c.graph.name = graph.name
         for origin, constraint in _nonempty_constraints(c.graph, rules, c.derivation):
             c.graph._constrain(constraint)
-        if verify:
-            check_candidate(graph, c.graph)
-            if shapes:
-                check_candidate(graph, c.graph, shapes)
+    if verify:
+        check_candidates(graph, [c.graph for c in candidates])
+        if shapes:
+            check_candidates(graph, [c.graph for c in candidates], shapes)
     stats = {"seconds": round(time.perf_counter() - start, 3), "rule_check_seconds": round(verify_seconds, 3),
              "saturation_seconds": round(sat.seconds, 3),
              "enodes": sat.enodes, "eclasses": len(classes), "iterations": sat.iterations,

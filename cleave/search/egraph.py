@@ -91,8 +91,11 @@ CONSTRUCTORS = ("LeafT", "Op1", "Op2", "Op3", "Un", "Bin", "Where", "MatMul", "R
 
 # -- terms <-> egglog ---------------------------------------------------------
 
-def to_egg(t, tvars=None, avars=None):
-    """A rules/dsl term (concrete, or a pattern with variables) as an egglog expression."""
+def to_egg(t, tvars=None, avars=None, shared=None):
+    """A rules/dsl term (concrete, or a pattern with variables) as an egglog expression.
+    `shared` (concrete terms): a function naming each subterm once, bottom-up (egglog's
+    `let`), with its memo: a term is a DAG, and a deep one written out as a tree (a
+    transformer layer) took tens of seconds to build and register."""
     def axis(a: Axis):
         if a.var is None:
             return i64(a.offset)
@@ -100,6 +103,15 @@ def to_egg(t, tvars=None, avars=None):
         return v + a.offset if a.offset else v
 
     def go(t):
+        if shared is not None:
+            memo, name = shared
+            found = memo.get(id(t))
+            if found is None:
+                found = memo[id(t)] = (name(build(t)), t)  # the term is kept: its id stays its own
+            return found[0]
+        return build(t)
+
+    def build(t):
         if isinstance(t, Var):
             return tvars.setdefault(t.name, var(t.name, Tn))
         if isinstance(t, Leaf):

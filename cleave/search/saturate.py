@@ -57,13 +57,15 @@ def _size(eg) -> int:
 def saturate(enc: Encoded, rules, budgets: Budgets, progress: bool = True) -> Saturated:
     start = time.perf_counter()
     eg = E.new_egraph()
-    roots = [eg.let(f"out{i}", E.to_egg(t)) for i, t in enumerate(enc.outputs)]
+    memo: dict = {}
+    shared = (memo, lambda expr: eg.let(f"t{len(memo)}", expr))
+    roots = [eg.let(f"out{i}", E.to_egg(t, shared=shared)) for i, t in enumerate(enc.outputs)]
     for kind, *args in seeds(enc):
         if kind == "rank":
-            eg.register(set_(E.rank(E.to_egg(args[0]))).to(E.i64(args[1])))
+            eg.register(set_(E.rank(E.to_egg(args[0], shared=shared))).to(E.i64(args[1])))
         else:
             rel = {"flat": E.flat, "splittable": E.splittable, "extent": E.extent}[kind]
-            eg.register(rel(*(E.to_egg(a) for a in args[:-1]), args[-1]))
+            eg.register(rel(*(E.to_egg(a, shared=shared) for a in args[:-1]), args[-1]))
     analysis = E.analysis_ruleset()
     compiled = {r.name: (r, E.compile_rule(r)) for r in rules}
     by_decl = {str(rw.decl): name for name, (_, rw) in compiled.items()}
