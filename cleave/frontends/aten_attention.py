@@ -45,7 +45,8 @@ def _fused(t, node, a):
 
 # SDPA, and the kernels it dispatches to once AOTAutograd has traced through it
 rule("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention", check=_check)(_fused)
+     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+     "_scaled_dot_product_attention_math", check=_check)(_fused)
 
 
 @rule("scaled_dot_product_attention", check=_check)

@@ -154,6 +154,7 @@ def _same(t, node, a):
 
 
 rule("to", "_to_copy", "type_as", "clone", "contiguous", "alias", "detach", "detach_", "lift_fresh_copy")(_same)
+rule("prims.convert_element_type")(lambda t, node, a: a["a"])
 
 
 @rule("dropout", check=lambda a, n: None if a["train"] is False or a["p"] == 0 else "dropout in training mode")

@@ -43,10 +43,14 @@ def rule(*names: str, check: Callable | None = None):
 
 
 def rule_for(fx_node) -> Rule | None:
+    """The rule of an aten op by name, or of a prims op (what some of PyTorch's
+    decompositions leave) registered as 'prims.NAME': prims.var is not aten.var."""
     target = fx_node.target
-    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
-        return None  # prims.var is not aten.var
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "prims"):
+        return None
     packet = target._schema.name.split("::")[-1]
+    if target.namespace == "prims":
+        return RULES.get(f"prims.{packet}")
     return RULES.get(f"{packet}.{target._overloadname}") or RULES.get(packet)
 
 
