@@ -262,8 +262,9 @@ def _programs(plan: Plan) -> int:
 
 def _schedule_at(graph, facts, env, dynamic, symbols, target, top_k, split=None) -> list[Plan]:
     graph.check(env)
-    specs = partition(graph, env)
-    per_kernel = [_kernel_options(s, facts, env, dynamic, symbols, target, top_k) for s in specs]
+    kernels = partition(graph, env, lambda s: _kernel_options(s, facts, env, dynamic, symbols, target, top_k),
+                        long_extent=target.full_matmul, dynamic=dynamic)
+    specs, per_kernel = [s for s, _ in kernels], [options for _, options in kernels]
     plans = []
     for rank in range(top_k):
         chosen = [opts[min(rank, len(opts) - 1)] for opts in per_kernel]

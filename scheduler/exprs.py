@@ -1,6 +1,8 @@
 """Print sympy index and extent expressions as Triton/Python integer code."""
 from __future__ import annotations
 
+import functools
+
 import sympy
 
 
@@ -31,15 +33,22 @@ def _p(e, names) -> str:
     if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and e.exp > 0:
         return "(" + " * ".join([_p(e.base, names)] * int(e.exp)) + ")"
     if isinstance(e, sympy.ceiling):
-        num, den = sympy.fraction(sympy.together(e.args[0]))
+        num, den = _fraction(e.args[0])
         n, d = _p(num, names), _p(den, names)
         return f"(({n} + {d} - 1) // {d})"
     if isinstance(e, sympy.floor):
-        num, den = sympy.fraction(sympy.together(e.args[0]))
+        num, den = _fraction(e.args[0])
         return f"({_p(num, names)} // {_p(den, names)})"
     if isinstance(e, sympy.Mod):
         return f"({_p(e.args[0], names)} % {_p(e.args[1], names)})"
     raise ValueError(f"cannot print index expression {e}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _fraction(e) -> tuple:
+    """Numerator and denominator of a quotient: sympy's together() is slow, and codegen
+    prints the same index expressions over and over."""
+    return sympy.fraction(sympy.together(e))
 
 
 def evaluate(text: str, env: dict[str, int]) -> int:

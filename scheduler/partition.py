@@ -1,16 +1,33 @@
-"""Kernel boundaries. Outputs that share a grid dim start in one kernel; a Split whose
-count is bound above 1 is there to be run in parallel, so every per-chunk reduction
-(one whose value still varies over the chunk-count label) is materialised by a
-producer kernel whose grid includes that label, and the consumer (the combine) reads
-it back."""
+"""Kernel boundaries: which nodes a kernel computes, which it reads from memory.
+
+Outputs that share a grid dim start in one kernel. A Split whose count is bound above
+1 is there to be run in parallel, so every per-chunk reduction (one whose value still
+varies over the chunk-count label) is materialised by a producer kernel whose grid
+includes that label, and the consumer (the combine) reads it back.
+
+A kernel that nests long reductions, or that no tiling fits (`partition`'s `tile`
+rejects it: a whole transformer layer as one loop nest), is cut, and the graph
+partitioned again with the cut nodes materialised by producer kernels of their own,
+read by every kernel that needs them:
+- first (before any tiling is tried) at its nested reductions: a reduction over a long axis (a MatMul's K of
+  4096, a softmax's row of keys) whose value varies over the axis another one reduces
+  (a projection feeding attention's kv loop, attention feeding the output
+  projection's K). Short reductions stay (the scores' head dim): fused attention
+  keeps its scores in registers;
+- then at every reduction it computes besides its roots;
+- then at every node: one op per kernel, always a partition when each op tiles.
+Prologues and epilogues (norm scales, RoPE, bias, activations, residual adds, casts)
+are recomputed by the kernel that reads their producer's output, with no cut.
+"""
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
 import sympy
 
-from cleave.ir import Graph, Node
+from cleave.ir import BindingError, Graph, Node, ShapeError
 from cleave.ir import dims as D
 
 from .views import Instance, Views, forward_view, store_chain
@@ -115,9 +132,37 @@ def _per_chunk(views: Views, chunk_labels: set) -> list[Node]:
     return [found[k] for k in sorted(found)]
 
 
-def partition(graph: Graph, env: dict) -> list[KernelSpec]:
-    """Kernels in launch order (producers first)."""
-    kernels: list[KernelSpec] = []
+def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
+              dynamic=frozenset()) -> list[tuple[KernelSpec, object]]:
+    """Kernels in launch order (producers first), each with what `tile(spec)` returned
+    for it (None without `tile`). `tile` raises BindingError or ShapeError when no
+    tiling fits; the kernel is then cut (see the module's doc) and the graph partitioned
+    again. A reduction is long when its extent at env exceeds `long_extent`, or is
+    dynamic: the kernels serve every length, a short first shape included."""
+    cuts: set[int] = set()
+    tried: dict = {}  # (roots, the leaves they read) -> tile's result: re-partitioning reuses it
+    nested = functools.partial(_nested, env=env, long_extent=long_extent, dynamic=set(dynamic))
+    while True:
+        try:
+            return _kernels(graph, env, cuts, tile, tried, nested)
+        except _Rejected as rejected:
+            more = _cuts(rejected.spec, cuts, nested)
+            if not more:
+                raise rejected.error from None
+            cuts |= more
+
+
+class _Rejected(Exception):
+    """A kernel to cut: no tiling fits (`error`), or it nests long reductions (None)."""
+
+    def __init__(self, spec, error=None):
+        super().__init__(str(error))
+        self.spec, self.error = spec, error
+
+
+def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, nested) -> list:
+    kernels: list = []
+    stem = identifier(graph.name)
 
     def visit(roots, leaves):
         spec = _build(graph, roots, leaves)
@@ -127,13 +172,114 @@ def partition(graph: Graph, env: dict) -> list[KernelSpec]:
         if produced:
             visit([(n, buffer_name(graph, n)) for n in produced], leaves)
             spec = _build(graph, roots, leaves | {n.id for n in produced})
-        spec.name = f"{identifier(graph.name)}_k{len(kernels)}"
-        kernels.append(spec)
+        spec.name = f"{stem}_k{len(kernels)}"
+        options = None
+        if tile is not None and nested(spec, cuts):  # no tiling runs two long loops nested: cut first
+            raise _Rejected(spec)
+        if tile is not None:
+            key = (tuple((n.id, b) for n, b in roots), frozenset(_upstream(roots, leaves)))
+            if key not in tried:
+                try:
+                    tried[key] = (tile(spec), None)
+                except (BindingError, ShapeError) as err:
+                    tried[key] = (None, err)
+            options, error = tried[key]
+            if error is not None:
+                raise _Rejected(spec, error)
+        kernels.append((spec, options))
 
+    produced_by_cut = [(graph.nodes[i], buffer_name(graph, graph.nodes[i])) for i in sorted(cuts)]
+    for roots in _producer_groups(graph, produced_by_cut):
+        visit(roots, cuts - {n.id for n, _ in roots})
     # Outputs by name: one node may be returned under several names, or be an input.
     for roots in _grid_groups(graph, list(zip(graph.outputs, graph.output_names))):
-        visit(roots, set())
+        visit(roots, cuts - {n.id for n, _ in roots})
     return kernels
+
+
+def _upstream(roots, leaves: set) -> set[int]:
+    """The leaves the roots read (other materialised nodes do not change their kernel)."""
+    found, stack, seen = set(), [n for n, _ in roots], set()
+    while stack:
+        n = stack.pop()
+        for x in n.inputs:
+            if x.id in seen:
+                continue
+            seen.add(x.id)
+            if x.id in leaves:
+                found.add(x.id)
+            else:
+                stack.append(x)
+    return found
+
+
+def _cuttable(spec: KernelSpec, cuts: set[int]) -> list:
+    """The instances a kernel computes that may be materialised instead: not its roots,
+    not an output (stored by its own kernel), not an input, constant or index."""
+    roots = {id(s.inst) for s in spec.stores}
+    outputs = {n.id for n in spec.views.graph.outputs}
+    return [i for i in spec.views.memo.values() if not i.leaf and id(i) not in roots and i.node.id not in cuts
+            and i.node.id not in outputs and i.node.op not in ("input", "const", "size", "iota")]
+
+
+def _nested(spec: KernelSpec, cuts: set[int], env: dict, long_extent: int, dynamic: set) -> set[int]:
+    """Its long reductions whose value varies over an axis another reduction reduces:
+    a long one (two loops, one inside the other), or any, when its own length is
+    dynamic (the kernel must serve long lengths too)."""
+    def is_dynamic(lab) -> bool:
+        return any(s.name in dynamic for s in lab.extent.free_symbols)
+
+    def long(lab) -> bool:
+        return is_dynamic(lab) or D.evaluate(lab.extent, env) > long_extent
+
+    reduced = {i.reduced.id: i.reduced for i in spec.views.memo.values() if i.reduced is not None}
+    out = set()
+    for i in _cuttable(spec, cuts):
+        if i.reduced is None or not long(i.reduced):
+            continue
+        outer = [reduced[lab] for lab in i.labels if lab in reduced and lab != i.reduced.id]
+        if any(long(lab) or is_dynamic(i.reduced) for lab in outer):
+            out.add(i.node.id)
+    return out
+
+
+def _cuts(spec: KernelSpec, cuts: set[int], nested) -> set[int]:
+    """The next nodes to materialise for a kernel to cut: its nested long reductions,
+    else all its reductions, else every node it computes."""
+    computed = _cuttable(spec, cuts)
+    for level in (nested(spec, cuts), {i.node.id for i in computed if i.reduced is not None},
+                  {i.node.id for i in computed}):
+        if level:
+            return level
+    return set()
+
+
+def _producer_groups(graph: Graph, roots: list) -> list[list]:
+    """Materialised nodes in kernels of their own, in topological order; nodes over one
+    grid share one (horizontal fusion: a gate and an up projection; fused attention's
+    output with its row max and sum, one loop computing all three)."""
+    cuts = {out.id for out, _ in roots}
+    groups: list[tuple[frozenset, list]] = []
+    group_of: dict[int, int] = {}
+    for out, buffer in sorted(roots, key=lambda r: r[0].id):
+        keys = frozenset(k for k in _stored(graph, out, buffer)[2] if k is not None)
+        # it runs where its group runs: after every group it reads from
+        after = max((group_of[i] for i in _upstream([(out, buffer)], cuts)), default=-1)
+        joined = next((i for i, (dims, _) in enumerate(groups) if i >= after and _same_grid(dims, keys)), None)
+        if joined is None:
+            joined = len(groups)
+            groups.append((keys, []))
+        dims, members = groups[joined]
+        members.append((out, buffer))
+        groups[joined] = (dims | keys, members)
+        group_of[out.id] = joined
+    return [members for _, members in groups]
+
+
+def _same_grid(a: frozenset, b: frozenset) -> bool:
+    """One grid serves both: equal dims, or one's dims within the other's (a row
+    statistic beside its rows, stored by each program of the row)."""
+    return bool(a & b) and (a <= b or b <= a)
 
 
 def _grid_groups(graph: Graph, roots: list) -> list[list]:

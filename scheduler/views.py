@@ -12,6 +12,7 @@ the same map is one instance, computed once.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import sympy
@@ -30,8 +31,8 @@ class Label:
     extent: sympy.Expr  # over graph symbols
     origin: str  # "out" (an output dim) or the op that reduces it: "reduce", "matmul", "topk"
 
-    @property
-    def sym(self) -> sympy.Symbol:
+    @functools.cached_property
+    def sym(self) -> sympy.Symbol:  # cached: codegen asks millions of times for a layer
         return sympy.Symbol(f"X{self.id}", integer=True, nonnegative=True)
 
 
@@ -65,7 +66,11 @@ class Views:
         return lab
 
     def by_sym(self) -> dict:
-        return {lab.sym: lab for lab in self.labels}
+        """symbol -> label, rebuilt only when a label was added since."""
+        cached = self.__dict__.get("_by_sym")
+        if cached is None or len(cached) != len(self.labels):
+            cached = self.__dict__["_by_sym"] = {lab.sym: lab for lab in self.labels}
+        return cached
 
     def labels_of(self, exprs) -> frozenset:
         table = self.by_sym()
