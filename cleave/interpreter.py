@@ -27,6 +27,7 @@ _UNARY = {
     "recip": torch.reciprocal, "silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid,
     "tanh": torch.tanh, "square": torch.square, "cos": torch.cos, "sin": torch.sin, "abs": torch.abs,
     "erf": torch.erf, "log1p": torch.log1p, "expm1": torch.expm1,
+    "inf_to_zero": lambda x: torch.where(torch.isinf(x), torch.zeros_like(x), x),
 }
 _BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,

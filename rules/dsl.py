@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from cleave.ir import CleaveError, RuleInstance
 
 UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "recip", "square", "silu", "sigmoid", "tanh", "cos", "sin", "abs",
-         "erf", "log1p", "expm1")
+         "erf", "log1p", "expm1", "inf_to_zero")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
 REDUCE = {"rsum": "sum", "rmax": "max", "rmin": "min"}
 # name -> argument kinds: t tensor, a axis, k int, p pad

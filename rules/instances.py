@@ -14,7 +14,7 @@ import sympy
 from cleave.ir import Graph, RuleInstance
 from cleave.ir import dims as D
 
-from .dsl import Rule, RuleError, Var
+from .dsl import REDUCE, Rule, RuleError, Var
 from .lower import Lowering, split_count
 
 M, N, P, B = (D.symbol(n) for n in ("M", "N", "P", "B"))
@@ -95,6 +95,26 @@ def _rule_conditions(rule: Rule, nodes: dict, axes: dict) -> list:
             for c in rule.conditions if c.kind == "nonempty"]
 
 
+def masked_vars(rule: Rule) -> tuple[str, ...]:
+    """The variables the lhs reduces over (reduction and MatMul operands), except the
+    ones a condition declares flat: a mask may have set any of their elements to -inf.
+    A flat operand (a shift or a scale constant along the axis) is a finite value."""
+    flat = {c.args[0].name for c in rule.conditions if c.kind == "flat"}
+    out: list[str] = []
+
+    def walk(t, reduced: bool):
+        if isinstance(t, Var):
+            if reduced and t.name not in flat and t.name not in out:
+                out.append(t.name)
+        elif hasattr(t, "op"):
+            inner = reduced or t.op in REDUCE or t.op == "matmul" or t.op.startswith("topk")
+            for a in t.args:
+                walk(a, inner)
+
+    walk(rule.lhs, False)
+    return tuple(out)
+
+
 def instantiate(rule: Rule) -> list[RuleInstance]:
     ints = set(_int_vars(rule))
     tensors = [v for v in rule.variables() if v not in ints]
@@ -114,8 +134,9 @@ def instantiate(rule: Rule) -> list[RuleInstance]:
             if len(lo.shape) != len(ro.shape) or not all(D.equal(x, y) for x, y in zip(lo.shape, ro.shape)):
                 continue
             if _holds(rule, nodes, axes) and _uses_axis(nodes, axis):
+                masked = tuple(v for v in masked_vars(rule) if v in lhs.inputs)
                 out.append(RuleInstance(rule.name, lhs, rhs,
-                                        _conditions(lhs, rhs) + _rule_conditions(rule, nodes, axes)))
+                                        _conditions(lhs, rhs) + _rule_conditions(rule, nodes, axes), masked))
                 break
     if not out:
         raise RuleError(f"{rule.source}: rule {rule.name}: no small instance builds on both sides "

@@ -8,13 +8,13 @@ family rescale
 rule exp-sub-separate: exp(sub(x, c)) => mul(exp(x), exp(neg(c)))
   why: exp(x - c) = exp(x) * exp(-c): with c constant along a reduced axis, a running c rescales by exp(c_old - c_new)
 
-rule split-softmax-sum: rsum(exp(sub(x, c)), a) => squeeze(rsum(mul(rsum(exp(sub(split(x, a, -inf), rmax(split(x, a, -inf), a))), a), exp(sub(rmax(split(x, a, -inf), a), unsqueeze(c, a)))), a-1), a)
+rule split-softmax-sum: rsum(exp(sub(x, c)), a) => squeeze(rsum(mul(rsum(exp(sub(split(x, a, -inf), inf_to_zero(rmax(split(x, a, -inf), a)))), a), exp(sub(inf_to_zero(rmax(split(x, a, -inf), a)), unsqueeze(c, a)))), a-1), a)
   if splittable(x, a) and flat(c, a) and nonempty(x, a)
-  why: sum_a exp(x - c) = sum_chunks exp(m_i - c) * sum_chunk exp(x - m_i), m_i the chunk max; -inf padding adds exp(-inf) = 0
+  why: sum_a exp(x - c) = sum_chunks exp(m_i - c) * sum_chunk exp(x - m_i) for any finite m_i: the chunk max, or 0 where a mask or padding left the chunk all -inf (its max would make exp(-inf - -inf) = NaN)
 
-rule split-softmax-matmul: matmul(exp(sub(x, c)), y) => squeeze(rsum(mul(matmul(swap(exp(sub(split(x, -1, -inf), rmax(split(x, -1, -inf), -1)))), split(y, -2, 0)), swap(exp(sub(rmax(split(x, -1, -inf), -1), unsqueeze(c, -1))))), -3), -2)
+rule split-softmax-matmul: matmul(exp(sub(x, c)), y) => squeeze(rsum(mul(matmul(swap(exp(sub(split(x, -1, -inf), inf_to_zero(rmax(split(x, -1, -inf), -1))))), split(y, -2, 0)), swap(exp(sub(inf_to_zero(rmax(split(x, -1, -inf), -1)), unsqueeze(c, -1))))), -3), -2)
   if splittable(x, -1) and flat(c, -1) and nonempty(x, -1)
-  why: exp(x - c) @ y = sum_chunks exp(m_i - c) * (exp(x_i - m_i) @ y_i): each chunk's partial output is rescaled by its max
+  why: exp(x - c) @ y = sum_chunks exp(m_i - c) * (exp(x_i - m_i) @ y_i): each chunk's partial output is rescaled by its max (0 for an all -inf chunk, as in split-softmax-sum)
 
 family softmax
 

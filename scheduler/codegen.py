@@ -37,6 +37,7 @@ UNARY = {"exp": "tl.exp({x})", "log": "tl.log({x})", "sqrt": "tl.sqrt({x})", "rs
          "neg": "-{x}", "recip": "1.0 / {x}", "silu": "{x} * tl.sigmoid({x})", "sigmoid": "tl.sigmoid({x})",
          "tanh": "2.0 * tl.sigmoid(2.0 * {x}) - 1.0", "square": "{x} * {x}", "cos": "tl.cos({x})",
          "sin": "tl.sin({x})", "abs": "tl.abs({x})", "erf": "tl.erf({x})",
+         "inf_to_zero": "tl.where(tl.abs({x}) == float(\"inf\"), 0.0, {x})",
          # near 0, 1 + x and exp(x) - 1 lose x's low bits: Kahan's forms keep them (libdevice's
          # log1p/expm1 do not run in Triton's CPU interpreter)
          "log1p": "tl.where(tl.abs({x}) < 0.5, tl.where(1.0 + {x} == 1.0, {x}, tl.log(1.0 + {x}) * {x} / "
@@ -158,6 +159,15 @@ class Emitter:
             block = block.parent
         return None
 
+    @staticmethod
+    def chain(block: Block, outer: Block) -> list[Block]:
+        """The blocks from `block` out to `outer`, `outer` excluded, innermost first."""
+        out = []
+        while block is not None and block is not outer:
+            out.append(block)
+            block = block.parent
+        return out
+
     def home(self, block: Block, labels) -> Block:
         depth = max([block.chain.index(i) + 1 for i in labels if self.t.role[i] == "loop" and i in block.chain],
                     default=0)
@@ -183,8 +193,11 @@ class Emitter:
         if self.is_acc(inst):
             self.group(h, inst)
             return self.find(h, inst)
+        # A value of a running accumulator that this loop body holds (the guarded max of a
+        # separated exp(x - g(m))) is computed in the body: outside, it would wait for the loop.
+        inner = [b for b in self.chain(block, h) if any(id(x) in b.cache for x in inst.inputs)]
+        h = inner[0] if inner else h
         args = [self.ensure(h, x) for x in inst.inputs]
-        h = self.home(block, inst.labels)
         val = self.compute(h, inst, args)
         h.cache[id(inst)] = val
         return val

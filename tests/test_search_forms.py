@@ -63,9 +63,11 @@ def test_split_kv_flash_decoding(name, axis_extent):
     m_i = chunk_max[0]
     m = [x for x in _ops(cg, "reduce", op="max") if x.inputs[0] is m_i]
     assert m, "the combine takes the max over the chunk maxima"
-    # the combine rescales by exp(m_i - m), and nothing reduces over the whole of L
+    # the combine rescales by exp(m_i - m) (m_i read as 0 where the chunk is all -inf),
+    # and nothing reduces over the whole of L
     rescale = [e for e in _ops(cg, "exp") if e.inputs[0].op == "sub"
-               and e.inputs[0].inputs[0] is m_i and e.inputs[0].inputs[1] is m[0]]
+               and e.inputs[0].inputs[0].op == "inf_to_zero" and e.inputs[0].inputs[0].inputs[0] is m_i
+               and e.inputs[0].inputs[1] is m[0]]
     assert rescale
     assert not [r for r in _ops(cg, "reduce") if str(r.inputs[0].shape[r.attrs["axis"]]) == axis_extent]
     factors = {f.factor for f in c.facts}

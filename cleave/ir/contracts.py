@@ -57,8 +57,10 @@ class RuleInstance:
     """A rule instantiated on IR graphs for the verifier: `lhs` and `rhs` take the same
     inputs (same names and symbolic shapes) and must compute the same outputs for
     every binding of the symbols that satisfies `conditions` (sympy relations over
-    the symbols, e.g. `sympy.Eq(sympy.Mod(N, s), 0)`)."""
+    the symbols, e.g. `sympy.Eq(sympy.Mod(N, s), 0)`). `masked` names the inputs
+    whose elements may also be -inf, as a mask leaves the values a reduction reads."""
     rule: str
     lhs: Graph
     rhs: Graph
     conditions: list = field(default_factory=list)
+    masked: tuple[str, ...] = ()

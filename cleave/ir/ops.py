@@ -17,7 +17,7 @@ from .dtypes import DType, promote
 from .errors import ShapeError
 
 UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh",
-         "square", "cos", "sin", "abs", "erf", "log1p", "expm1")
+         "square", "cos", "sin", "abs", "erf", "log1p", "expm1", "inf_to_zero")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 REDUCE_OPS = ("sum", "max", "min")

@@ -412,6 +412,8 @@ def separable_facts(graph, rule_names) -> list[Separable]:
         if n.op != "exp" or n.inputs[0].op != "sub":
             continue
         x, y = n.inputs[0].inputs
+        if y.op == "inf_to_zero":  # a running max that is still -inf reads as 0 in the scheduler's loop too
+            y = y.inputs[0]
         base = y.inputs[0] if y.op == "reshape" else y
         if base.op != "reduce" or base.attrs["op"] != "max" or y.rank != x.rank:
             continue

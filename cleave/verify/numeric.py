@@ -51,6 +51,26 @@ def random_inputs(graph: Graph, env: Mapping[str, int], style, gen: torch.Genera
     return out
 
 
+def masked_inputs(inst: RuleInstance, env: Mapping[str, int], gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Normal inputs, with each element of the inputs `inst.masked` names set to -inf
+    with probability 1/2, as a mask (`where(keep, x, -inf)`) leaves the scores of a
+    softmax: at the gate's sizes some chunks of a split and some whole rows hold
+    nothing else. The provers' inputs are finite reals; this is where -inf data is checked."""
+    out = random_inputs(inst.lhs, env, STYLES[0][1], gen)
+    for name in inst.masked:
+        x = out[name]
+        out[name] = x.masked_fill(torch.rand(x.shape, generator=gen) < 0.5, float("-inf"))
+    return out
+
+
+def _draws(inst: RuleInstance):
+    """(name, draw(env, gen)) per input style; masked only where the rule reduces values a mask can hide."""
+    out = [(name, lambda env, gen, style=style: random_inputs(inst.lhs, env, style, gen)) for name, style in STYLES]
+    if inst.masked:
+        out.append(("masked", lambda env, gen: masked_inputs(inst, env, gen)))
+    return out
+
+
 def evaluate(inst: RuleInstance, inputs: dict[str, torch.Tensor], env: Mapping[str, int]):
     """(lhs outputs, rhs outputs) in fp64; the rhs reads only the inputs it declares."""
     lhs = interpret(inst.lhs, inputs, compute_dtype=torch.float64, env=env)
@@ -100,9 +120,9 @@ def numeric_gate(inst: RuleInstance, bindings: list[Binding], trials: int = 2, s
     gen = torch.Generator().manual_seed(seed)
     for binding in bindings:
         env = binding.dict
-        for style_name, style in STYLES:
+        for style_name, draw in _draws(inst):
             for _ in range(trials):
-                inputs = random_inputs(inst.lhs, env, style, gen)
+                inputs = draw(env, gen)
                 try:
                     lhs, rhs = evaluate(inst, inputs, env)
                 except (CleaveError, RuntimeError, IndexError) as err:

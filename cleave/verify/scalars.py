@@ -203,6 +203,8 @@ class Algebra:
             return self.mul(x, x)
         if op == "abs":
             return self.max(x, self.neg(x))
+        if op == "inf_to_zero":  # symbolic values are finite: only a special changes
+            return Fraction(0) if is_special(x) and math.isinf(x) else x
         if op == "sigmoid":
             return self.div(Fraction(1), self.add(Fraction(1), self.exp(self.neg(x))))
         if op == "silu":

@@ -26,7 +26,7 @@ from ..ir import CleaveError
 from ..ir.contracts import RuleInstance
 
 # Bump when the verifier's semantics change, so that stale verdicts are not reused.
-VERIFIER_VERSION = "2"
+VERIFIER_VERSION = "3"
 
 # proven: every instance proven (z3 or sympy) at every prover binding and the numeric
 # gate passed; unsound: a confirmed counterexample; unknown: no counterexample, but a
@@ -81,6 +81,7 @@ def rule_key(instances: list[RuleInstance]) -> str:
         h.update(inst.rhs.text().encode())
         h.update(b"\0")
         h.update(repr(sorted(str(c) for c in inst.conditions)).encode())
+        h.update(repr(inst.masked).encode())
         h.update(b"\1")
     return h.hexdigest()
 
