@@ -100,3 +100,10 @@ def test_hash_ignores_build_order():
 
     assert build(True).key() == build(False).key()
     assert build(True).text() == build(False).text()
+
+
+def test_a_sum_of_bools_counts_in_i64():
+    """As torch.sum: typed bool, a count stored to a buffer between kernels kept only 0/1."""
+    g = Graph()
+    m = g.input("x", ("n", "k")) > 0.0
+    assert str(m.sum(1).dtype) == "i64" and str(m.max(1).dtype) == "bool"

@@ -141,7 +141,8 @@ def _infer_reduce(x, *, op, axis, keepdim):
         shape[a] = D.dim(1)
     else:
         del shape[a]
-    return Result(tuple(shape), x.dtype)
+    # a sum of bools counts them (torch.sum gives int64): a bool result would keep only 0/1
+    return Result(tuple(shape), DType.i64 if op == "sum" and x.dtype == DType.bool else x.dtype)
 
 
 def _infer_broadcast(x, *, shape):
