@@ -46,13 +46,29 @@ def test_captured_causal_attention_has_the_plain_mask():
 
 
 def test_captured_causal_attention_skips_tiles_above_the_diagonal():
-    from cleave.scheduler import schedule
+    """Search and schedule the captured graph, then run its one kernel against eager
+    PyTorch in fp64 (not the captured graph) at two lengths of its dynamic s; and with V
+    poisoned (NaN) from one tile length on: the rows before it stay exact only if the kv
+    tiles above their diagonal are skipped, not loaded and masked (0 * NaN is NaN)."""
+    from cleave.scheduler import launch, schedule
     from cleave.search import search
+    from cleave.workloads.attention import reference_attention
+    from kernel_check import LOOPS, check_outputs
 
     w = W.get("gqa_causal")
-    args = [torch.empty(s, dtype=torch.bfloat16, device="meta")
-            for s in ([2, 32, 134, 128], [2, 8, 134, 128], [2, 8, 134, 128])]
+    heads = (4, 2, 2)  # q, k, v
+    args = [torch.empty([2, h, 134, 16], dtype=torch.bfloat16, device="meta") for h in heads]
     cand = search(capture(w.reference, *args, dynamic=w.dynamic), top_k=1, progress=False).best
-    plan = schedule(cand, {"b": 2, "s": 134}, dynamic={"b", "s"}, top_k=1)[0]
+    plan = schedule(cand, {"b": 2, "s": 134}, dynamic={"b", "s"}, target=LOOPS, top_k=1)[0]
     (kernel,) = plan.kernels
     assert "tl.minimum(s, " in kernel.source  # the kv loop stops at the program's diagonal
+    block = max(plan.tiles.values())  # a multiple of every tile along s
+    for s in (37, 2 * block + 34):
+        gen = torch.Generator().manual_seed(s)
+        q, k, v = (torch.randn(1, h, s, 16, generator=gen).bfloat16() for h in heads)
+        want = reference_attention(q.double(), k.double(), v.double(), causal=True)
+        check_outputs(launch(plan, {"q": q, "k": k, "v": v}), [want], f"causal attention at s={s}")
+    poisoned = v.clone()
+    poisoned[:, :, block:] = float("nan")
+    got = launch(plan, {"q": q, "k": k, "v": poisoned})[0][:, :, :block]
+    check_outputs([got], [want[:, :, :block]], f"rows before {block}, V poisoned from {block} on")

@@ -1,8 +1,10 @@
 """The runtime's own layer (operator, artifact store, cache, buckets) with TEST
 DOUBLES standing in for the search and the scheduler: `DoubleSearch` returns the
-graph itself as the one candidate, `DoublePlan`s run the candidate through the
-reference interpreter. What is under test is the caching around them; the real
-pipeline is covered in test_runtime_e2e.py."""
+graph itself as the one candidate; a `DoublePlan` remembers the static binding it
+was scheduled for, refuses inputs of any other, and computes with the workload's
+plain-PyTorch reference, which the tests compare with the fp64 interpreter (two
+independent implementations). What is under test is the caching and dispatch
+around them; the real pipeline is covered in test_runtime_e2e.py."""
 from __future__ import annotations
 
 import json
@@ -20,6 +22,7 @@ import torch
 from cleave import workloads
 from cleave.interpreter import interpret
 from cleave.ir import Candidate, parse_graph
+from kernel_check import check_outputs
 from cleave.runtime import artifact as A
 from cleave.runtime import cache
 from cleave.runtime.buckets import bucket, next_pow2
@@ -41,6 +44,7 @@ class DoublePlan:
     graph: str
     variant: int
     kernels: list
+    static: dict  # the binding of the static symbols it was scheduled for
 
     tiles = {"double": 1}
     split = {}
@@ -51,12 +55,12 @@ class DoublePlan:
         return None
 
     def to_json(self):
-        return {"graph": self.graph, "variant": self.variant,
+        return {"graph": self.graph, "variant": self.variant, "static": self.static,
                 "kernels": [{"name": k.name, "source": k.source, "grid": k.grid} for k in self.kernels]}
 
     @classmethod
     def from_json(cls, d):
-        return cls(d["graph"], d["variant"], [DoubleKernel(**k) for k in d["kernels"]])
+        return cls(d["graph"], d["variant"], [DoubleKernel(**k) for k in d["kernels"]], d["static"])
 
 
 class DoubleSearch:
@@ -69,13 +73,22 @@ class DoubleSearch:
 
 def double_schedule(candidate, shapes, dynamic, top_k=4):
     text = candidate.graph.text()
-    return [DoublePlan(text, v, [DoubleKernel(f"k{v}", f"# double kernel, variant {v}\n# {text!r}\n", "(1,)")])
-            for v in (1, 2)]
+    static = {k: v for k, v in shapes.items() if k not in dynamic}
+    return [DoublePlan(text, v, [DoubleKernel(f"k{v}", f"# double kernel, variant {v}\n# {text!r}\n", "(1,)")],
+                       static) for v in (1, 2)]
 
 
 def double_launch(plan, inputs):
     graph = parse_graph(plan.graph)
-    return interpret(graph, inputs)
+    env = graph.bind({k: tuple(v.shape) for k, v in inputs.items()})
+    wrong = {k: (v, env[k]) for k, v in plan.static.items() if env[k] != v}
+    assert not wrong, f"a plan scheduled for {plan.static} launched at {env}"
+    return workloads.get(graph.name).run_reference(inputs)
+
+
+def assert_computes(w, inputs, got):
+    """The operator's outputs against the workload's graph in the fp64 interpreter."""
+    check_outputs(got, interpret(w.graph, inputs, compute_dtype=torch.float64), f"{w.name}")
 
 
 def install_doubles(monkeypatch=None):
@@ -110,14 +123,12 @@ def test_operator_serves_dynamic_shapes_with_one_search(doubles):
     op = CompiledOperator(w.graph, {"s"})
     for s in (3, 17, 40):
         _, inputs = _inputs("rmsnorm_matmul", s=s, k=21, n=11)
-        got, = op(inputs)
-        want, = interpret(w.graph, inputs)
-        torch.testing.assert_close(got, want)
+        assert_computes(w, inputs, op(inputs))
     assert op.stats["searches"] == 1 and op.stats["compiles"] == 1 and op.stats["calls"] == 3
     assert op.stats["from_cache"] == 0
-    # another static binding: scheduled again, never searched again
+    # another static binding: scheduled again (its own plans), never searched again
     _, inputs = _inputs("rmsnorm_matmul", s=5, k=13, n=11)
-    op(inputs)
+    assert_computes(w, inputs, op(inputs))
     assert op.stats["searches"] == 1 and op.stats["compiles"] == 2
 
 
@@ -132,7 +143,7 @@ def test_per_shape_memos_are_bounded(doubles, monkeypatch):
     op = CompiledOperator(w.graph, {"s"})
     for s in (3, 17, 40, 3):
         _, inputs = _inputs("rmsnorm_matmul", s=s, k=21, n=11)
-        torch.testing.assert_close(op(inputs)[0], interpret(w.graph, inputs)[0])
+        assert_computes(w, inputs, op(inputs))
         assert len(op._ready) <= 2 and len(op._dispatch) <= 2
     assert op.stats["searches"] == 1 and op.stats["compiles"] == 1
 
@@ -141,8 +152,7 @@ def test_second_operator_loads_from_cache_without_search(doubles):
     w, inputs = _inputs("gqa_decode", b=2, hkv=1, g=3, L=29, d=16)
     CompiledOperator(w.graph, {"b", "L"})(inputs)
     again = CompiledOperator(w.graph, {"b", "L"})
-    got, = again(inputs)
-    torch.testing.assert_close(got, interpret(w.graph, inputs)[0])
+    assert_computes(w, inputs, again(inputs))
     assert again.stats["from_cache"] == 1 and again.stats["searches"] == 0 and again.stats["compiles"] == 0
     assert DoubleSearch.calls == 1
     files = {p.suffix for p in again.entry.rglob("*") if p.is_file()}
@@ -177,8 +187,8 @@ def test_damaged_entry_is_rebuilt_with_a_warning(doubles, damage):
         path.write_text(path.read_text() + "import os\n")
     op = CompiledOperator(w.graph, {"s"})
     with pytest.warns(UserWarning, match="damaged cache entry"):
-        got, = op(inputs)
-    torch.testing.assert_close(got, interpret(w.graph, inputs)[0])
+        got = op(inputs)
+    assert_computes(w, inputs, got)
     assert op.stats["compiles"] == 1
     assert op.stats["searches"] == (1 if damage == "truncate_operator" else 0)
     with warnings.catch_warnings():
@@ -206,9 +216,8 @@ def test_two_processes_compile_the_same_operator_at_once(doubles, tmp_path):
     # Each process searches, or reuses the other's candidates (operator.json) or plans:
     # never more than one search, and every answer right.
     body = """
-        from cleave.interpreter import interpret
         op = CompiledOperator(w.graph, {"b", "L"})
-        torch.testing.assert_close(op(inputs)[0], interpret(w.graph, inputs)[0])
+        d.assert_computes(w, inputs, op(inputs))
         print(op.stats["searches"])
     """
     env = {**os.environ}

@@ -15,8 +15,9 @@ import torch
 import cleave
 from cleave import workloads as W
 from cleave.scheduler import H200, Plan, launch, profile, schedule
+from cleave.interpreter import TORCH_DTYPES, interpret
 from fixtures_candidates import CANDIDATES
-from kernel_check import LOOPS, run_and_check as _run
+from kernel_check import LOOPS, check_outputs, run_and_check as _run
 
 NAIVE = [n for n in W.names()]
 
@@ -30,6 +31,23 @@ def test_naive_workload_runs(name):
     _run(w.graph, plan, env, seed=torch.seed() % 1000)
 
 
+@pytest.mark.parametrize("name", sorted(CANDIDATES))
+def test_fixture_computes_its_naive_workload(name):
+    """The stand-ins are rewrites written by hand: each must compute its workload's naive
+    graph (in fp64, with the roundings each graph writes: the decode stand-ins round P to
+    bf16 before normalising it), with a split count that leaves a ragged last chunk; else
+    the kernel tests check codegen against a wrong program."""
+    w = W.get(name)
+    cand = CANDIDATES[name]()
+    for seed, binding in enumerate(w.test_bindings):
+        env = {**binding, "sp": 4}
+        inputs = w.inputs(binding, seed=seed)
+        got = interpret(cand.graph, inputs, compute_dtype=torch.float64, env=env)
+        want = interpret(w.graph, inputs, compute_dtype=torch.float64, env=env)
+        stored = [g.to(TORCH_DTYPES[o.dtype]) for g, o in zip(got, cand.graph.outputs)]  # as a kernel stores it
+        check_outputs(stored, want, f"{name} at {env}")
+
+
 COUNTS = {"mha": 1, "mha_causal": 1, "gqa": 1, "gqa_causal": 1, "rope_attention_causal": 1,
           "rmsnorm_matmul": 1, "swiglu": 1, "moe_routing": 1, "layernorm": 1}
 
@@ -41,7 +59,7 @@ def test_candidate_fuses_to_one_kernel(name):
     env = dict(w.test_bindings[0])
     plan = schedule(cand, env, target=LOOPS, top_k=1)[0]
     assert len(plan.kernels) == COUNTS[name], [k.name for k in plan.kernels]
-    _run(cand.graph, plan, env, seed=torch.seed() % 1000)
+    _run(cand.graph, plan, env, seed=torch.seed() % 1000, reference=w.graph)
 
 
 def test_cascade_needs_the_fact():
@@ -63,11 +81,11 @@ def test_decode_split_and_unsplit(name):
     env = dict(w.test_bindings[0])
     split = schedule(cand, env, target=LOOPS, top_k=1, split={"sp": 3})[0]
     assert len(split.kernels) == 2 and split.split == {"sp": 3}
-    _run(cand.graph, split, env, seed=torch.seed() % 1000)
+    _run(cand.graph, split, env, seed=torch.seed() % 1000, reference=w.graph)
     whole = schedule(cand, env, target=LOOPS, top_k=1, split={"sp": 1})[0]
     assert len(whole.kernels) == 1
     if name == "gqa_decode":
-        _run(cand.graph, whole, env, seed=torch.seed() % 1000)
+        _run(cand.graph, whole, env, seed=torch.seed() % 1000, reference=w.graph)
 
 
 def test_split_count_from_sm_count():
@@ -100,16 +118,42 @@ def test_static_symbol_mismatch_is_a_clear_error():
         launch(plan, {"x": x})
 
 
-def test_plan_json_round_trip_and_profile():
+def test_plan_json_round_trip():
+    """A plan read back from its JSON is the same plan, and runs: it computes the naive graph."""
     cand = CANDIDATES["swiglu"]()
     env = {"s": 7, "k": 37, "n": 19}
-    plans = schedule(cand, env, top_k=2)
-    back = Plan.from_json(plans[0].to_json())
-    assert back.to_json() == plans[0].to_json()
+    plan = schedule(cand, env, top_k=1)[0]
+    back = Plan.from_json(plan.to_json())
+    assert back.to_json() == plan.to_json()
     assert back.kernels[0].grid and "@triton.jit" in back.kernels[0].source
-    inputs = W.get("swiglu").inputs(env, seed=3)
-    assert profile(plans, inputs) is plans[0]
-    _run(cand.graph, back, env, seed=4)
+    _run(cand.graph, back, env, seed=4, reference=W.get("swiglu").graph)
+
+
+def test_profile_ranks_by_measured_time_on_the_gpu(monkeypatch):
+    """On the GPU the measured times decide, not the cost model: a stand-in clock times the
+    cost model's plans slowest first, so profile must pick its last one. On CPU nothing is
+    launched or timed and the cost model's order stands."""
+    import importlib
+    import types
+
+    module = importlib.import_module("cleave.scheduler.profile")  # the package binds `profile` to the function
+    plans = schedule(CANDIDATES["swiglu"](), {"s": 150, "k": 37, "n": 300}, top_k=3)
+    assert len(plans) >= 2
+    launched = []
+    monkeypatch.setattr(module, "launch", lambda plan, inputs: launched.append(plan))
+    on_cpu = W.get("swiglu").inputs({"s": 150, "k": 37, "n": 300}, seed=3)
+    assert profile(plans, on_cpu) is plans[0] and not launched
+    slowest_first = {id(p): float(len(plans) - i) for i, p in enumerate(plans)}
+
+    def clock(fn):
+        fn()
+        return slowest_first[id(launched[-1])]
+
+    monkeypatch.setattr(module, "graph_ms", clock)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    on_gpu = {"x": types.SimpleNamespace(device=torch.device("cuda"))}
+    assert module.rank(plans, on_gpu) == list(reversed(range(len(plans))))
+    assert profile(plans, on_gpu) is plans[-1]
 
 
 def _causal_source_and_check(cand, env, **kw):

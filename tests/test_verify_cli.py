@@ -15,7 +15,6 @@ def _cache(tmp_path, monkeypatch):
 
 
 def _file(tmp_path, text):
-    pytest.importorskip("cleave.rules")
     path = tmp_path / "my_rules.txt"
     path.write_text(text)
     return str(path)

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import time
 
-import pytest
+import cleave.rules as rules
+from cleave.verify import require_sound, verdict
 
 
 def test_the_whole_library_is_proven_cold_then_free(tmp_path, monkeypatch):
-    rules = pytest.importorskip("cleave.rules")
-    from cleave.verify import require_sound, verdict
 
     monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
     verdict.clear_memory()
