@@ -3,32 +3,76 @@ rule written once in the DSL of `dsl.py`.
 
     all_rules()      every rule of the library
     load_file(path)  the rules of a researcher's own rule file (same DSL)
+    phases_of(rule)  the saturation phases a rule runs in (FAMILY_PHASES)
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .dsl import Rule, RuleError, parse_rules
+from .dsl import Example, Rule, RuleError, parse_rules
 
-FAMILIES = ("algebra", "reduction", "normalization", "rescale", "softmax", "layout", "rope", "split")
+# Saturation runs the phases in this order. Algebraic rewrites come first; the splits
+# then look up the terms they made (the division moved after the MatMul); the
+# cleanups last cancel a split's axis bookkeeping.
+PHASES = ("rewrite", "split", "cleanup")
+
+# The schedule: the phases each family's rules run in. A family not listed here
+# (a researcher's new one) declares its phases in its rule file:
+# `family contraction phase rewrite`.
+FAMILY_PHASES = {
+    "algebra": ("rewrite", "cleanup"),
+    "reduction": ("rewrite", "cleanup"),
+    "normalization": ("rewrite",),
+    "softmax": ("rewrite",),
+    "rope": ("rewrite",),
+    "rescale": ("split",),
+    "split": ("split",),
+    "layout": ("cleanup",),
+}
 
 
-def all_rules() -> list[Rule]:
-    from . import algebra, layout, normalization, reduction, rope, softmax, split
+def phases_of(rule: Rule) -> tuple[str, ...]:
+    """The phases `rule` runs in: its family's row of FAMILY_PHASES, or the phases its
+    file declared for a new family. An unknown family without them is an error."""
+    known = FAMILY_PHASES.get(rule.family)
+    where = f"{rule.source}: rule {rule.name}"
+    if not rule.phases:
+        if known is None:
+            raise RuleError(f"{where}: unknown family {rule.family!r}; known families: {', '.join(FAMILY_PHASES)}. "
+                            f"A new family names its phase: 'family {rule.family} phase rewrite' "
+                            f"(phases, in order: {', '.join(PHASES)})")
+        return known
+    unknown = [p for p in rule.phases if p not in PHASES]
+    if unknown:
+        raise RuleError(f"{where}: unknown phase {unknown[0]!r}; phases, in order: {', '.join(PHASES)}")
+    if known is not None and set(rule.phases) != set(known):
+        raise RuleError(f"{where}: family {rule.family} runs in phase {', '.join(known)} "
+                        f"(cleave.rules.FAMILY_PHASES); a file declares phases only for a new family")
+    return rule.phases
 
-    rules = [r for m in (algebra, reduction, normalization, softmax, layout, rope, split) for r in m.RULES]
+
+def _checked(rules: list[Rule]) -> list[Rule]:
+    """Names unique, every family scheduled: errors name the file and line."""
     seen: dict[str, Rule] = {}
     for r in rules:
         if r.name in seen:
             raise RuleError(f"rule {r.name} is defined twice ({seen[r.name].source}, {r.source})")
         seen[r.name] = r
+        phases_of(r)
     return rules
+
+
+def all_rules() -> list[Rule]:
+    from . import algebra, layout, normalization, reduction, rope, softmax, split
+
+    return _checked([r for m in (algebra, reduction, normalization, softmax, layout, rope, split) for r in m.RULES])
 
 
 def load_file(path) -> list[Rule]:
     """Rules from a text file of `family`/`rule` blocks (see dsl.py)."""
     path = Path(path)
-    return parse_rules(path.read_text(), source=str(path))
+    return _checked(parse_rules(path.read_text(), source=str(path)))
 
 
-__all__ = ["FAMILIES", "Rule", "RuleError", "all_rules", "load_file", "parse_rules"]
+__all__ = ["FAMILY_PHASES", "PHASES", "Example", "Rule", "RuleError", "all_rules", "load_file", "parse_rules",
+           "phases_of"]

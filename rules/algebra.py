@@ -6,7 +6,11 @@ family algebra
 
 rule div-div-cancel: div(div(x, c), div(y, c)) => div(x, y)
   why: a common divisor cancels: (x/c) / (y/c) = x/y
+  rewrites: div(div(x, c), div(y, c)) with x[m, n], y[m, n], c[m, 1]
+  keeps: div(div(x, c), div(y, d)) with x[m, n], y[m, n], c[m, 1], d[m, 1]
 
 rule div-mul-assoc: div(mul(x, y), c) => mul(x, div(y, c))
   why: multiplication and division associate: (x*y)/c = x*(y/c)
+  rewrites: div(mul(x, y), c) with x[m, n], y[m, n], c[m, 1]
+  keeps: div(add(x, y), c) with x[m, n], y[m, n], c[m, 1]
 """, source=__file__)

@@ -8,6 +8,11 @@ A rule file holds blocks like
     rule rowscale-after-matmul: matmul(mul(x, c), y) => mul(matmul(x, y), c)
       if flat(c, -1)
       why: a per-row scale commutes with contracting the row's columns
+      rewrites: matmul(mul(x, c), w) with x[m, k], c[m, 1], w[k, n]
+      keeps: matmul(mul(x, c), w) with x[m, k], c[1, k], w[k, n]
+
+`family NAME phase P` names a new family and the saturation phase(s) it runs in
+(`phase rewrite, cleanup`); the library's families have theirs in cleave.rules.
 
 Patterns use the search's tensor terms (see OPS): IR ops, plus `squeeze`,
 `unsqueeze` and `swap` for the axis bookkeeping a split needs. Axes count from
@@ -20,6 +25,10 @@ may carry an offset (`a-1`). Conditions:
     extent(n, x, a)     the scalar n equals the extent of axis a of x
     nonempty(x, a)      a binding must leave no split chunk of axis a of x all padding
                         (a constraint on the split count, recorded on the candidate graph)
+Examples are concrete terms (literal axes) over declared inputs: `x[m, k]` an f32
+input of that shape (`c[]` a scalar), `n = k` a scalar equal to the extent k. The
+rule must fire on each `rewrites:` term and must not on each `keeps:` term
+(cleave.search.examples runs them).
 """
 from __future__ import annotations
 
@@ -94,6 +103,17 @@ class Condition:
         return f"{self.kind}({', '.join(str(a) for a in self.args)})"
 
 
+@dataclass(frozen=True)
+class Example:
+    """A term the rule must rewrite (kind "rewrites") or must leave alone ("keeps")."""
+    kind: str
+    term: Term
+    tensors: tuple  # (name, dims): f32 inputs
+    sizes: tuple  # (name, dim): scalars equal to an extent
+    text: str
+    source: str
+
+
 @dataclass
 class Rule:
     name: str
@@ -103,6 +123,8 @@ class Rule:
     rhs: Term
     conditions: list[Condition] = field(default_factory=list)
     source: str = ""
+    phases: tuple = ()  # declared by its file (`family NAME phase P`); else the library's table
+    examples: list[Example] = field(default_factory=list)
 
     def variables(self) -> list[str]:
         """Tensor variables in order of first appearance (lhs first)."""
@@ -217,19 +239,62 @@ def _expr(text: str, where: str):
 
 
 _RULE = re.compile(r"^rule\s+([\w.-]+)\s*:\s*(.+)$")
+_FAMILY = re.compile(r"^family\s+([\w.-]+)(?:\s+phases?\s+(.+))?$")
+_EXAMPLE = re.compile(r"^(rewrites|keeps)\s*:\s*(.+?)(?:\s+with\s+(.+))?$")
+_DECL = re.compile(r"\s*(\w+)\s*(?:\[([^\]]*)\]|=\s*(\w+))\s*(?:,|$)")
+
+
+def _dim(text: str, where: str):
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    if not text.isidentifier():
+        raise RuleError(f"{where}: a dim is an integer or a symbol name, not {text!r}")
+    return text
+
+
+def _parse_example(kind: str, term: str, decls: str | None, where: str) -> Example:
+    node = _expr(term, where)
+    t = _parse_term(node, where)
+    if any(a.var for a in _walk_axes(t)):
+        raise RuleError(f"{where}: an example's axes are integers (-1, -2), not variables")
+    tensors, sizes, pos, decls = [], [], 0, (decls or "").strip()
+    while pos < len(decls):
+        m = _DECL.match(decls, pos)
+        if not m:
+            raise RuleError(f"{where}: cannot read a declaration from {decls[pos:].strip()!r} "
+                            "(declare x[m, k] for an input, n = k for a scalar extent)")
+        name, shape, size = m.groups()
+        if shape is not None:
+            tensors.append((name, tuple(_dim(d, where) for d in shape.split(",") if d.strip())))
+        else:
+            sizes.append((name, _dim(size, where)))
+        pos = m.end()
+    declared = [n for n, _ in tensors + sizes]
+    used = set(_walk_vars(t))
+    missing, unused = sorted(used - set(declared)), sorted(set(declared) - used)
+    if missing or unused or len(declared) != len(set(declared)):
+        raise RuleError(f"{where}: {kind} example: declare each variable once after 'with' "
+                        f"(undeclared: {', '.join(missing) or '-'}; unused: {', '.join(unused) or '-'})")
+    return Example(kind, t, tuple(tensors), tuple(sizes), term.strip(), where)
 
 
 def parse_rules(text: str, family: str | None = None, source: str = "<rules>") -> list[Rule]:
     """Read rule blocks; `family NAME` lines set the family of the rules after them."""
     rules: list[Rule] = []
     current = None
+    phases: tuple = ()
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         where = f"{source}:{lineno}"
         if not line:
             continue
         if line.startswith("family "):
-            family = line.split(None, 1)[1].strip()
+            m = _FAMILY.match(line)
+            if not m:
+                raise RuleError(f"{where}: expected 'family NAME' or 'family NAME phase P', got {line!r}")
+            family = m.group(1)
+            phases = tuple(p.strip() for p in (m.group(2) or "").split(",") if p.strip())
             continue
         m = _RULE.match(line)
         if m:
@@ -239,7 +304,7 @@ def parse_rules(text: str, family: str | None = None, source: str = "<rules>") -
                 raise RuleError(f"{where}: rule {m.group(1)} needs 'LHS => RHS'")
             lhs, rhs = m.group(2).split("=>")
             current = Rule(m.group(1), family, "", _parse_term(_expr(lhs, where), where),
-                           _parse_term(_expr(rhs, where), where), [], where)
+                           _parse_term(_expr(rhs, where), where), [], where, phases)
             rules.append(current)
         elif current is None:
             raise RuleError(f"{where}: expected 'rule NAME: LHS => RHS', got {line!r}")
@@ -247,8 +312,11 @@ def parse_rules(text: str, family: str | None = None, source: str = "<rules>") -
             current.conditions += [_parse_condition(c, where) for c in line[3:].split(" and ")]
         elif line.startswith("why:"):
             current.reason = line[4:].strip()
+        elif _EXAMPLE.match(line):
+            current.examples.append(_parse_example(*_EXAMPLE.match(line).groups(), where))
         else:
-            raise RuleError(f"{where}: expected 'if ...' or 'why: ...' under rule {current.name}, got {line!r}")
+            raise RuleError(f"{where}: expected 'if ...', 'why: ...', 'rewrites: ...' or 'keeps: ...' "
+                            f"under rule {current.name}, got {line!r}")
     for r in rules:
         _check(r)
     return rules

@@ -103,3 +103,14 @@ class Lowering:
             return g.add(op, x, *rest)
         except ShapeError as err:
             raise RuleError(f"{self.what}: {t.op}: {err}") from None
+
+
+def lower_example(example) -> tuple[Graph, dict]:
+    """An example (dsl.Example) as an IR graph: its tensors f32 inputs, its sizes scalars
+    equal to an extent; also each of its subterms' node."""
+    g = Graph(f"example at {example.source}")
+    nodes = {name: g.input(name, dims, "f32") for name, dims in example.tensors}
+    nodes.update({name: g.add("size", value=dim, dtype="f32") for name, dim in example.sizes})
+    low = Lowering(g, nodes, what=f"{example.source}: {example.kind} example")
+    g.output(low(example.term), names=["out"])
+    return g, dict(low.memo)

@@ -7,12 +7,18 @@ family reduction
 rule sum-pull-factor: rsum(mul(x, c), a) => mul(rsum(x, a), c)
   if flat(c, a)
   why: sum_a x*c = c * sum_a x when c does not vary along a
+  rewrites: rsum(mul(x, c), -1) with x[m, n], c[m, 1]
+  keeps: rsum(mul(x, c), -1) with x[m, n], c[1, n]
 
 rule sum-pull-div: rsum(div(x, c), a) => div(rsum(x, a), c)
   if flat(c, a)
   why: sum_a x/c = (sum_a x)/c when c does not vary along a
+  rewrites: rsum(div(x, c), -2) with x[m, n], c[1, n]
+  keeps: rsum(div(x, c), -2) with x[m, n], c[m, 1]
 
 rule max-pull-shift: rmax(sub(x, c), a) => sub(rmax(x, a), c)
   if flat(c, a)
   why: max_a (x - c) = (max_a x) - c when c does not vary along a
+  rewrites: rmax(sub(x, c), -1) with x[m, n], c[]
+  keeps: rmax(sub(x, c), -1) with x[m, n], c[m, n]
 """, source=__file__)

@@ -119,8 +119,9 @@ def _term(n: Node, args: list):
 def seeds(enc: Encoded) -> list[tuple]:
     """Facts about the input graph's terms: (kind, term(s)..., axis) tuples."""
     out = []
-    scalars = [n for n in enc.graph.live_nodes() if n.op in ("size", "const") and n.rank == 0]
-    for n in enc.graph.live_nodes():
+    nodes = [enc.graph.nodes[i] for i in enc.terms]
+    scalars = [n for n in nodes if n.op in ("size", "const") and n.rank == 0]
+    for n in nodes:
         t = enc.terms[n.id]
         out.append(("rank", t, n.rank))
         for a in range(-n.rank, 0):

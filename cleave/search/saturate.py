@@ -1,6 +1,7 @@
 """Staged equality saturation with budgets.
 
-Rule families run in phases (SCHEDULE); within a phase, one rewrite iteration
+Rule families run in phases (cleave.rules.PHASES, each family's in
+cleave.rules.FAMILY_PHASES or declared by its file); within a phase, one rewrite iteration
 alternates with the analysis run to saturation, until nothing changes or a
 budget (iterations, e-nodes, seconds) is hit. A budget returns the e-graph as
 it is, with a warning: extraction still finds the best candidate so far.
@@ -13,18 +14,11 @@ from dataclasses import dataclass, field
 
 from egglog import ruleset, set_
 
+from cleave.rules import PHASES, phases_of
+
 from ..progress import report as report_progress
 from . import egraph as E
 from .encode import Encoded, seeds
-
-# Phases: algebraic rewrites first, then splits (which look up the terms the first
-# phase made, e.g. the division moved after the MatMul), then the cleanups of a
-# split's axis bookkeeping.
-SCHEDULE = (
-    ("rewrite", ("algebra", "reduction", "normalization", "softmax", "rope")),
-    ("split", ("rescale", "split")),
-    ("cleanup", ("layout", "algebra", "reduction")),
-)
 
 
 @dataclass
@@ -54,8 +48,8 @@ def _size(eg) -> int:
     return sum(n for fn, n in sizes if getattr(fn, "__name__", str(fn)) in E.CONSTRUCTORS) if sizes else 0
 
 
-def saturate(enc: Encoded, rules, budgets: Budgets, progress: bool = True) -> Saturated:
-    start = time.perf_counter()
+def load(enc: Encoded):
+    """A new e-graph holding the encoded terms and the facts seeded for them; (e-graph, output roots)."""
     eg = E.new_egraph()
     memo: dict = {}
     shared = (memo, lambda expr: eg.let(f"t{len(memo)}", expr))
@@ -66,12 +60,24 @@ def saturate(enc: Encoded, rules, budgets: Budgets, progress: bool = True) -> Sa
         else:
             rel = {"flat": E.flat, "splittable": E.splittable, "extent": E.extent}[kind]
             eg.register(rel(*(E.to_egg(a, shared=shared) for a in args[:-1]), args[-1]))
+    return eg, roots
+
+
+def rule_names(compiled: dict) -> dict:
+    """egglog's name of each compiled rewrite (as its reports key them) -> the rule's name."""
+    return {str(rw.decl): name for name, (_, rw) in compiled.items()}
+
+
+def saturate(enc: Encoded, rules, budgets: Budgets, progress: bool = True) -> Saturated:
+    start = time.perf_counter()
+    phases = {r.name: phases_of(r) for r in rules}  # an unscheduled family fails here, before any work
+    eg, roots = load(enc)
     analysis = E.analysis_ruleset()
     compiled = {r.name: (r, E.compile_rule(r)) for r in rules}
-    by_decl = {str(rw.decl): name for name, (_, rw) in compiled.items()}
+    by_decl = rule_names(compiled)
     out = Saturated(eg, roots)
-    for phase, families in SCHEDULE:
-        active = [rw for r, rw in compiled.values() if r.family in families]
+    for phase in PHASES:
+        active = [rw for r, rw in compiled.values() if phase in phases[r.name]]
         if not active or out.stopped:
             continue
         rs = ruleset(*active, name=f"phase-{phase}")
