@@ -28,11 +28,12 @@ def compile(fn, dynamic=None, device=None, top_k=4, verbose=None):
     return _compile(fn, dynamic=dynamic, device=device, top_k=top_k, verbose=verbose)
 
 
-def explain(compiled, *args):
-    """Report what cleave did for one call of a compiled function (see cleave.runtime.explain)."""
+def explain(compiled, *args, **kwargs):
+    """Report what cleave did for one call of a function or module compiled by cleave.compile
+    or torch.compile(backend="cleave") (see cleave.runtime.explain)."""
     from .runtime.explain import explain as _explain
 
-    return _explain(compiled, *args)
+    return _explain(compiled, *args, **kwargs)
 
 
 def search(graph, top_k=5, **kwargs):

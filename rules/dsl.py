@@ -74,11 +74,25 @@ class Axis:
         return self.var + (f"{self.offset:+d}" if self.offset else "")
 
 
+def _cached_hash(term, fields: tuple) -> int:
+    """A term's hash, computed once: a concrete term shares its subterms (a layer's
+    residual stream feeds every later op), so as a tree it is exponentially larger than
+    as a DAG, and a hash recomputed through the tree took minutes for two layers."""
+    h = term.__dict__.get("_hash")
+    if h is None:
+        h = hash(fields)
+        object.__setattr__(term, "_hash", h)
+    return h
+
+
 @dataclass(frozen=True)
 class Term:
     """A pattern (or a concrete search term): op and its arguments in OPS order."""
     op: str
     args: tuple
+
+    def __hash__(self) -> int:
+        return _cached_hash(self, (self.op, self.args))
 
     def __str__(self) -> str:
         return f"{self.op}({', '.join(str(a) for a in self.args)})"
@@ -89,6 +103,9 @@ class Leaf:
     """A concrete node outside the rewritable vocabulary (inputs, consts, opaque ops), by key."""
     key: int
     args: tuple = ()
+
+    def __hash__(self) -> int:
+        return _cached_hash(self, (self.key, self.args))
 
     def __str__(self) -> str:
         return f"leaf{self.key}" + (f"({', '.join(str(a) for a in self.args)})" if self.args else "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import math
 
+from cleave import passes
 from cleave.ir import BindingError, Candidate, Graph
 from cleave.ir import dims as D
 from cleave.ir.graph import rebuild
@@ -28,8 +29,9 @@ def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
     stores = [Store(r, s.buffer, tuple(e.xreplace(subs) for e in s.view), s.node)
               for s, r in zip(spec.stores, views.roots)]
     spec = KernelSpec(spec.name, views, stores, spec.root_labels)
-    em = Emitter(spec, t, facts, env, dynamic)
-    source, bufs, grid = em.program(spec.name, symbols, dynamic)
+    with passes.timed("codegen"):
+        em = Emitter(spec, t, facts, env, dynamic)
+        source, bufs, grid = em.program(spec.name, symbols, dynamic)
     return em.stats, evaluate(grid[0], env), source, bufs, grid
 
 

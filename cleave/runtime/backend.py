@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 
+from .. import passes
 from .context import Context
 from .partition import build
 
@@ -49,8 +50,9 @@ def partitioning_backend(ctx: Context, name: str | None = None):
         def backward(graph, inputs):
             return make_boxed_func(graph)
 
-        return aot_module_simplified(gm, example_inputs, fw_compiler=forward, bw_compiler=backward,
-                                     decompositions=table())
+        with passes.recording(ctx.pass_seconds), passes.timed("decompose"):
+            return aot_module_simplified(gm, example_inputs, fw_compiler=forward, bw_compiler=backward,
+                                         decompositions=table())
     return backend
 
 

@@ -12,6 +12,7 @@ import inspect
 
 import torch
 
+from .. import passes
 from ..ir import CleaveError
 from .context import Context
 from .partition import Launcher, exact_key, remember_fast
@@ -111,7 +112,8 @@ class CompiledFunction:
         from ..frontends.errors import CaptureError, UnsupportedOpError
 
         try:
-            captured = capture_program(self.fn, *args, dynamic=self.dynamic, name=self.name)
+            with passes.recording(self.ctx.pass_seconds), passes.timed("capture"):
+                captured = capture_program(self.fn, *args, dynamic=self.dynamic, name=self.name)
         except UnsupportedOpError:  # dynamo cuts the function around that op (its warning names it)
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return None

@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from .. import progress
+from .. import passes, progress
 from ..ir import Graph
 from .artifact import find_operator
 from .operator import STAT_KEYS, CompiledOperator
@@ -28,6 +28,7 @@ class Context:
         self.capture_notes: set[str] = set()
         self.eager_notes: set[str] = set()
         self.log: list | None = None  # a list while explain runs: (operator, spec, plan, shapes) per launch
+        self.pass_seconds: dict[str, float] = {}  # compile time per pass (cleave.passes)
 
     def operator(self, graph: Graph, dynamic: set[str], device: torch.device) -> CompiledOperator:
         op = CompiledOperator(graph, dynamic, self.device or device, self.top_k)
@@ -36,10 +37,10 @@ class Context:
         return self.operators.setdefault(op.key, op)
 
     def run(self, op: CompiledOperator, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        if self.log is not None:
-            plan, spec = op.select(inputs)
-            self.log.append((op, spec, plan, {k: list(v.shape) for k, v in inputs.items()}))
-        with progress.verbose(self.verbose):
+        with progress.verbose(self.verbose), passes.recording(self.pass_seconds):
+            if self.log is not None:
+                plan, spec = op.select(inputs)
+                self.log.append((op, spec, plan, {k: list(v.shape) for k, v in inputs.items()}))
             return op(inputs)
 
     def warn_unsupported(self, op: str, where: str, source: str | None = None) -> None:
@@ -79,4 +80,5 @@ class Context:
         out["graph_breaks"] = self.eager_regions
         out["unsupported"] = sorted(self.warned)
         out["failed"] = len(self.failed)
+        out["pass_seconds"] = dict(self.pass_seconds)
         return out

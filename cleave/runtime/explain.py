@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
+from .. import fidelity, passes
 from ..ir import CleaveError
 
 
@@ -44,6 +47,8 @@ class Report:
     stats: dict
     graph_breaks: int
     unsupported: list[str] = field(default_factory=list)
+    pass_seconds: dict[str, float] = field(default_factory=dict)  # compile time per pass, so far
+    fidelity: list[dict] = field(default_factory=list)  # per floating output: max_abs, kl against eager fp32
 
     @property
     def kernels(self) -> list[KernelInfo]:
@@ -55,6 +60,9 @@ class Report:
                  f"{self.graph_breaks} graph break(s)"]
         if self.unsupported:
             lines.append("eager (unsupported): " + ", ".join(self.unsupported))
+        lines.append("compile time per pass: " + passes.summary(self.pass_seconds))
+        for i, f in enumerate(self.fidelity):
+            lines.append(f"output {i} against eager fp32: max abs diff {f['max_abs']:.3g}, KL {f['kl']:.3g}")
         for i, op in enumerate(self.operators):
             lines += [
                 "", f"== operator {i}: {op.name}  (cache key {op.key}, {'from cache' if op.from_cache else 'built now'})",
@@ -72,21 +80,37 @@ class Report:
         return "\n".join(lines)
 
 
-def explain(compiled, *args) -> Report:
-    from .compile import CompiledFunction
-
-    if not isinstance(compiled, CompiledFunction):
-        raise CleaveError(f"explain takes what cleave.compile returns, not {type(compiled).__name__}")
-    ctx = compiled.ctx
+def explain(compiled, *args, **kwargs) -> Report:
+    """`compiled` is what cleave.compile returns, or a function or module compiled with
+    torch.compile(..., backend="cleave") (whose operators live in the backend's context)."""
+    ctx, eager = _context(compiled)
+    want = fidelity.outputs(fidelity.eager_fp32(eager, args, kwargs))  # first: the call may write its inputs
     ctx.log = []
     try:
-        compiled(*args)
+        result = compiled(*args, **kwargs)
         log = ctx.log
     finally:
         ctx.log = None
     reports = [_operator_report(op, spec, plan, shapes) for op, spec, plan, shapes in log]
-    stats = compiled.stats
-    return Report(reports, stats, stats["graph_breaks"], stats["unsupported"])
+    got = fidelity.outputs(result)
+    stats = {"calls": getattr(compiled, "calls", None), **ctx.stats()}
+    return Report(reports, stats, stats["graph_breaks"], stats["unsupported"], dict(ctx.pass_seconds),
+                  [fidelity.compare(g, w) for g, w in zip(got, want)])
+
+
+def _context(compiled):
+    """The context holding compiled's operators, and the eager function it compiles."""
+    from . import backend
+    from .compile import CompiledFunction
+
+    if isinstance(compiled, CompiledFunction):
+        return compiled.ctx, compiled.fn
+    if isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule):
+        return backend.context(), compiled._orig_mod
+    if callable(compiled) and hasattr(compiled, "_torchdynamo_orig_callable"):
+        return backend.context(), compiled._torchdynamo_orig_callable
+    raise CleaveError("explain takes what cleave.compile returns, or a function or module compiled with "
+                      f"torch.compile(..., backend=\"cleave\"), not {type(compiled).__name__}")
 
 
 def _operator_report(op, spec, plan, shapes) -> OperatorReport:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from .. import progress
+from .. import passes, progress
 from ..interpreter import TORCH_DTYPES
 from ..ir import BindingError, Candidate, CleaveError, Graph, Separable, parse_graph
 from ..ir.contracts import then_as_written
@@ -224,7 +224,8 @@ class CompiledOperator:
                       f"(split {plan.split or 'none'}), {time.perf_counter() - start:.1f}s")
             args = inputs if i in fits and compiles_all else _scratch(plan, self.device)
             try:
-                launch(plan, args)
+                with passes.timed("triton"):
+                    launch(plan, args)
             except BindingError:
                 raise
             except Exception as err:
@@ -258,7 +259,8 @@ class CompiledOperator:
         reasons = []
         for index, cand in enumerate(candidates):
             try:
-                plans = schedule(cand, shapes=dict(env), dynamic=set(self.dynamic), top_k=self.top_k)
+                with passes.timed("schedule"):
+                    plans = schedule(cand, shapes=dict(env), dynamic=set(self.dynamic), top_k=self.top_k)
             except CleaveError as err:
                 reasons.append(f"candidate {index}: {err}")
                 continue
@@ -293,7 +295,8 @@ class CompiledOperator:
 
     def _search(self) -> list[Candidate]:
         start = time.perf_counter()
-        result = search(self.graph, top_k=self.top_k)
+        with passes.timed("search"):
+            result = search(self.graph, top_k=self.top_k)
         self.stats["searches"] += 1
         self.stats["search_seconds"] += time.perf_counter() - start
         self.search_stats = _jsonable(dict(getattr(result, "stats", {}) or {}))

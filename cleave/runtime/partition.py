@@ -14,6 +14,7 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
+from .. import passes
 from ..scheduler.launch import remember
 from .context import Context
 from .operator import CompileFailure, NotReadyDuringCapture
@@ -119,7 +120,8 @@ class Region:
         from ..frontends.fx_graph import translate_graph_module
 
         try:
-            captured = translate_graph_module(self.gm, self.name)
+            with passes.recording(self.ctx.pass_seconds), passes.timed("translate"):
+                captured = translate_graph_module(self.gm, self.name)
         except CaptureError as err:
             self.ctx.warn_unsupported(f"capture of {self.name} ({err})", self.name)
             self.ctx.eager_regions += 1

@@ -1,0 +1,110 @@
+"""Whole transformer layers (benchmarks/models.py) through torch.compile(backend="cleave"):
+GPT-2, Llama-3-8B and Qwen3-32B blocks at tiny widths under the interpreter, served at
+three sequence lengths from one compile; the Llama block at its real widths scheduled
+(not run) within its kernel budget; a small whole model's logits against eager fp32."""
+from __future__ import annotations
+
+import pathlib
+import sys
+import warnings
+
+import pytest
+import torch
+
+import cleave
+from cleave.runtime import backend
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from benchmarks.models import TinyModel, config, layer_inputs, make_layer, rope  # noqa: E402
+
+# The Llama block is eight kernels at most: RMSNorm statistics, the q and the k/v
+# projections, attention, the o-projection with its residual, gate and up together,
+# and the down projection with its residual (the two norms' statistics may share).
+KERNEL_BUDGET = 8
+
+
+@pytest.fixture
+def ctx():
+    torch._dynamo.reset()
+    return backend.reset()
+
+
+def _rel_err(got, want) -> float:
+    return ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
+
+
+def _kernels(ctx) -> list[int]:
+    return [len(spec.plans[0].kernels) for op in ctx.operators.values() for spec in op.specs.values()]
+
+
+@pytest.mark.parametrize("name, naive", [("gpt2", False), ("llama3-8b", False), ("qwen3-32b", False),
+                                         ("llama3-8b", True)])
+def test_tiny_layer_compiles_once_for_three_lengths(ctx, name, naive):
+    layer = make_layer(name, naive, tiny=True, dtype=torch.float32)
+    compiled = torch.compile(layer, backend="cleave", dynamic=True)
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        for seq in (5, 9, 14):  # odd lengths, none a tile multiple
+            inputs = layer_inputs(name, 2, seq, tiny=True, dtype=torch.float32, seed=seq)
+            got, want = compiled(*inputs), layer(*inputs)
+            assert got.shape == want.shape
+            assert _rel_err(got, want) < 1e-5, f"{name} at seq {seq}"
+    stats = ctx.stats()
+    assert stats["graph_breaks"] == 0 and stats["unsupported"] == [] and stats["failed"] == 0, stats
+    assert stats["operators"] == stats["searches"] == stats["compiles"] == 1, stats  # no recompile
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 1  # dynamo did not recompile
+    assert all(n <= KERNEL_BUDGET for n in _kernels(ctx)), _kernels(ctx)
+
+
+def test_real_width_llama_layer_schedules_within_its_kernel_budget():
+    """Llama-3-8B's widths (D 4096, 32/8 heads, FF 14336) with batch and sequence
+    dynamic: captured on the meta device, searched and scheduled, never run."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from cleave.frontends.decompositions import table
+    from cleave.frontends.fx_graph import translate_graph_module
+    from cleave.search.check import CandidateCheckSkipped
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(translate_graph_module(gm, "llama_layer").graph)
+        return gm
+
+    def lower(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, decompositions=table())
+
+    torch._dynamo.reset()
+    layer = make_layer("llama3-8b", naive=False, device="meta")
+    with torch.no_grad():
+        torch.compile(layer, backend=lower, dynamic=True)(*layer_inputs("llama3-8b", 2, 2048, device="meta"))
+    (graph,) = graphs
+    x = graph.inputs[next(n for n, node in graph.inputs.items() if node.rank == 3)]
+    batch, seq = (str(d) for d in x.shape[:2])
+    with warnings.catch_warnings():
+        # 4096-wide weights are too large to interpret: the candidate rests on its proofs
+        warnings.simplefilter("ignore", CandidateCheckSkipped)
+        best = cleave.search(graph, top_k=2, progress=False).best
+    plans = cleave.schedule(best, {batch: 2, seq: 2048}, dynamic={batch, seq}, top_k=2)
+    assert plans and all(len(p.kernels) <= KERNEL_BUDGET for p in plans), [len(p.kernels) for p in plans]
+    reads = {a for k in plans[0].kernels for a in k.args}
+    assert any(n.rank == 2 and n.shape == (14336, 4096) for n in graph.inputs.values())
+    assert {n for n, node in graph.inputs.items() if node.rank == 2} <= reads  # every weight is read
+
+
+def test_tiny_model_logits_match_eager_fp32_and_explain_reports_passes(ctx, tmp_path, monkeypatch):
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))  # a cold compile: every pass runs
+    torch.manual_seed(0)
+    cfg = config("llama3-8b", tiny=True)
+    model = TinyModel(cfg, layers=2).requires_grad_(False).eval()
+    compiled = torch.compile(model, backend="cleave", dynamic=True)
+    tokens = torch.randint(0, 96, (2, 7))
+    cos, sin = rope(7, cfg.head_dim)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the embedding's gather may run eagerly: it says so once
+        report = cleave.explain(compiled, tokens, cos, sin)
+    (logits,) = report.fidelity
+    assert logits["max_abs"] < 1e-4 and 0 <= logits["kl"] < 1e-9, logits
+    assert {"decompose", "translate", "search", "schedule"} <= set(report.pass_seconds), report.pass_seconds
+    text = str(report)
+    assert "compile time per pass: decompose" in text and "against eager fp32: max abs diff" in text
