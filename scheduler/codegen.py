@@ -26,6 +26,7 @@ from .index_bounds import index_bounds, provable
 from .kernel_stats import Stats, mma_efficiency
 from .partition import KernelSpec, buffer_name
 from .tiles import Tiling, dot_labels, is_full
+from .views import gathers
 
 TL = {DType.f64: "tl.float64", DType.f32: "tl.float32", DType.f16: "tl.float16", DType.bf16: "tl.bfloat16",
       DType.i64: "tl.int64", DType.i32: "tl.int32", DType.bool: "tl.int1"}
@@ -128,6 +129,15 @@ class Emitter:
     def names(self, dims) -> dict:
         return {lab.sym: self.idx(lab.id, dims) for lab in self.views.labels}
 
+    def index_names(self, b: Block, exprs, dims) -> dict:
+        """names(dims), plus the loaded value of each index tensor the index expressions
+        `exprs` read through (a take), computed in block b."""
+        names = self.names(dims)
+        for e in exprs:
+            for f in gathers(e):
+                names[f] = self.align(self.ensure(b, self.views.gathers[f]), dims)
+        return names
+
     def valid(self, lid: int, dims) -> str | None:
         lab, b = self.labels[lid], self.t.block[lid]
         static = self.t.static.get(lid)
@@ -217,7 +227,7 @@ class Emitter:
         if op == "size":
             return self.var(b, f"tl.zeros([], tl.float32) + {code(n.attrs['value'])}", (), "tl.float32")
         if op == "iota":
-            e = code(inst.view[n.attrs["axis"]], self.names(dims))
+            e = code(inst.view[n.attrs["axis"]], self.index_names(b, inst.view, dims))
             return self.var(b, e, dims, "tl.int32")
         if op in UNARY:
             return self.var(b, UNARY[op].format(x=self.f32(args[0])), dims, "tl.float32")
@@ -239,10 +249,10 @@ class Emitter:
             conv = self.f32 if n.dtype.is_float else self.align
             return self.var(b, f"tl.where({self.align(c, dims)}, {conv(x, dims)}, {conv(y, dims)})", dims,
                             "tl.float32" if n.dtype.is_float else TL[n.dtype])
-        if op in ("broadcast", "permute", "reshape", "slice"):
+        if op in ("broadcast", "permute", "reshape", "slice", "take"):  # take: its operand's loads gather
             return args[0]
         if op == "concat":
-            axis, e = n.attrs["axis"], code(inst.view[n.attrs["axis"]], self.names(dims))
+            axis, e = n.attrs["axis"], code(inst.view[n.attrs["axis"]], self.index_names(b, inst.view, dims))
             offset, expr = D.dim(0), None
             bounds = []
             for x in n.inputs:
@@ -263,8 +273,8 @@ class Emitter:
                 # Re-masking would also round-trip the tile through fp32.
                 return args[0]
             lit = 'float("-inf")' if pad == float("-inf") else ('float("inf")' if pad == float("inf") else repr(float(pad)))
-            return self.var(b, f"tl.where({code(merged, self.names(dims))} < {bound}, {self.f32(args[0], dims)}, {lit})",
-                            dims, "tl.float32")
+            at = code(merged, self.index_names(b, inst.view, dims))
+            return self.var(b, f"tl.where({at} < {bound}, {self.f32(args[0], dims)}, {lit})", dims, "tl.float32")
         if op == "reduce":
             return self.reduce_full(b, inst, args[0], dims)
         if op == "matmul":
@@ -276,7 +286,7 @@ class Emitter:
     def load(self, b: Block, inst, dims) -> Val:
         node = inst.node
         shape = node.shape
-        names = self.names(dims)
+        names = self.index_names(b, inst.view, dims)
         terms, mask = [], {}  # mask: term -> the labels it varies over
         clamped = set()
         for lid in inst.labels & self.free_lanes:

@@ -170,4 +170,5 @@ def remap(views: Views, alias: dict[int, int]) -> Views:
         return new.memo[key]
 
     new.roots = [go(r) for r in views.roots]
+    new.gathers = {f.xreplace(subs): go(i) for f, i in views.gathers.items()}
     return new

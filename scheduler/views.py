@@ -6,7 +6,8 @@ reduced axis (a reduction, a MatMul's contraction, a top-k). Walking the graph
 from the outputs, each op maps its result's index expressions to its operands'
 (elementwise: same; MatMul: rows from A, columns from B, a fresh contracted
 label; reduction: a fresh label on the reduced axis; reshape/slice/concat/split:
-affine re-indexing). A node reached under two different maps becomes two
+affine re-indexing; take: the operand's axis is indexed by the index tensor's
+value, `gathered(index, view)`). A node reached under two different maps becomes two
 instances (it is recomputed, e.g. RoPE's rotated halves); one reached twice under
 the same map is one instance, computed once.
 """
@@ -16,6 +17,7 @@ import functools
 from dataclasses import dataclass, field
 
 import sympy
+from sympy.core.function import AppliedUndef
 
 from cleave.ir import Graph, Node, ShapeError
 from cleave.ir import dims as D
@@ -59,6 +61,7 @@ class Views:
     labels: list[Label] = field(default_factory=list)
     memo: dict = field(default_factory=dict)
     roots: list = field(default_factory=list)  # (instance, store view over the stored node's dims)
+    gathers: dict = field(default_factory=dict)  # gathered(index, view) -> the index's instance there
 
     def label(self, extent, origin) -> Label:
         lab = Label(len(self.labels), D.dim(extent), origin)
@@ -144,6 +147,14 @@ class Views:
                 ins.append(self.get(x, tuple(inner)))
                 offset = offset + x.shape[axis]
             return Instance(n, view, ins, frozenset().union(*(i.labels for i in ins)) | self.labels_of([view[axis]]))
+        if op == "take":
+            x, index = n.inputs
+            axis, rank = n.attrs["axis"], n.inputs[1].rank
+            at = view[axis:axis + rank]
+            idx = self.get(index, at)
+            self.gathers[gathered(index, at)] = idx
+            inst = self.get(x, view[:axis] + (gathered(index, at),) + view[axis + rank:])
+            return Instance(n, view, [inst, idx], inst.labels | idx.labels)
         if op == "split":
             axis = n.attrs["axis"]
             inner_extent = n.shape[axis + 1]
@@ -157,6 +168,20 @@ class Views:
         """A pure re-indexing op: the value is its operand's under the new map."""
         inst = self.get(n.inputs[0], inner)
         return Instance(n, inner, [inst], inst.labels)
+
+
+GATHER = "take_index_"
+
+
+def gathered(index: Node, view: tuple) -> sympy.Expr:
+    """The value of node `index` at `view`, as an index expression: an application of a
+    function named after the node (its arguments are remapped with the labels)."""
+    return sympy.Function(f"{GATHER}{index.id}", integer=True)(*view)
+
+
+def gathers(e) -> list:
+    """The gathered values (applications made by `gathered`) inside an index expression."""
+    return [f for f in sympy.sympify(e).atoms(AppliedUndef) if f.func.__name__.startswith(GATHER)]
 
 
 def broadcast_view(view, out_shape, in_shape) -> tuple:
