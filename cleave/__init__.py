@@ -21,11 +21,11 @@ def capture(fn, *example_inputs, dynamic=None, name=None):
     return _capture(fn, *example_inputs, dynamic=dynamic, name=name)
 
 
-def compile(fn, dynamic=None, device=None, top_k=4, verbose=None):
+def compile(fn, dynamic=None, device=None, top_k=4, verbose=None, rules=None):
     """Compile `fn` once for every shape along its dynamic axes (see cleave.runtime.compile)."""
     from .runtime.compile import compile as _compile
 
-    return _compile(fn, dynamic=dynamic, device=device, top_k=top_k, verbose=verbose)
+    return _compile(fn, dynamic=dynamic, device=device, top_k=top_k, verbose=verbose, rules=rules)
 
 
 def explain(compiled, *args, **kwargs):

@@ -7,6 +7,7 @@ rule written once in the DSL of `dsl.py`.
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from .dsl import Example, Rule, RuleError, parse_rules
@@ -74,5 +75,25 @@ def load_file(path) -> list[Rule]:
     return _checked(parse_rules(path.read_text(), source=str(path)))
 
 
-__all__ = ["FAMILY_PHASES", "PHASES", "Example", "Rule", "RuleError", "all_rules", "load_file", "parse_rules",
-           "phases_of"]
+def with_files(paths) -> tuple[list[Rule], list[Rule]]:
+    """(the library plus the rules of `paths`, those files' rules): names unique across all."""
+    extra = []
+    for path in paths:
+        found = load_file(path)
+        if not found:
+            raise RuleError(f"no rules in {path}")
+        extra += found
+    return _checked(all_rules() + extra), extra
+
+
+def digest(rules: list[Rule]) -> str:
+    """A hash of rule definitions (text, family, phases): part of a compiled operator's
+    cache key when it was searched with rules beyond the library."""
+    h = hashlib.sha256()
+    for r in rules:
+        h.update(f"{r.family}\0{','.join(phases_of(r))}\0{r.text()}\0".encode())
+    return h.hexdigest()[:16]
+
+
+__all__ = ["FAMILY_PHASES", "PHASES", "Example", "Rule", "RuleError", "all_rules", "digest", "load_file",
+           "parse_rules", "phases_of", "with_files"]

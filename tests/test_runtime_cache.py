@@ -66,7 +66,7 @@ class DoublePlan:
 class DoubleSearch:
     calls = 0
 
-    def __call__(self, graph, top_k=4):
+    def __call__(self, graph, top_k=4, rules=None):
         DoubleSearch.calls += 1
         return type("Result", (), {"candidates": [Candidate(graph, derivation=["double"])], "stats": {"e-nodes": 1}})
 

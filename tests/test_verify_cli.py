@@ -39,10 +39,11 @@ def test_verify_file_of_sound_rules(tmp_path, capsys):
 
 
 def test_verify_names_the_unsound_rule(tmp_path, capsys):
-    assert main(["rules", "verify", _file(tmp_path, BAD)]) == 1
+    path = _file(tmp_path, BAD)
+    assert main(["rules", "verify", path]) == 1
     captured = capsys.readouterr()
     assert "my-exp-add-wrong" in captured.out and "unsound" in captured.out
-    assert "FAILED rule 'my-exp-add-wrong' is unsound" in captured.err and "lhs=" in captured.err
+    assert f"FAILED {path}:6: rule 'my-exp-add-wrong' is unsound" in captured.err and "lhs=" in captured.err
 
 
 @pytest.mark.parametrize("command", ["verify", "list"])

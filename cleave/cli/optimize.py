@@ -13,7 +13,9 @@ from .args import positive_float, positive_int, shape_binding
 def register(sub) -> None:
     p = sub.add_parser("optimize", help="search a workload's rewrites and print the top candidates",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n  cleave optimize gqa_decode --json\n  cleave optimize matmul --top-k 3 --seconds 10")
+                       epilog="examples:\n  cleave optimize gqa_decode --json\n"
+                              "  cleave optimize matmul --top-k 3 --seconds 10\n"
+                              "  cleave optimize matmul --rules my_rules.txt")
     p.add_argument("target", help="workload name, or a file holding a graph's text")
     p.add_argument("--top-k", type=positive_int, default=3, help="candidates to print (default 3)")
     p.add_argument("--iterations", type=positive_int, help="saturation iteration budget (default 30)")
@@ -28,6 +30,9 @@ def register(sub) -> None:
                    help="bind a symbol for scheduling (repeatable); needed for a graph file")
     p.add_argument("--no-schedule", action="store_true", help="search only, no plan")
     p.add_argument("--emit", metavar="DIR", help="write the plan's kernels as readable, runnable .py files")
+    p.add_argument("--rules", action="append", default=[], metavar="FILE",
+                   help="a rule file to search with beside the library (repeatable); its rules are proven "
+                        "first and an unsound one is refused with its counterexample")
     p.set_defaults(func=_optimize)
 
 
@@ -139,6 +144,18 @@ for out, ref in zip(outputs, expected):
 '''
 
 
+def _with_rule_files(paths: list[str], quiet: bool) -> list:
+    """The library plus the files' rules, those proven first (their verdicts on stderr)."""
+    from ..verify import with_proven_files
+
+    rules, verdicts = with_proven_files(paths)
+    if not quiet:
+        width = max(len(v.rule) for v in verdicts)
+        for v in verdicts:
+            print(f"[cleave rules] {v.line(width)}", file=sys.stderr)
+    return rules
+
+
 def _optimize(args) -> int:
     from ..search import search
     from .show import load_graph
@@ -148,7 +165,8 @@ def _optimize(args) -> int:
     if args.emit and args.no_schedule:
         raise CleaveError("--emit needs a plan (drop --no-schedule)")
     shapes = None if args.no_schedule else _shapes(args, graph)
-    result = search(graph, top_k=args.top_k, iterations=args.iterations, enodes=args.enodes,
+    rules = _with_rule_files(args.rules, args.quiet) if args.rules else None
+    result = search(graph, top_k=args.top_k, rules=rules, iterations=args.iterations, enodes=args.enodes,
                     seconds=args.seconds, progress=not args.quiet)
     plan = index = None
     if shapes is not None:

@@ -133,7 +133,7 @@ def save_tuning(entry: Path, static: dict[str, int], buckets: dict[str, list[int
 
 def find_operator(root: Path, fields: dict) -> Path:
     """The entry of an artifact directory (built elsewhere, e.g. on a CPU box by
-    `cleave trace build`) holding this graph with these dynamic axes, whatever device
+    `cleave trace build`) holding this graph with these dynamic axes and rules, whatever device
     and versions built it: the candidates are device-independent and the plans target
     the GPU model, not the build machine. A different triton version is warned about
     (the kernels are Triton source, compiled here). No match: a new entry under root."""
@@ -145,7 +145,7 @@ def find_operator(root: Path, fields: dict) -> Path:
             built = read_json(d / "operator.json")["fields"]
         except (ArtifactError, KeyError, TypeError):
             continue
-        if built.get("graph") == fields["graph"] and built.get("dynamic") == fields["dynamic"]:
+        if all(built.get(k) == fields.get(k) for k in ("graph", "dynamic", "rules")):
             if built.get("triton") != fields["triton"]:
                 import warnings
 

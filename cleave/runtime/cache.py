@@ -56,8 +56,10 @@ def source_hash() -> str:
     return digest.hexdigest()[:16]
 
 
-def key_fields(graph_key: str, dynamic: set[str], device: str) -> dict:
-    return {"graph": graph_key, "dynamic": sorted(dynamic), "device": device, **versions()}
+def key_fields(graph_key: str, dynamic: set[str], device: str, rules: str | None = None) -> dict:
+    """`rules`: the digest of the rules searched with, when not the library alone."""
+    fields = {"graph": graph_key, "dynamic": sorted(dynamic), "device": device, **versions()}
+    return fields | ({"rules": rules} if rules else {})
 
 
 def operator_key(fields: dict) -> str:

@@ -9,6 +9,7 @@ a new shape along a static axis recaptures (cheap) and reuses the search.
 from __future__ import annotations
 
 import inspect
+import os
 
 import torch
 
@@ -19,11 +20,11 @@ from .partition import Launcher, exact_key, remember_fast
 
 
 class CompiledFunction:
-    def __init__(self, fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbose=None):
+    def __init__(self, fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbose=None, rules=None):
         self.fn = fn
         self.name = _function_name(fn)
         self.dynamic = dynamic
-        self.ctx = Context(device, top_k, artifact, verbose)
+        self.ctx = Context(device, top_k, artifact, verbose, rules)
         self.calls = 0
         self._signature_of = _call_signature(fn)
         self._runners: dict[tuple, object] = {}
@@ -205,7 +206,8 @@ def _function_name(fn) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbose=None) -> CompiledFunction:
+def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbose=None,
+            rules=None) -> CompiledFunction:
     """Wrap `fn` so that its first call compiles it with cleave and later calls reuse the result.
 
     `dynamic` names the axes that vary between calls, per argument name:
@@ -213,11 +215,26 @@ def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbos
     searches, compiles, cache hits and graph breaks. `artifact` is a directory built
     elsewhere (`cleave trace build`) to load operators from, whatever machine built it.
     `verbose`: True shows this function's progress lines (search, compile, tuning),
-    False hides them; None leaves it to the "cleave" logger's level (INFO shows them)."""
+    False hides them; None leaves it to the "cleave" logger's level (INFO shows them).
+    `rules`: rule files (paths) to search with beside the library, as `cleave optimize
+    --rules`: their rules are proven here, before anything runs (UnsoundRule names an
+    unsound one with its counterexample), and they are part of the operators' cache key."""
     if dynamic is not None and dynamic != "all" and not isinstance(dynamic, dict):
         raise TypeError(f"dynamic must be None, 'all' or a dict of axes per argument, not {dynamic!r}")
     if not (isinstance(top_k, int) and top_k >= 1):
         raise ValueError(f"top_k must be an int >= 1, not {top_k!r}")
     if verbose not in (None, True, False):
         raise TypeError(f"verbose must be None, True or False, not {verbose!r}")
-    return CompiledFunction(fn, dynamic, device, top_k, artifact, verbose)
+    return CompiledFunction(fn, dynamic, device, top_k, artifact, verbose, _proven_rules(rules))
+
+
+def _proven_rules(files) -> list | None:
+    """The library plus the rules of `files` (a path or a list of paths), those proven;
+    None without files (the search's default, the library)."""
+    if files is None:
+        return None
+    if isinstance(files, (str, os.PathLike)):
+        files = [files]
+    from ..verify import with_proven_files
+
+    return with_proven_files(list(files))[0]

@@ -16,11 +16,13 @@ from .operator import STAT_KEYS, CompiledOperator
 
 
 class Context:
-    def __init__(self, device: str | torch.device | None = None, top_k: int = 4, artifact=None, verbose=None):
+    def __init__(self, device: str | torch.device | None = None, top_k: int = 4, artifact=None, verbose=None,
+                 rules=None):
         self.device = torch.device(device) if device else None
         self.top_k = top_k
         self.verbose = verbose  # progress lines: True, False, or None (the "cleave" logger's level)
         self.artifact = artifact  # an artifact directory (cleave trace build) to load operators from
+        self.rules = rules  # the rules to search with (None: the library)
         self.operators: dict[str, CompiledOperator] = {}
         self.warned: set[str] = set()
         self.failed: list[str] = []
@@ -31,7 +33,7 @@ class Context:
         self.pass_seconds: dict[str, float] = {}  # compile time per pass (cleave.passes)
 
     def operator(self, graph: Graph, dynamic: set[str], device: torch.device) -> CompiledOperator:
-        op = CompiledOperator(graph, dynamic, self.device or device, self.top_k)
+        op = CompiledOperator(graph, dynamic, self.device or device, self.top_k, rules=self.rules)
         if op.key not in self.operators and self.artifact is not None:
             op.entry = find_operator(self.artifact, op.fields)
         return self.operators.setdefault(op.key, op)

@@ -31,6 +31,7 @@ from ..interpreter import TORCH_DTYPES
 from ..ir import BindingError, Candidate, CleaveError, Graph, Separable, parse_graph
 from ..ir.contracts import then_as_written
 from ..ir.dtypes import dtype as ir_dtype
+from ..rules import digest as rule_digest
 from ..scheduler import Plan, launch, rank, schedule
 from ..scheduler.exprs import evaluate
 from ..scheduler.launch import prepare, remember, run
@@ -68,12 +69,14 @@ class Spec:
 
 class CompiledOperator:
     def __init__(self, graph: Graph, dynamic: set[str], device: str | torch.device = "cpu", top_k: int = 4,
-                 entry=None):
+                 entry=None, rules=None):
         self.graph = graph
         self.dynamic = set(dynamic) & {s.name for s in graph.symbols()}
         self.device = torch.device(device)
         self.top_k = top_k
-        self.fields = key_fields(graph.key(), self.dynamic, device_name(self.device))
+        self.rules = rules  # None: the library (already keyed by cleave's source hash)
+        self.fields = key_fields(graph.key(), self.dynamic, device_name(self.device),
+                                 rule_digest(rules) if rules is not None else None)
         self.key = operator_key(self.fields)
         self.entry = entry or entry_dir(self.key)
         self.stats = {k: 0 for k in STAT_KEYS}
@@ -296,7 +299,7 @@ class CompiledOperator:
     def _search(self) -> list[Candidate]:
         start = time.perf_counter()
         with passes.timed("search"):
-            result = search(self.graph, top_k=self.top_k)
+            result = search(self.graph, top_k=self.top_k, rules=self.rules)
         self.stats["searches"] += 1
         self.stats["search_seconds"] += time.perf_counter() - start
         self.search_stats = _jsonable(dict(getattr(result, "stats", {}) or {}))
@@ -318,11 +321,11 @@ class CompiledOperator:
                           f"({err}); keeping them in memory for this process", stacklevel=5)
 
 
-def search(graph: Graph, top_k: int):
+def search(graph: Graph, top_k: int, rules=None):
     """The algebraic search, imported on a cache miss only: egglog and z3 load with it."""
     from ..search.api import search as run
 
-    return run(graph, top_k=top_k)
+    return run(graph, top_k=top_k, rules=rules)
 
 
 def _capturing(device: torch.device) -> bool:

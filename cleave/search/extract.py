@@ -348,10 +348,11 @@ def subterms(terms) -> list:
     return out
 
 
-def ematch(classes, pattern, cls: str, env: dict, nodes=None) -> bool:
+def ematch(classes, pattern, cls: str, env: dict, nodes=None, found: list | None = None) -> bool:
     """Whether e-class `cls` (or only its e-nodes `nodes`) holds an instance of `pattern`
     consistent with `env` (tensor variables -> e-classes, "axis:a" -> offset, top-k
-    counts -> ints); on success `env` holds the bindings."""
+    counts -> ints); on success `env` holds the bindings and `found` gets the e-node
+    the pattern's top matched."""
     if isinstance(pattern, Var):
         return env.setdefault(pattern.name, cls) == cls
     op, args = _node_of(pattern, lambda p: p, ax=lambda a: a)
@@ -361,6 +362,8 @@ def ematch(classes, pattern, cls: str, env: dict, nodes=None) -> bool:
         trial = dict(env)
         if all(_ematch_arg(classes, p, x, trial) for p, x in zip(args, n.args)):
             env.update(trial)
+            if found is not None:
+                found.append(n)
             return True
     return False
 
@@ -383,23 +386,36 @@ def derivation(rules, naive_terms, r: Realized, classes, index: Index) -> list[s
     right-hand side, the rest of that side matching in the e-graph (the rewrite added
     exactly those e-nodes; the candidate may pick equal ones below), and the rule's
     left-hand side, under the same bindings, lies in the same e-class: that rewrite
-    joined them. Rules whose right-hand side is a bare variable leave no trace."""
+    joined them. When that left-hand side's top is itself no e-node of the input
+    graph, an earlier rewrite made it, and is listed before it, the same way (a split
+    of the MatMul another rule made). Rules whose right-hand side is a bare variable
+    leave no trace."""
     naive = set()
     for t in subterms(naive_terms):
         op, args = _node_of(t, index.find)
         naive.add((op, tuple(args)))
-    out = []
+    out: list[str] = []
     for t in subterms(r.terms):
         cls = index.find(t)
-        if cls is None or (r.choice[cls].op, tuple(r.choice[cls].args)) in naive:
-            continue
-        for rule in rules:
-            env: dict = {}
-            if (rule.name not in out and isinstance(rule.rhs, Term)
-                    and ematch(classes, rule.rhs, cls, env, nodes=[r.choice[cls]])
-                    and ematch(classes, rule.lhs, cls, env)):
-                out.append(rule.name)
+        if cls is not None:
+            out += _made(rules, classes, cls, r.choice[cls], naive, out)
     return out
+
+
+def _made(rules, classes, cls: str, node: ENode, naive: set, listed: list[str]) -> list[str]:
+    """The rewrites (earliest first) that made e-node `node` of class `cls`, unless the
+    input graph has it; none of them already `listed`."""
+    made: list[str] = []
+    if (node.op, tuple(node.args)) in naive:
+        return made
+    for rule in rules:
+        env: dict = {}
+        top: list[ENode] = []
+        if (rule.name not in listed + made and isinstance(rule.rhs, Term)
+                and ematch(classes, rule.rhs, cls, env, nodes=[node])
+                and ematch(classes, rule.lhs, cls, env, found=top)):
+            made += _made(rules, classes, cls, top[0], naive, listed + made + [rule.name]) + [rule.name]
+    return made
 
 
 def separable_facts(graph, rule_names) -> list[Separable]:

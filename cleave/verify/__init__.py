@@ -6,11 +6,11 @@ parser (cleave.verify.cli) stays cheap.
 from __future__ import annotations
 
 __all__ = ["UnprovenRuleWarning", "UnsoundRule", "Verdict", "check_rule", "check_rules", "require_sound",
-           "sound_rules"]
+           "sound_rules", "with_proven_files"]
 
 
 def __getattr__(name):
-    if name in ("check_rule", "check_rules", "require_sound", "sound_rules"):
+    if name in ("check_rule", "check_rules", "require_sound", "sound_rules", "with_proven_files"):
         from . import check
 
         return getattr(check, name)

@@ -126,18 +126,34 @@ def check_rules(rules: Iterable, **kwargs) -> list[Verdict]:
     return [check_rule(r, **kwargs) for r in rules]
 
 
-def _reject(failed: list[Verdict]) -> None:
+def _reject(failed: list[tuple]) -> None:
+    """UnsoundRule naming the first (rule, verdict) of `failed`, where it is written, and
+    why; then the others' names."""
     if failed:
-        more = f" (and {len(failed) - 1} more: {', '.join(v.rule for v in failed[1:])})" if len(failed) > 1 else ""
-        raise UnsoundRule(failed[0].explain() + more)
+        rule, first = failed[0]
+        where = f"{rule.source}: " if getattr(rule, "source", "") else ""
+        more = f" (and {len(failed) - 1} more: {', '.join(v.rule for _, v in failed[1:])})" if len(failed) > 1 else ""
+        raise UnsoundRule(where + first.explain() + more)
 
 
 def require_sound(rules: Iterable, **kwargs) -> list[Verdict]:
     """Every rule proven, or UnsoundRule naming the first one that is not (with its
     counterexample, or why it is unknown). For the CLI and strict use."""
+    rules = list(rules)
     verdicts = check_rules(rules, **kwargs)
-    _reject([v for v in verdicts if not v.ok])
+    _reject([(r, v) for r, v in zip(rules, verdicts) if not v.ok])
     return verdicts
+
+
+def with_proven_files(paths, **kwargs) -> tuple[list, list[Verdict]]:
+    """(the rule library plus the rules of the files at `paths`, those files' verdicts):
+    each of their rules proven first, as `cleave rules verify` does, or UnsoundRule
+    naming the first that is not, its file and line, and the counterexample or why
+    it is unknown. For `cleave optimize --rules` and `cleave.compile(rules=...)`."""
+    from cleave.rules import with_files
+
+    rules, extra = with_files(paths)
+    return rules, require_sound(extra, **kwargs)
 
 
 def _announce_proofs(rules: list, timeout_ms: int) -> None:
@@ -156,7 +172,7 @@ def sound_rules(rules: Iterable, **kwargs) -> list:
     rules = list(rules)
     _announce_proofs(rules, kwargs.get("timeout_ms", TIMEOUT_MS))
     verdicts = check_rules(rules, **kwargs)
-    _reject([v for v in verdicts if v.verdict == "unsound"])
+    _reject([(r, v) for r, v in zip(rules, verdicts) if v.verdict == "unsound"])
     for v in verdicts:
         if v.verdict == "unknown":
             warnings.warn(f"{v.explain()}; not loaded for saturation", UnprovenRuleWarning, stacklevel=2)

@@ -40,9 +40,9 @@ def run_verify(args) -> int:
         suffix = "  (cached)" if verdict.cached else ""
         print(verdict.line(width) + suffix, flush=True)
         if not verdict.ok:
-            failed.append(verdict)
+            failed.append((r, verdict))
     proven = len(found) - len(failed)
     print(f"{proven}/{len(found)} rules proven")
-    for v in failed:
-        print(f"FAILED {v.explain()}", file=sys.stderr)
+    for r, v in failed:
+        print(f"FAILED {r.source}: {v.explain()}", file=sys.stderr)
     return 1 if failed else 0
