@@ -56,8 +56,11 @@ def capture(name: str, naive: bool):
     from cleave.frontends.decompositions import table
     from cleave.frontends.fx_graph import translate_graph_module
 
-    layer = make_layer(name, naive, device="meta")
-    args = layer_inputs(name, 2, 2048, device="meta")
+    # Real CPU tensors, not meta ones: on meta, SDPA lowers to its f32 math form, while
+    # on CPU and CUDA it stays one attention op (as the GPU's backend sees it). Nothing
+    # runs: the backend stops after the capture.
+    layer = make_layer(name, naive, device="cpu")
+    args = layer_inputs(name, 2, 16, device="cpu")
     params = {id(p): n for n, p in layer.named_parameters()}
     found = {}
 
@@ -68,7 +71,7 @@ def capture(name: str, naive: bool):
                 sources.append(("param", params[id(e)]))
             elif any(e is a for a in args):
                 sources.append(("arg", next(i for i, a in enumerate(args) if e is a)))
-            elif isinstance(e, torch.Tensor) and e.device.type != "meta" and e.numel() == 1:
+            elif isinstance(e, torch.Tensor) and e.dim() == 0:
                 sources.append(("scalar", e.item()))  # a module's float attribute (an eps)
             else:
                 sources.append(None)  # a size (SymInt): not a graph input
@@ -79,15 +82,23 @@ def capture(name: str, naive: bool):
             placeholders = [n.name for n in fw.graph.nodes if n.op == "placeholder"]
             found["graph"] = graph
             found["sources"] = {p: s for p, s in zip(placeholders, sources) if p in graph.inputs}
-            return fw
+            raise _Captured
 
         with passes.timed("decompose"):
             return aot_module_simplified(gm, example_inputs, fw_compiler=forward, decompositions=table())
 
     torch._dynamo.reset()
     with torch.no_grad():
-        torch.compile(layer, backend=lower, dynamic=True)(*args)
+        try:
+            torch.compile(layer, backend=lower, dynamic=True)(*args)
+        except Exception:  # dynamo wraps _Captured in its own BackendCompilerFailed
+            if "graph" not in found:
+                raise
     return found["graph"], found["sources"]
+
+
+class _Captured(Exception):
+    """Raised once the graph is captured: the layer need not run here."""
 
 
 def build(out: pathlib.Path, names: list[str], forms: list[str], top_plans: int) -> None:

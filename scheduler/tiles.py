@@ -39,9 +39,21 @@ def dot_labels(views: Views) -> set:
         if inst.op == "matmul":
             out.add(inst.reduced.id)
             for e in inst.view[-2:]:
-                if e in table:
-                    out.add(table[e].id)
+                lab = _unit_label(e, table)
+                if lab is not None:
+                    out.add(lab.id)
     return out
+
+
+def _unit_label(e, table):
+    """The label a matmul side tiles along: the side's index itself, or the one label
+    with coefficient 1 in an affine index (rows b*s + s' of a (b, s) output: s' tiles,
+    b stays one per program)."""
+    if e in table:
+        return table[e]
+    terms = sympy.Add.make_args(sympy.expand(e))
+    unit = [t for t in terms if t in table]
+    return table[unit[0]] if len(unit) == 1 and all(t.is_polynomial() for t in terms) else None
 
 
 def _is_dynamic(lab: Label, dynamic: set) -> bool:

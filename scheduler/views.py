@@ -134,7 +134,7 @@ class Views:
                 inner[p] = view[i]
             return self._through(n, tuple(inner))
         if op == "reshape":
-            return self._through(n, reshape_back(n.inputs[0].shape, n.shape, view, n))
+            return self._through(n, self.in_range(reshape_back(n.inputs[0].shape, n.shape, view, n)))
         if op == "slice":
             inner = list(view)
             inner[n.attrs["axis"]] = view[n.attrs["axis"]] * n.attrs["step"] + n.attrs["start"]
@@ -163,6 +163,44 @@ class Views:
             return Instance(n, view, [inst], inst.labels | self.labels_of(view[axis:axis + 2]))
         raise ShapeError(f"scheduler: op {op!r} (node %{n.id}{' at ' + n.loc if n.loc else ''}) "
                          f"has no tiling rule")
+
+    def in_range(self, view: tuple) -> tuple:
+        """`view` with the div/mod of a label by its own extent folded: floor(X/e) is 0 and
+        X mod e is X, since 0 <= X < e (a tile's lanes past the extent are clamped before
+        they index anything). Flattening (b, s) into rows and back, as a layer does
+        around each projection, then leaves the rows affine in b and s, which tiles them."""
+        extent = {lab.sym: lab.extent for lab in self.labels}
+
+        def own(e, bound) -> bool:
+            return e in extent and _eq(extent[e], bound)
+
+        def split(num, den):
+            """(q, r) with num = q*den + r, q the terms den divides; None when r is no
+            label of extent den (so 0 <= r < den is not known)."""
+            whole = [t for t in sympy.Add.make_args(sympy.expand(num)) if sympy.fraction(sympy.cancel(t / den))[1] == 1]
+            rest = sympy.expand(num) - sum(whole, sympy.Integer(0))
+            if rest == 0 or own(rest, den):
+                return sympy.cancel(sum(whole, sympy.Integer(0)) / den), rest
+            return None
+
+        def fold(e):
+            if isinstance(e, sympy.floor):
+                found = split(*sympy.fraction(sympy.together(e.args[0])))
+                return found[0] if found else e
+            if isinstance(e, sympy.Mod):
+                found = split(*e.args)
+                return found[1] if found else e
+            return e
+
+        out = []
+        for e in view:
+            for _ in range(4):  # folding an inner floor can expose an outer mod
+                folded = sympy.sympify(e).replace(lambda x: isinstance(x, (sympy.floor, sympy.Mod)), fold)
+                if folded == e:
+                    break
+                e = folded
+            out.append(e)
+        return tuple(out)
 
     def _through(self, n: Node, inner: tuple) -> Instance:
         """A pure re-indexing op: the value is its operand's under the new map."""

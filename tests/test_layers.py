@@ -108,3 +108,22 @@ def test_tiny_model_logits_match_eager_fp32_and_explain_reports_passes(ctx, tmp_
     assert {"decompose", "translate", "search", "schedule"} <= set(report.pass_seconds), report.pass_seconds
     text = str(report)
     assert "compile time per pass: decompose" in text and "against eager fp32: max abs diff" in text
+
+
+def test_projection_back_to_batch_and_sequence_tiles_its_rows_as_a_gemm():
+    """x + (h.view(b*s, k) @ w).view(b, s, n), a layer's residual projection: the output
+    kernel indexes rows as b*s + s', which tiles s' (a tl.dot over 16+ rows), not one
+    row per program; and the flatten-then-unflatten index folds to b and s'."""
+    def residual_projection(x, h, w):
+        return x + (h.reshape(-1, h.shape[-1]) @ w).reshape(x.shape)
+
+    f = cleave.compile(residual_projection, dynamic={"x": {0: "b", 1: "s"}, "h": {0: "b", 1: "s"}})
+    gen = torch.Generator().manual_seed(3)
+    for b, s in ((2, 37), (3, 20)):
+        x, h, w = (torch.randn(*shape, generator=gen) for shape in ((b, s, 48), (b, s, 40), (40, 48)))
+        out = torch.full_like(x, float("nan"))
+        out.copy_(f(x, h, w))
+        assert _rel_err(out, residual_projection(x.double(), h.double(), w.double())) < 1e-5
+    (op,) = f.operators
+    (kernel,) = [k for spec in op.specs.values() for k in spec.plans[0].kernels]
+    assert "tl.dot" in kernel.source and "// s" not in kernel.source, kernel.source
