@@ -206,6 +206,9 @@ def run_layer(spec: dict, batch: int, seq: int) -> dict:
         if ok and (best is None or ms < best["ms"]):
             best = row["plans"][-1]
     row["cleave"] = best
+    if best is not None:
+        plan = Plan.from_json(spec["plans"][best["index"]])
+        row["kernel_ms"] = kernel_times(plan, _plan_inputs(spec, plan, layer, args))
     row["pass_seconds"]["triton"] = sum(p.get("first_launch_s", 0) for p in row["plans"])
     with torch.no_grad():
         row["eager_ms"] = _bench(lambda: layer(*args))
@@ -219,6 +222,27 @@ def run_layer(spec: dict, batch: int, seq: int) -> dict:
         row["compile_fidelity"] = fidelity.compare(out, want)
         row["compile_ms"] = _bench(lambda: compiled(*args))
     return row
+
+
+def kernel_times(plan, inputs, repeats: int = 10) -> dict[str, float]:
+    """GPU time per kernel of a plan (ms per launch), from the profiler: where a layer's
+    time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from cleave.scheduler import launch
+
+    names = [k.name for k in plan.kernels]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            launch(plan, inputs)
+        torch.cuda.synchronize()
+    out = {}
+    for event in prof.key_averages():
+        name = next((n for n in names if event.key.startswith(n)), None)
+        if name is not None:
+            total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+            out[name] = out.get(name, 0.0) + total / 1e3 / repeats
+    return out
 
 
 def table(rows: list[dict]) -> str:
@@ -236,6 +260,11 @@ def table(rows: list[dict]) -> str:
                  f"{r['compile_fidelity']['max_abs']:.3g} / {r['compile_fidelity']['kl']:.1e}",
                  f"{r['cleave_build_seconds']:.1f}", f"{r['compile_first_call_s']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for r in rows:
+        if r.get("kernel_ms"):
+            lines.append(f"- {r['model']} {r['form']} b{r['batch']} s{r['seq']} per kernel (ms): "
+                         + ", ".join(f"{k.rsplit('_', 1)[-1]} {v:.3f}" for k, v in r["kernel_ms"].items()))
     return "\n".join(lines)
 
 

@@ -169,43 +169,52 @@ class Views:
         X mod e is X, since 0 <= X < e (a tile's lanes past the extent are clamped before
         they index anything). Flattening (b, s) into rows and back, as a layer does
         around each projection, then leaves the rows affine in b and s, which tiles them."""
-        extent = {lab.sym: lab.extent for lab in self.labels}
-
-        def own(e, bound) -> bool:
-            return e in extent and _eq(extent[e], bound)
-
-        def split(num, den):
-            """(q, r) with num = q*den + r, q the terms den divides; None when r is no
-            label of extent den (so 0 <= r < den is not known)."""
-            whole = [t for t in sympy.Add.make_args(sympy.expand(num)) if sympy.fraction(sympy.cancel(t / den))[1] == 1]
-            rest = sympy.expand(num) - sum(whole, sympy.Integer(0))
-            if rest == 0 or own(rest, den):
-                return sympy.cancel(sum(whole, sympy.Integer(0)) / den), rest
-            return None
-
-        def fold(e):
-            if isinstance(e, sympy.floor):
-                found = split(*sympy.fraction(sympy.together(e.args[0])))
-                return found[0] if found else e
-            if isinstance(e, sympy.Mod):
-                found = split(*e.args)
-                return found[1] if found else e
-            return e
-
-        out = []
-        for e in view:
-            for _ in range(4):  # folding an inner floor can expose an outer mod
-                folded = sympy.sympify(e).replace(lambda x: isinstance(x, (sympy.floor, sympy.Mod)), fold)
-                if folded == e:
-                    break
-                e = folded
-            out.append(e)
-        return tuple(out)
+        if not any(isinstance(e, sympy.Basic) and e.has(sympy.floor, sympy.Mod) for e in view):
+            return view  # the common case
+        table = self.by_sym()
+        return tuple(_fold_in_range(e, tuple(sorted(((x, table[x].extent) for x in e.free_symbols if x in table),
+                                                    key=lambda p: p[0].name)))
+                     if isinstance(e, sympy.Basic) else e for e in view)
 
     def _through(self, n: Node, inner: tuple) -> Instance:
         """A pure re-indexing op: the value is its operand's under the new map."""
         inst = self.get(n.inputs[0], inner)
         return Instance(n, inner, [inst], inst.labels)
+
+
+@functools.lru_cache(maxsize=8192)
+def _fold_in_range(e, extents: tuple):
+    """Views.in_range for one index; `extents` holds (label symbol, extent) of e's labels.
+    Cached: a layer's views are rebuilt for every partition tried, with the same indices."""
+    extent = dict(extents)
+
+    def own(x, bound) -> bool:
+        return x in extent and _eq(extent[x], bound)
+
+    def split(num, den):
+        """(q, r) with num = q*den + r, q the terms den divides; None when r is no label
+        of extent den (so 0 <= r < den is not known)."""
+        num = sympy.expand(num)
+        whole = sum((t for t in sympy.Add.make_args(num) if sympy.fraction(sympy.cancel(t / den))[1] == 1),
+                    sympy.Integer(0))
+        rest = num - whole
+        if rest == 0 or own(rest, den):
+            return sympy.cancel(whole / den), rest
+        return None
+
+    def fold(x):
+        if isinstance(x, sympy.floor):
+            found = split(*sympy.fraction(sympy.together(x.args[0])))
+            return found[0] if found else x
+        found = split(*x.args)  # a Mod
+        return found[1] if found else x
+
+    for _ in range(4):  # folding an inner floor can expose an outer mod
+        folded = e.replace(lambda x: isinstance(x, (sympy.floor, sympy.Mod)), fold)
+        if folded == e:
+            break
+        e = folded
+    return e
 
 
 GATHER = "take_index_"

@@ -96,16 +96,16 @@ def test_tiny_model_logits_match_eager_fp32_and_explain_reports_passes(ctx, tmp_
     monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))  # a cold compile: every pass runs
     torch.manual_seed(0)
     cfg = config("llama3-8b", tiny=True)
-    model = TinyModel(cfg, layers=2).requires_grad_(False).eval()
+    model = TinyModel(cfg, layers=1).requires_grad_(False).eval()
     compiled = torch.compile(model, backend="cleave", dynamic=True)
     tokens = torch.randint(0, 96, (2, 7))
     cos, sin = rope(7, cfg.head_dim)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the embedding's gather may run eagerly: it says so once
-        report = cleave.explain(compiled, tokens, cos, sin)
+    report = cleave.explain(compiled, tokens, cos, sin)
+    assert report.operators and report.stats["failed"] == 0 and report.graph_breaks == 0, report.stats
     (logits,) = report.fidelity
     assert logits["max_abs"] < 1e-4 and 0 <= logits["kl"] < 1e-9, logits
-    assert {"decompose", "translate", "search", "schedule"} <= set(report.pass_seconds), report.pass_seconds
+    passes = {"decompose", "translate", "search", "schedule", "codegen"}
+    assert passes <= set(report.pass_seconds), report.pass_seconds
     text = str(report)
     assert "compile time per pass: decompose" in text and "against eager fp32: max abs diff" in text
 
