@@ -9,6 +9,7 @@ from .args import positive_float, positive_int
 EPILOG = """examples:
   cleave trace replay traces/workloads/gqa_decode.jsonl --device cuda
   cleave trace replay traces/workloads/gqa.jsonl --device cuda --limit 50
+  cleave trace replay traces/workloads/gqa_decode.jsonl --device cuda --plot gqa_decode.png
   TRITON_INTERPRET=1 cleave trace replay traces/workloads/gqa_decode.jsonl --device cpu \\
       --scale 0.02 --limit 4 --const h=4,hkv=2,d=16
 
@@ -36,6 +37,8 @@ def register(sub) -> None:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--artifact", help="load the operator from this directory (made by `cleave trace build`, "
                                       "possibly on another machine) instead of searching")
+    r.add_argument("--plot", metavar="FILE.png", help="also draw each shape's speedup over SDPA into this image "
+                                                      "(needs matplotlib)")
     r.set_defaults(func=_replay)
     b = tsub.add_parser("build", help="search and schedule a trace's operator into an artifact directory",
                         description="Run the search and the scheduler for every static binding the trace uses, "
@@ -62,7 +65,11 @@ def _parse_const(text: str) -> dict[str, int]:
 
 
 def _replay(args) -> int:
+    from ..plot import require_matplotlib, save_speedup_plot
     from ..runtime.replay import replay
+
+    if args.plot:
+        require_matplotlib()
 
     def progress(i, n, shape):
         graph = "" if shape.graph_speedup is None else f"  graphs x{shape.graph_speedup:.2f}"
@@ -87,6 +94,9 @@ def _replay(args) -> int:
           f"(searches {st['searches']}, compiles {st['compiles']}, from_cache {st['from_cache']}, "
           f"plan tunings {st['tunings']}), triton JIT recompiles after the first call: "
           f"{'n/a (interpreter)' if result.jit_recompiles is None else result.jit_recompiles}")
+    if args.plot:
+        save_speedup_plot(result, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 
