@@ -1,0 +1,45 @@
+"""The benchmark's markdown: one row per preset with cleave's time, the strongest
+baseline (named) and the ratio against it, then why any baseline was not timed."""
+from __future__ import annotations
+
+from .strongest import NOT_NEEDED
+
+
+def _ms(value) -> str:
+    return f"{value:.4f}" if value else "—"
+
+
+def _ratio(baseline_ms, cleave_ms) -> str:
+    return f"{baseline_ms / cleave_ms:.2f}" if (baseline_ms and cleave_ms) else "—"
+
+
+def _timed(row: dict, name: str):
+    return next((b["ms"] for b in row["baselines"] if b["name"] == name), None)
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| workload | preset | cleave ms | strongest baseline | its ms | ×strongest "
+             "| eager ms | ×eager | torch.compile ms | ×torch.compile | err |",
+             "|" + "---|" * 11]
+    for r in rows:
+        c = r["cleave_ms"]
+        strongest = r["strongest"]
+        eager, compiled = _timed(r, "eager"), _timed(r, "torch.compile")
+        errs = [p["rel_err"] for p in r["plans"] if "rel_err" in p]
+        cells = [r["workload"], r["preset"], _ms(c) if r["plans"] else "no plans",
+                 strongest["name"] if strongest else "none ran", _ms(strongest and strongest["ms"]),
+                 _ratio(strongest and strongest["ms"], c),
+                 _ms(eager), _ratio(eager, c), _ms(compiled), _ratio(compiled, c),
+                 f"{min(errs):.1e}" if errs else "—"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def skipped(rows: list[dict]) -> str:
+    """Every baseline that was tried and not timed, with its reason."""
+    lines = []
+    for r in rows:
+        for b in r["baselines"]:
+            if b["skipped"] and b["skipped"] != NOT_NEEDED:
+                lines.append(f"- {r['workload']} {r['preset']}, {b['name']}: {b['skipped']}")
+    return "\n".join(["Baselines not timed:", ""] + lines) if lines else ""

@@ -1,0 +1,111 @@
+"""Choosing the strongest baseline: run each candidate once, drop the ones that
+refuse the inputs, compile too slowly or disagree with the workload's reference
+(each with its reason), time the rest and name the fastest."""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager
+
+import torch
+
+# The tolerance cleave's own plans are held to (relative L2 error against fp32).
+TOLERANCE = 2e-2
+NOT_NEEDED = "fallback, not needed: another baseline ran"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    fn: Callable[..., object]  # takes the workload's inputs by name
+    # Entered around the check and the timing, e.g. SDPA restricted to one backend.
+    context: Callable[[], ContextManager] = contextlib.nullcontext
+    # A first call (compile, autotuning) slower than this drops the baseline.
+    first_call_budget_s: float | None = None
+    # Timed only when no other baseline runs (SDPA's math backend).
+    fallback: bool = False
+
+
+@dataclass
+class Outcome:
+    name: str
+    ms: float | None = None
+    skipped: str | None = None  # why it was not timed
+    rel_err: float | None = None
+    first_call_s: float | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def error(outputs, reference: list[torch.Tensor]) -> float:
+    """Worst relative L2 error over the outputs; for integer outputs, the share that differ."""
+    outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    if len(outputs) != len(reference):
+        return math.inf
+    worst = 0.0
+    for out, ref in zip(outputs, reference):
+        if out.shape != ref.shape:
+            return math.inf
+        if not ref.is_floating_point():
+            worst = max(worst, float((out.cpu() != ref.cpu()).float().mean()))
+            continue
+        out, ref = out.double(), ref.double()
+        if not torch.isfinite(out).all():
+            return math.inf
+        worst = max(worst, float((out - ref).norm() / ref.norm().clamp_min(1e-30)))
+    return worst
+
+
+def _reason(exc: BaseException, caught: list[str]) -> str:
+    first_line = (str(exc).strip().splitlines() or [""])[0][:200]
+    # SDPA says why a backend refused only in warnings; keep them with the error.
+    return "; ".join([f"{type(exc).__name__}: {first_line}"] + caught[:3])
+
+
+def _try(baseline: Baseline, inputs: dict, reference: list, timer: Callable, sync: Callable) -> Outcome:
+    outcome = Outcome(baseline.name)
+    with baseline.context(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            t0 = time.perf_counter()
+            out = baseline.fn(**inputs)
+            sync()
+            outcome.first_call_s = time.perf_counter() - t0
+        except Exception as exc:  # a backend that refuses these inputs, a failed compile
+            outcome.skipped = _reason(exc, [str(w.message).strip()[:200] for w in caught])
+            return outcome
+        outcome.warnings = sorted({str(w.message).strip()[:200] for w in caught})
+        budget = baseline.first_call_budget_s
+        if budget is not None and outcome.first_call_s > budget:
+            outcome.skipped = f"first call (compile) took {outcome.first_call_s:.0f} s, over the {budget:.0f} s budget"
+            return outcome
+        outcome.rel_err = error(out, reference)
+        if not outcome.rel_err <= TOLERANCE:
+            outcome.skipped = f"disagrees with the reference: rel err {outcome.rel_err:.2e} > {TOLERANCE:.0e}"
+            return outcome
+        outcome.ms = timer(lambda: baseline.fn(**inputs))
+    return outcome
+
+
+def measure(baselines: list[Baseline], inputs: dict, reference: list[torch.Tensor],
+            timer: Callable[[Callable], float], sync: Callable[[], None] = lambda: None,
+            log: Callable[[str], None] = lambda msg: None) -> list[Outcome]:
+    """One outcome per baseline, in order: timed (ms) or skipped with the reason."""
+    outcomes = {}
+    for group in ([b for b in baselines if not b.fallback], [b for b in baselines if b.fallback]):
+        for baseline in group:
+            if baseline.fallback and best(list(outcomes.values())) is not None:
+                outcomes[baseline.name] = Outcome(baseline.name, skipped=NOT_NEEDED)
+                continue
+            outcome = outcomes[baseline.name] = _try(baseline, inputs, reference, timer, sync)
+            log(f"  {baseline.name}: {outcome.ms:.4f} ms" if outcome.ms is not None
+                else f"  {baseline.name}: skipped: {outcome.skipped}")
+    return [outcomes[b.name] for b in baselines]
+
+
+def best(outcomes: list[Outcome]) -> Outcome | None:
+    """The fastest timed outcome; None when none was timed."""
+    timed = [o for o in outcomes if o.ms is not None]
+    return min(timed, key=lambda o: o.ms, default=None)
