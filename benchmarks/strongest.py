@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -58,10 +59,21 @@ def error(outputs, reference: list[torch.Tensor]) -> float:
     return worst
 
 
+def _informative(messages: list[str]) -> list[str]:
+    """Warnings worth keeping: SDPA explains a refusal across several warnings, between
+    headers ("... not used because:") and notes on the backends the context turned off."""
+    kept = []
+    for message in messages:
+        message = re.sub(r"\s*\(Triggered internally at [^)]*\)", "", message).strip()
+        if message and not message.endswith("because:") and "runtime disabled" not in message \
+                and message not in kept:
+            kept.append(message[:200])
+    return kept
+
+
 def _reason(exc: BaseException, caught: list[str]) -> str:
     first_line = (str(exc).strip().splitlines() or [""])[0][:200]
-    # SDPA says why a backend refused only in warnings; keep them with the error.
-    return "; ".join([f"{type(exc).__name__}: {first_line}"] + caught[:3])
+    return "; ".join([f"{type(exc).__name__}: {first_line}"] + _informative(caught)[:3])
 
 
 def _try(baseline: Baseline, inputs: dict, reference: list, timer: Callable, sync: Callable) -> Outcome:
@@ -74,9 +86,9 @@ def _try(baseline: Baseline, inputs: dict, reference: list, timer: Callable, syn
             sync()
             outcome.first_call_s = time.perf_counter() - t0
         except Exception as exc:  # a backend that refuses these inputs, a failed compile
-            outcome.skipped = _reason(exc, [str(w.message).strip()[:200] for w in caught])
+            outcome.skipped = _reason(exc, [str(w.message) for w in caught])
             return outcome
-        outcome.warnings = sorted({str(w.message).strip()[:200] for w in caught})
+        outcome.warnings = _informative([str(w.message) for w in caught])
         budget = baseline.first_call_budget_s
         if budget is not None and outcome.first_call_s > budget:
             outcome.skipped = f"first call (compile) took {outcome.first_call_s:.0f} s, over the {budget:.0f} s budget"

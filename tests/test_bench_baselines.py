@@ -2,6 +2,7 @@
 baselines' formulations (benchmarks/baselines.py), on CPU at tiny shapes. Nothing
 here asserts a timing: fake timers stand in for do_bench."""
 import math
+import warnings
 
 import pytest
 import torch
@@ -59,6 +60,19 @@ def test_refusals_and_disagreements_are_dropped_with_their_reason():
     assert best(outcomes).name == "ok"
     assert "- w p, wrong: disagrees" in report.skipped(
         [{"workload": "w", "preset": "p", "baselines": [o.__dict__ for o in outcomes]}])
+
+
+def test_a_refusal_keeps_the_reason_given_in_warnings():
+    def refuses_like_sdpa(x):
+        for message in ("Flash attention kernel not used because:",
+                        "Memory Efficient attention has been runtime disabled. (Triggered internally at a.h:1.)",
+                        "Flash attention requires head dim <= 256 (Triggered internally at b.cpp:2.)"):
+            warnings.warn(message)
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    (outcome,) = measure([Baseline("SDPA flash", refuses_like_sdpa)], {"x": X}, REFERENCE, _cpu_timer)
+    assert outcome.skipped == ("RuntimeError: No available kernel. Aborting execution.; "
+                               "Flash attention requires head dim <= 256")
 
 
 def test_a_slow_first_call_is_over_budget():
