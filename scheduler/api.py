@@ -12,7 +12,7 @@ from cleave.ir.graph import rebuild
 from .codegen import Emitter, fact_table
 from .cost import kernel_time
 from .exprs import code, evaluate
-from .partition import KernelSpec, Store, partition
+from .partition import KernelSpec, Store, partition, stored_dtype
 from .plan import Buffer, Kernel, Plan
 from .target import H200
 from .tiles import aliases, enumerate_tilings, launch_options, remap
@@ -265,7 +265,7 @@ def _programs(plan: Plan) -> int:
 def _schedule_at(graph, facts, env, dynamic, symbols, target, top_k, split=None) -> list[Plan]:
     graph.check(env)
     kernels = partition(graph, env, lambda s: _kernel_options(s, facts, env, dynamic, symbols, target, top_k),
-                        long_extent=target.full_matmul, dynamic=dynamic)
+                        long_extent=target.full_matmul, dynamic=dynamic, target=target)
     specs, per_kernel = [s for s, _ in kernels], [options for _, options in kernels]
     plans = []
     for rank in range(top_k):
@@ -287,7 +287,8 @@ def _plan(graph, specs, kernels, tiles, cost, env, dynamic, split) -> Plan:
     inputs = [buf(n, name) for name, n in graph.inputs.items()]
     outputs = [buf(n, name) for name, n in zip(graph.output_names, graph.outputs)]
     produced = {st.buffer: st.node for spec in specs for st in spec.stores}
-    inter = [Buffer(name, [code(d) for d in node.shape], "f32" if node.dtype.is_float else str(node.dtype))
+    chunks = graph.split_counts()
+    inter = [Buffer(name, [code(d) for d in node.shape], str(stored_dtype(node, chunks)))
              for name, node in produced.items() if name not in graph.output_names]
     requires = [(_check_code(c), c.origin) for c in graph.constraints]
     return Plan(graph.text(), kernels, inputs, outputs, inter, dict(split), tiles, cost, sorted(dynamic),

@@ -24,7 +24,7 @@ from .exprs import code
 from .fexpr import Y_NEW, Y_OLD, fcode, parse_rescale
 from .index_bounds import index_bounds, provable
 from .kernel_stats import Stats, mma_efficiency
-from .partition import KernelSpec, buffer_name
+from .partition import KernelSpec, buffer_name, stored_dtype
 from .tiles import Tiling, dot_labels, is_full
 from .views import gathers
 
@@ -78,6 +78,7 @@ class Emitter:
     def __init__(self, spec: KernelSpec, t: Tiling, facts: dict, env: dict, dynamic: set):
         self.spec, self.t, self.env, self.dynamic = spec, t, env, dynamic
         self.views = spec.views
+        self.chunk_symbols = self.views.graph.split_counts()
         self.labels = {lab.id: lab for lab in self.views.labels}
         self.facts = facts  # node id of F -> (factor node id, rescale expr)
         self.n = 0
@@ -338,9 +339,7 @@ class Emitter:
         return _prod([D.evaluate(d, self.env) for d in node.shape])
 
     def buffer_dtype(self, node) -> str:
-        if node.op == "input" or any(node is o for o in self.views.graph.outputs):
-            return TL[node.dtype]
-        return "tl.float32" if node.dtype.is_float else TL[node.dtype]
+        return TL[stored_dtype(node, self.chunk_symbols)]
 
     def bounds(self, e):
         """Least and greatest value of an index over its labels' valid ranges."""

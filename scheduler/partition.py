@@ -5,19 +5,24 @@ Outputs that share a grid dim start in one kernel. A Split whose count is bound 
 varies over the chunk-count label) is materialised by a producer kernel whose grid
 includes that label, and the consumer (the combine) reads it back.
 
-A kernel that nests long reductions, or that no tiling fits (`partition`'s `tile`
-rejects it: a whole transformer layer as one loop nest), is cut, and the graph
-partitioned again with the cut nodes materialised by producer kernels of their own,
-read by every kernel that needs them:
-- first (before any tiling is tried) at its nested reductions: a reduction over a long axis (a MatMul's K of
-  4096, a softmax's row of keys) whose value varies over the axis another one reduces
-  (a projection feeding attention's kv loop, attention feeding the output
-  projection's K). Short reductions stay (the scores' head dim): fused attention
-  keeps its scores in registers;
-- then at every reduction it computes besides its roots;
+A kernel is cut, and the graph partitioned again with the cut nodes materialised by
+producer kernels of their own (read by every kernel that needs them), at the first of
+these that applies. Before any tiling is tried:
+- at the MatMul operands it computes that cost more to recompute per program along
+  the other side than a round trip through memory (`recompute`): normalised rows
+  before a projection, rotated keys before attention, silu(gate)·up before the down
+  projection, attention's normalised output before the output projection. The
+  producer computes them in its epilogue;
+- at its nested reductions: a reduction over a long axis (a MatMul's K of 4096, a
+  softmax's row of keys) whose value varies over the axis another one reduces (the
+  output projection feeding the next norm's row statistic). Short reductions stay
+  (the scores' head dim): fused attention keeps its scores in registers.
+When no tiling fits (`partition`'s `tile` rejects it):
+- at every reduction it computes besides its roots;
 - then at every node: one op per kernel, always a partition when each op tiles.
-Prologues and epilogues (norm scales, RoPE, bias, activations, residual adds, casts)
-are recomputed by the kernel that reads their producer's output, with no cut.
+Cuts accumulate only as kernels need them: a kernel is re-cut after the cuts before
+it took effect. Cheap prologues and epilogues (norm scales, bias, activations,
+residual adds, casts) are recomputed by the kernel that reads their producer's output.
 """
 from __future__ import annotations
 
@@ -28,8 +33,11 @@ from dataclasses import dataclass
 import sympy
 
 from cleave.ir import BindingError, Graph, Node, ShapeError
+from cleave.ir.dtypes import DType
 from cleave.ir import dims as D
 
+from .recompute import operand_cuts
+from .target import H200
 from .views import Instance, Views, forward_view, store_chain
 
 
@@ -66,11 +74,26 @@ def identifier(name: str) -> str:
     return f"fn_{stem}" if stem[0].isdigit() else stem
 
 
-def _stored(graph: Graph, out: Node, buffer: str) -> tuple[Node, list[Node], list]:
+def stored_dtype(node: Node, chunk_symbols: set) -> DType:
+    """The dtype a node's buffer holds: its own, as eager stores it, except for a
+    partial result over a Split's chunk axis, which keeps f32 (as the combine would
+    within one kernel)."""
+    if node.dtype.is_float and any(d.free_symbols & chunk_symbols for d in node.shape):
+        return DType.f32
+    return node.dtype
+
+
+def _stored(graph: Graph, out: Node, buffer: str, peel: bool = True) -> tuple[Node, list[Node], list]:
     """The node a root's kernel computes, the chain its store peels, and a key per dim of
-    that node (None for a unit dim): dims of equal key across roots share a grid label."""
-    # an output buffer holds the node's own dtype (an intermediate holds f32)
-    inner, chain = store_chain(out, out.dtype if buffer in graph.output_names else None)
+    that node (None for a unit dim): dims of equal key across roots share a grid label.
+    Without `peel`, only a cast to the stored dtype peels, not the layout ops."""
+    dtype = stored_dtype(out, graph.split_counts())
+    if peel:
+        inner, chain = store_chain(out, dtype)
+    elif out.op == "cast" and out.dtype == dtype and out.inputs[0].op != "input":
+        inner, chain = out.inputs[0], [out]
+    else:
+        inner, chain = out, []
     keys, seen = [], {}
     for d in inner.shape:
         if D.is_one(d):
@@ -82,13 +105,13 @@ def _stored(graph: Graph, out: Node, buffer: str) -> tuple[Node, list[Node], lis
     return inner, chain, keys
 
 
-def _build(graph: Graph, roots: list[tuple[Node, str]], leaves: set) -> KernelSpec:
+def _build(graph: Graph, roots: list[tuple[Node, str]], leaves: set, peel: bool = True) -> KernelSpec:
     """One kernel storing each root node into its buffer."""
     views = Views(graph, set(leaves))
     by_pos: dict = {}
     stores, root_labels = [], []
     for out, buffer in roots:
-        inner, chain, keys = _stored(graph, out, buffer)
+        inner, chain, keys = _stored(graph, out, buffer, peel)
         view = []
         for key in keys:
             if key is None:
@@ -133,7 +156,7 @@ def _per_chunk(views: Views, chunk_labels: set) -> list[Node]:
 
 
 def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
-              dynamic=frozenset()) -> list[tuple[KernelSpec, object]]:
+              dynamic=frozenset(), target=H200) -> list[tuple[KernelSpec, object]]:
     """Kernels in launch order (producers first), each with what `tile(spec)` returned
     for it (None without `tile`). `tile` raises BindingError or ShapeError when no
     tiling fits; the kernel is then cut (see the module's doc) and the graph partitioned
@@ -141,43 +164,44 @@ def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
     dynamic: the kernels serve every length, a short first shape included."""
     cuts: set[int] = set()
     tried: dict = {}  # (roots, the leaves they read) -> tile's result: re-partitioning reuses it
-    nested = functools.partial(_nested, env=env, long_extent=long_extent, dynamic=set(dynamic))
+    first = functools.partial(_first_cuts, env=env, long_extent=long_extent, dynamic=set(dynamic), target=target)
     while True:
         try:
-            return _kernels(graph, env, cuts, tile, tried, nested)
+            return _kernels(graph, env, cuts, tile, tried, first)
         except _Rejected as rejected:
-            more = _cuts(rejected.spec, cuts, nested)
+            more = _cuts(rejected.spec, cuts, first)
             if not more:
                 raise rejected.error from None
             cuts |= more
 
 
 class _Rejected(Exception):
-    """A kernel to cut: no tiling fits (`error`), or it nests long reductions (None)."""
+    """A kernel to cut: no tiling fits (`error`), or it has cuts to make first (None)."""
 
     def __init__(self, spec, error=None):
         super().__init__(str(error))
         self.spec, self.error = spec, error
 
 
-def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, nested) -> list:
+def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first) -> list:
     kernels: list = []
     stem = identifier(graph.name)
 
-    def visit(roots, leaves):
-        spec = _build(graph, roots, leaves)
+    def visit(roots, leaves, peel=True):
+        spec = _build(graph, roots, leaves, peel)
         # a chunk label that is a grid label here already runs in parallel
         chunk = _split_labels(spec.views, env) - {lab.id for lab in spec.root_labels}
         produced = _per_chunk(spec.views, chunk) if chunk else []
         if produced:
             visit([(n, buffer_name(graph, n)) for n in produced], leaves)
-            spec = _build(graph, roots, leaves | {n.id for n in produced})
+            spec = _build(graph, roots, leaves | {n.id for n in produced}, peel)
         spec.name = f"{stem}_k{len(kernels)}"
         options = None
-        if tile is not None and nested(spec, cuts):  # no tiling runs two long loops nested: cut first
+        if tile is not None and first(spec, cuts):
             raise _Rejected(spec)
         if tile is not None:
-            key = (tuple((n.id, b) for n, b in roots), frozenset(_upstream(roots, leaves)))
+            # the name too: the kernel's source carries it, and an earlier cut may shift it
+            key = (spec.name, peel, tuple((n.id, b) for n, b in roots), frozenset(_upstream(roots, leaves)))
             if key not in tried:
                 try:
                     tried[key] = (tile(spec), None)
@@ -189,8 +213,8 @@ def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, nested)
         kernels.append((spec, options))
 
     produced_by_cut = [(graph.nodes[i], buffer_name(graph, graph.nodes[i])) for i in sorted(cuts)]
-    for roots in _producer_groups(graph, produced_by_cut):
-        visit(roots, cuts - {n.id for n, _ in roots})
+    for roots, peel in _producer_groups(graph, produced_by_cut):
+        visit(roots, cuts - {n.id for n, _ in roots}, peel)
     # Outputs by name: one node may be returned under several names, or be an input.
     for roots in _grid_groups(graph, list(zip(graph.outputs, graph.output_names))):
         visit(roots, cuts - {n.id for n, _ in roots})
@@ -229,9 +253,7 @@ def _nested(spec: KernelSpec, cuts: set[int], env: dict, long_extent: int, dynam
     def is_dynamic(lab) -> bool:
         return any(s.name in dynamic for s in lab.extent.free_symbols)
 
-    def long(lab) -> bool:
-        return is_dynamic(lab) or D.evaluate(lab.extent, env) > long_extent
-
+    long = functools.partial(_long, env, long_extent, dynamic)
     reduced = {i.reduced.id: i.reduced for i in spec.views.memo.values() if i.reduced is not None}
     out = set()
     for i in _cuttable(spec, cuts):
@@ -243,37 +265,64 @@ def _nested(spec: KernelSpec, cuts: set[int], env: dict, long_extent: int, dynam
     return out
 
 
-def _cuts(spec: KernelSpec, cuts: set[int], nested) -> set[int]:
-    """The next nodes to materialise for a kernel to cut: its nested long reductions,
-    else all its reductions, else every node it computes."""
+def _first_cuts(spec: KernelSpec, cuts: set[int], env: dict, long_extent: int, dynamic: set, target) -> set[int]:
+    """The cuts a kernel needs before its tiling is tried: at its MatMul operands
+    (`recompute.operand_cuts`), else its nested long reductions (no tiling runs two
+    long loops one inside the other). The operands go first: once they are cut, the
+    reductions below them are no longer in this kernel."""
+    return operand_cuts(spec, _cuttable(spec, cuts), env, target, functools.partial(_long, env, long_extent, dynamic)) \
+        or _nested(spec, cuts, env, long_extent, dynamic)
+
+
+def _long(env: dict, long_extent: int, dynamic: set, lab) -> bool:
+    """A reduction over this label runs a loop: its extent exceeds `long_extent`, or is
+    dynamic (the kernel must serve long lengths too)."""
+    return any(s.name in dynamic for s in lab.extent.free_symbols) or D.evaluate(lab.extent, env) > long_extent
+
+
+def _cuts(spec: KernelSpec, cuts: set[int], first) -> set[int]:
+    """The next nodes to materialise for a kernel to cut: its first cuts, else all its
+    reductions, else every node it computes."""
     computed = _cuttable(spec, cuts)
-    for level in (nested(spec, cuts), {i.node.id for i in computed if i.reduced is not None},
+    for level in (first(spec, cuts), {i.node.id for i in computed if i.reduced is not None},
                   {i.node.id for i in computed}):
         if level:
             return level
     return set()
 
 
-def _producer_groups(graph: Graph, roots: list) -> list[list]:
-    """Materialised nodes in kernels of their own, in topological order; nodes over one
-    grid share one (horizontal fusion: a gate and an up projection; fused attention's
-    output with its row max and sum, one loop computing all three)."""
+def _producer_groups(graph: Graph, roots: list) -> list[tuple[list, bool]]:
+    """Materialised nodes in kernels of their own, in topological order, each with
+    whether its stores peel their layout ops; nodes over one grid share one
+    (horizontal fusion: a gate and an up projection; fused attention's output with its
+    row max and sum, one loop computing all three). Nodes whose computed values differ
+    in layout but whose stored ones share a grid (rotated keys beside the values, both
+    [b, heads, s, d]) share one that tiles the stored dims."""
     cuts = {out.id for out, _ in roots}
-    groups: list[tuple[frozenset, list]] = []
+    groups: list[list] = []  # [peeled dims, stored dims, members, peel]
     group_of: dict[int, int] = {}
     for out, buffer in sorted(roots, key=lambda r: r[0].id):
-        keys = frozenset(k for k in _stored(graph, out, buffer)[2] if k is not None)
-        # it runs where its group runs: after every group it reads from
+        peeled, stored = (frozenset(k for k in _stored(graph, out, buffer, p)[2] if k is not None)
+                          for p in (True, False))
+        # it runs after every group it reads from: joining one would make a program
+        # compute what it reads (a row's statistic over all of a projection's columns)
         after = max((group_of[i] for i in _upstream([(out, buffer)], cuts)), default=-1)
-        joined = next((i for i, (dims, _) in enumerate(groups) if i >= after and _same_grid(dims, keys)), None)
+        joined = None
+        for i, group in enumerate(groups):
+            if i > after and group[3] and _same_grid(group[0], peeled):
+                joined = i
+            elif i > after and _same_grid(group[1], stored):
+                joined, group[3] = i, False
+            if joined is not None:
+                break
         if joined is None:
             joined = len(groups)
-            groups.append((keys, []))
-        dims, members = groups[joined]
-        members.append((out, buffer))
-        groups[joined] = (dims | keys, members)
+            groups.append([frozenset(), frozenset(), [], True])
+        group = groups[joined]
+        group[0], group[1] = group[0] | peeled, group[1] | stored
+        group[2].append((out, buffer))
         group_of[out.id] = joined
-    return [members for _, members in groups]
+    return [(members, peel) for _, _, members, peel in groups]
 
 
 def _same_grid(a: frozenset, b: frozenset) -> bool:

@@ -14,6 +14,7 @@ class Target:
     matmul_flops: float  # bf16 tensor-core flop / s, measured
     launch_overhead: float  # s per kernel launch
     l2_bandwidth: float = 10e12  # bytes / s, L2 to shared memory (a lead, not measured)
+    vector_flops: float = 60e12  # f32 non-tensor-core op / s (the datasheet's 67 TFLOP/s, less issue slots)
     # Reduced dims up to this size are held whole in one block instead of a loop:
     # a MatMul's contraction (the head dim) and a plain reduction (a row).
     full_matmul: int = 256

@@ -27,12 +27,19 @@ class DType(enum.Enum):
     def is_int(self) -> bool:
         return self in (DType.i32, DType.i64)
 
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return _ITEMSIZE[self.value]
+
 
 _ALIASES = {
     "float64": "f64", "double": "f64", "float32": "f32", "float": "f32",
     "float16": "f16", "half": "f16", "bfloat16": "bf16",
     "int64": "i64", "long": "i64", "int32": "i32", "int": "i32",
 }
+
+_ITEMSIZE = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "bool": 1}
 
 # Promotion order among floats: the larger rank wins; f16 with bf16 meets at f32.
 _FLOAT_RANK = {DType.bf16: 1, DType.f16: 1, DType.f32: 2, DType.f64: 3}

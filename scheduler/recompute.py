@@ -1,0 +1,113 @@
+"""Fuse with recompute, or materialise: the partitioner's cost comparison for a MatMul
+operand that its kernel computes (a normalised row, rotated keys, silu(gate)·up).
+
+A MatMul program computes its operand's tile once per tile of the other side's grid
+dim, so a fused operand is computed about extent/128 times over (a gate projection
+renormalises its rows once per 128 of 14336 columns; attention rotates each key once
+per query tile). Materialised, it costs one write and one read in its own dtype and a
+launch. Recomputing costs, for every extra pass, the bytes its loads move (from L2,
+they were read before) and its vector arithmetic, which on a GPU of this compute to
+bandwidth ratio is what makes the fused RoPE or norm slow, not its bytes.
+"""
+from __future__ import annotations
+
+import math
+
+from cleave.ir import dims as D
+
+from .views import Instance
+
+# ops that only re-index or re-type a value: an operand built of these and loads is read, not computed
+LAYOUT = ("reshape", "permute", "cast", "slice", "squeeze", "unsqueeze", "expand", "broadcast")
+NOT_COMPUTED = ("const", "size", "iota")
+# the other side's tile the operand is recomputed for (the largest dot tile the enumeration offers
+# below 256, so the count is not understated)
+OTHER_TILE = 128
+
+
+def operand_cuts(spec, cuttable: list[Instance], env: dict, target, long) -> set[int]:
+    """Node ids to materialise for the kernel's MatMul operands, from its roots down: an
+    operand it had better store than recompute; else, in an operand it computes once
+    per program (the other side is a loop: attention's queries), the projections it
+    would run as a second long loop before its own (`long(label)`), leaving their cheap
+    epilogue (the query's rotation) to run once, at load. Nothing below a cut is looked
+    at: that is its own kernel's to decide when it is built."""
+    from .tiles import _unit_label
+
+    table, roots = spec.views.by_sym(), {lab.id for lab in spec.root_labels}
+    allowed = {id(i) for i in cuttable}
+    out, seen, stack = set(), set(), list(spec.views.roots)
+    while stack:
+        inst = stack.pop()
+        if id(inst) in seen or inst.leaf:
+            continue
+        seen.add(id(inst))
+        if inst.op != "matmul":
+            stack.extend(inst.inputs)
+            continue
+        for operand, other in zip(inst.inputs, (inst.view[-1], inst.view[-2])):
+            if id(operand) in allowed and computes(operand):
+                lab = _unit_label(other, table)
+                passes = math.ceil(D.evaluate(lab.extent, env) / OTHER_TILE) if lab is not None and lab.id in roots else 1
+                if passes > 1 and (passes - 1) * recompute_seconds(operand, spec.views, env, target) \
+                        > round_trip_seconds(operand, spec.views, env, target):
+                    out.add(operand.node.id)
+                    continue
+                inner = [i for i in _outer_matmuls(operand) if long(i.reduced) and id(i) in allowed]
+                out |= {i.node.id for i in inner}
+                seen |= {id(i) for i in inner}
+            stack.append(operand)
+    return out
+
+
+def _outer_matmuls(inst: Instance) -> list[Instance]:
+    """The MatMuls an instance computes that no other MatMul below it contains."""
+    found, seen, stack = [], set(), [inst]
+    while stack:
+        i = stack.pop()
+        if id(i) in seen or i.leaf:
+            continue
+        seen.add(id(i))
+        if i.op == "matmul" and i is not inst:
+            found.append(i)
+            continue
+        stack.extend(i.inputs)
+    return found
+
+
+def computes(inst: Instance) -> bool:
+    """Whether an instance does arithmetic below its layout ops (not only loads)."""
+    while not inst.leaf and inst.op in LAYOUT:
+        inst = inst.inputs[0]
+    return not inst.leaf and inst.op not in NOT_COMPUTED
+
+
+def _elems(labels, views, env) -> int:
+    return math.prod(D.evaluate(views.labels[i].extent, env) for i in labels)
+
+
+def recompute_seconds(operand: Instance, views, env: dict, target) -> float:
+    """One more computation of the whole operand: its loads' bytes from L2, its
+    element-wise and reduction work on the vector units, its MatMuls' on tensor cores."""
+    loaded, work, mma, seen, stack = 0.0, 0.0, 0.0, set(), [operand]
+    while stack:
+        inst = stack.pop()
+        if id(inst) in seen:
+            continue
+        seen.add(id(inst))
+        if inst.leaf:
+            loaded += _elems(inst.labels, views, env) * inst.node.dtype.itemsize
+            continue
+        if inst.op == "matmul":
+            mma += 2 * _elems(inst.labels | {inst.reduced.id}, views, env)
+        elif inst.op not in LAYOUT + NOT_COMPUTED:
+            reduced = {inst.reduced.id} if inst.reduced is not None else set()
+            work += _elems(inst.labels | reduced, views, env)
+        stack.extend(inst.inputs)
+    return loaded / target.l2_bandwidth + work / target.vector_flops + mma / target.matmul_flops
+
+
+def round_trip_seconds(operand: Instance, views, env: dict, target) -> float:
+    """Storing the operand once and reading it back, in its own dtype, plus a launch."""
+    return 2 * _elems(operand.labels, views, env) * operand.node.dtype.itemsize / target.bandwidth \
+        + target.launch_overhead
