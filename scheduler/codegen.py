@@ -359,7 +359,10 @@ class Emitter:
                 return self.var(b, f"{self.f32(x)} * {self.count(r)}", out, "tl.float32")
             return x
         fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[op]
-        return self.var(b, f"{fn}({self.masked(x, r, NEUTRAL[op])}, axis={x.dims.index(r)})", out, "tl.float32")
+        expr = f"{fn}({self.masked(x, r, NEUTRAL[op])}, axis={x.dims.index(r)})"
+        if not inst.node.dtype.is_float:  # a count (segment ids) indexes a load: back to its integer type
+            return self.var(b, f"{expr}.to({TL[inst.node.dtype]})", out, TL[inst.node.dtype])
+        return self.var(b, expr, out, "tl.float32")
 
     def count(self, lid: int) -> str:
         """How many valid indices of label lid the current tile holds."""
