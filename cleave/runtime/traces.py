@@ -35,7 +35,7 @@ def validate_definition(d: dict) -> None:
             raise TraceError(f"definition {d['name']}: const axis {axis!r} needs a positive int value")
     for part in ("inputs", "outputs"):
         for name, t in d[part].items():
-            unknown = [a for a in t.get("shape", []) if a not in d["axes"]]
+            unknown = [a for a in t.get("shape") or [] if a not in d["axes"]]  # null: a scalar (sm_scale)
             if unknown:
                 raise TraceError(f"definition {d['name']}: {part[:-1]} {name!r} uses undeclared axes {unknown}")
             if t.get("dtype") not in DTYPES:

@@ -1,0 +1,108 @@
+"""FlashInfer-Bench's paged and ragged definitions (issue 14): each user program, as
+plain PyTorch, equals its definition's per-request reference in fp64, and compiles
+under the interpreter to kernels that do too, at small odd shapes with random
+non-contiguous pages and an empty request (output 0, lse -inf, as FlashInfer gives).
+
+The fast tests compile one decode and one prefill program; the other kinds compile
+under `slow` (each takes 30-70 s in the interpreter on this machine).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cleave
+from cleave.runtime.traces import reference_fn, validate_definition
+from cleave.workloads import flashinfer as F
+
+# (q lens, kv lens): odd sizes, an empty request, several pages per request.
+BATCHES = (([1, 2, 1], [7, 0, 11]), ([2, 0, 3, 1, 1], [4, 0, 9, 2, 5]))
+
+
+def small_const(name: str) -> dict[str, int]:
+    const = dict(F.DEFINITIONS[name][1])
+    if "head_dim_ckv" in const:
+        return {**const, "num_qo_heads": 3, "head_dim_ckv": 16, "head_dim_kpe": 8}
+    small = {"num_qo_heads": 6, "num_kv_heads": 2 if const["num_kv_heads"] == 8 else 3, "head_dim": 16}
+    return {**const, **small, **({"page_size": 3} if const.get("page_size", 1) > 1 else {})}
+
+
+def small_inputs(name: str, which: int, seed: int, dtype=torch.bfloat16):
+    const = small_const(name)
+    q_lens, kv_lens = BATCHES[which]
+    kind = F.kind_of(name)
+    pages, pool = F.random_layout(kv_lens, const.get("page_size", 1), torch.Generator().manual_seed(seed))
+    return F.layout_inputs(name, q_lens if kind.prefill else [1] * len(kv_lens), pages, kv_lens, pool,
+                           const=const, seed=seed, dtype=dtype)
+
+
+def fp64(args):
+    return [a.double() if a.is_floating_point() else a for a in args]
+
+
+def assert_matches_reference(name, got, args, context):
+    """Against the definition's own reference run in fp64: bf16 output within its
+    rounding, lse within f32's; -inf exactly where a request is empty."""
+    out, lse = got
+    want_out, want_lse = F.kind_of(name).reference(*fp64(args))
+    assert out.dtype == args[0].dtype and lse.dtype == torch.float32, context
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)), f"{context}: -inf lse where the reference has none"
+    assert not out.isnan().any() and not lse.isnan().any(), context
+    torch.testing.assert_close(out.double(), want_out, rtol=2e-2, atol=2e-2, msg=lambda m: f"{context}: {m}")
+    finite = torch.isfinite(want_lse)
+    torch.testing.assert_close(lse.double()[finite], want_lse[finite], rtol=1e-4, atol=1e-4,
+                               msg=lambda m: f"{context}: {m}")
+    empty = torch.isinf(want_lse).all(-1)
+    assert (out[empty] == 0).all(), f"{context}: an empty request's output is not 0"
+
+
+@pytest.mark.parametrize("name", F.FLASHINFER_BENCH)
+def test_definition_is_valid_flashinfer_trace_with_its_reference(name):
+    d = F.definition(name)
+    validate_definition(d)
+    assert d["name"] == name and d["inputs"]["sm_scale"]["shape"] is None
+    var = {a for a, s in d["axes"].items() if s["type"] == "var"}
+    assert {a for a, s in d["axes"].items() if s["type"] == "const"} == set(F.DEFINITIONS[name][1])
+    assert var == set(F.kind_of(name).var)
+    args = small_inputs(name, 1, seed=3)
+    run = reference_fn(d)  # the JSON's own text, executed
+    for got, want in zip(run(*args), F.kind_of(name).reference(*args)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", list(F.DEFINITIONS))
+def test_user_program_equals_reference_in_fp64(name):
+    """The plain-PyTorch program (gather, segment ids, masks) is the definition, eagerly."""
+    seed = torch.seed() % 10_000
+    for which in range(len(BATCHES)):
+        args = fp64(small_inputs(name, which, seed, dtype=torch.float64))
+        out, lse = F.kind_of(name).program(*args)
+        want_out, want_lse = F.kind_of(name).reference(*args)
+        # the program computes in f32 (its .float()), as a user's would: f32's tolerance
+        torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5, msg=lambda m: f"seed {seed}: {m}")
+        torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=1e-5, msg=lambda m: f"seed {seed}: {m}")
+
+
+def compile_and_check(name):
+    seed = torch.seed() % 10_000
+    kind = F.kind_of(name)
+    f = cleave.compile(kind.program, dynamic=F.dynamic_axes(kind), verbose=False)
+    for which in range(len(BATCHES)):
+        args = small_inputs(name, which, seed)
+        assert_matches_reference(name, f(*args), args, f"{name}, seed {seed}, batch {BATCHES[which]}")
+    assert f.stats["failed"] == 0 and f.stats["graph_breaks"] == 0, f.stats
+    assert f.stats["operators"] == 1 and f.stats["compiles"] + f.stats["from_cache"] <= 1, f.stats
+
+
+FAST = ("gqa_paged_decode_h32_kv8_d128_ps1", "gqa_ragged_prefill_causal_h32_kv8_d128")
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_compiles_once_and_matches_reference(name):
+    compile_and_check(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in F.DEFINITIONS if n not in FAST])
+def test_every_definition_compiles_once_and_matches_reference(name):
+    compile_and_check(name)
