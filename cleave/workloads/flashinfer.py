@@ -166,7 +166,7 @@ def _layout(name: str, q_lens, kv_lens, seed: int = 0):
     return (list(q_lens) if kind.prefill else [1] * len(kv_lens)), list(kv_lens), pages, pool
 
 
-def _sizes(name: str, q_lens, kv_lens, pages, num_pages: int) -> dict[str, int]:
+def sizes(name: str, q_lens, kv_lens, pages, num_pages: int) -> dict[str, int]:
     """Every axis's value for this batch: the definition's consts and its var axes."""
     batch = len(kv_lens)
     return {**DEFINITIONS[name][1], "batch_size": batch, "num_pages": num_pages, "len_indptr": batch + 1,
@@ -182,26 +182,35 @@ def layout_inputs(name: str, q_lens, pages, kv_lens, num_pages: int, const: dict
     (small heads for CPU runs). Floats are random."""
     kind_name = DEFINITIONS[name][0]
     kind = KINDS[kind_name]
-    sizes = {**_sizes(name, q_lens, kv_lens, pages, num_pages), **(const or {})}
-    page_size = sizes.get("page_size", 1)
-    ints = {
+    axes = {**sizes(name, q_lens, kv_lens, pages, num_pages), **(const or {})}
+    ints = index_values(name, q_lens, pages, kv_lens, axes)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    out = []
+    for inp, shape in kind.inputs.items():
+        if inp == "sm_scale":
+            out.append(torch.tensor(default_scale(axes), dtype=torch.float32, device=device))
+        elif inp in ints:
+            out.append(torch.tensor(ints[inp], dtype=torch.int32, device=device).reshape([axes[a] for a in shape]))
+        else:
+            out.append(torch.randn([axes[a] for a in shape], generator=gen).to(dtype).to(device))
+    return out
+
+
+def index_values(name: str, q_lens, pages, kv_lens, axes: dict[str, int] | None = None) -> dict[str, list]:
+    """The integer inputs of a batch as lists: indptrs, page lists, last-page fills,
+    lengths, block tables (those the definition has)."""
+    kind_name = DEFINITIONS[name][0]
+    axes = axes or sizes(name, q_lens, kv_lens, pages, 0)
+    page_size = axes.get("page_size", 1)
+    values = {
         "qo_indptr": _indptr(q_lens),
         "kv_indptr": _indptr(kv_lens if kind_name == "gqa_ragged_prefill" else [len(p) for p in pages]),
         "kv_indices": [i for p in pages for i in p],
         "kv_last_page_len": [(n - 1) % page_size + 1 if n else 0 for n in kv_lens],
         "seq_lens": list(kv_lens),
-        "block_tables": [list(p) + [0] * (sizes["max_blocks"] - len(p)) for p in pages],
+        "block_tables": [list(p) + [0] * (axes["max_blocks"] - len(p)) for p in pages],
     }
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    out = []
-    for inp, shape in kind.inputs.items():
-        if inp == "sm_scale":
-            out.append(torch.tensor(default_scale(sizes), dtype=torch.float32, device=device))
-        elif inp in ints:
-            out.append(torch.tensor(ints[inp], dtype=torch.int32, device=device).reshape([sizes[a] for a in shape]))
-        else:
-            out.append(torch.randn([sizes[a] for a in shape], generator=gen).to(dtype).to(device))
-    return out
+    return {k: v for k, v in values.items() if k in KINDS[kind_name].inputs}
 
 
 def _indptr(lens) -> list[int]:
@@ -239,7 +248,7 @@ def _batch(name: str, which: str, seed: int = 0):
 
 def _binding(name: str, which: str) -> dict[str, int]:
     kind = kind_of(name)
-    return {a: v for a, v in _sizes(name, *_batch(name, which)).items() if a in kind.var}
+    return {a: v for a, v in sizes(name, *_batch(name, which)).items() if a in kind.var}
 
 
 def _named_inputs(name: str, which: str, seed: int = 0, device="cpu", dtype=None) -> dict[str, torch.Tensor]:
