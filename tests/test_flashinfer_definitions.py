@@ -3,8 +3,8 @@ plain PyTorch, equals its definition's per-request reference in fp64, and compil
 under the interpreter to kernels that do too, at small odd shapes with random
 non-contiguous pages and an empty request (output 0, lse -inf, as FlashInfer gives).
 
-The fast tests compile one decode and one prefill program; the other kinds compile
-under `slow` (each takes 30-70 s in the interpreter on this machine).
+The fast test compiles the ps1 decode; every other definition compiles under `slow`
+(30-70 s each in the interpreter on an idle 2-core machine, prefills the longest).
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def compile_and_check(name):
     assert f.stats["operators"] == 1 and f.stats["compiles"] + f.stats["from_cache"] <= 1, f.stats
 
 
-FAST = ("gqa_paged_decode_h32_kv8_d128_ps1", "gqa_ragged_prefill_causal_h32_kv8_d128")
+FAST = ("gqa_paged_decode_h32_kv8_d128_ps1",)  # a prefill takes ~4x as long to schedule and interpret
 
 
 @pytest.mark.parametrize("name", FAST)
