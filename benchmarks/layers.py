@@ -167,7 +167,8 @@ def _plan_inputs(spec: dict, plan, layer, args) -> dict:
 
 def run_layer(spec: dict, batch: int, seq: int) -> dict:
     from cleave import fidelity
-    from cleave.scheduler import Plan, launch
+    from cleave.runtime.launch import launch
+    from cleave.scheduler import Plan
 
     name, naive = spec["model"], spec["form"] == "naive"
     layer = make_layer(name, naive, device="cuda")
@@ -229,7 +230,7 @@ def kernel_times(plan, inputs, repeats: int = 10) -> dict[str, float]:
     time goes."""
     from torch.profiler import ProfilerActivity, profile
 
-    from cleave.scheduler import launch
+    from cleave.runtime.launch import launch
 
     names = [k.name for k in plan.kernels]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

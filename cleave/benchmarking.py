@@ -72,7 +72,8 @@ def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None) 
 def bench_spec(spec: dict, skip_baselines: set[str] = frozenset()) -> dict:
     """Time every plan of one preset and the baselines on the same CUDA inputs.
     `spec` is a plan file's content (see benchmarks/build.py)."""
-    from cleave.scheduler import Plan, launch
+    from cleave.runtime.launch import launch
+    from cleave.scheduler import Plan
 
     from . import workloads
     from .workloads.baselines import baselines

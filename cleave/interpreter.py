@@ -16,10 +16,7 @@ from .ir import CleaveError, Graph, Node
 from .ir import dims as D
 from .ir.dtypes import DType, rounds
 
-TORCH_DTYPES = {
-    DType.f64: torch.float64, DType.f32: torch.float32, DType.f16: torch.float16,
-    DType.bf16: torch.bfloat16, DType.i64: torch.int64, DType.i32: torch.int32, DType.bool: torch.bool,
-}
+TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in DType}
 IR_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
 
 _UNARY = {
@@ -34,10 +31,6 @@ _BINARY = {
     "min": torch.minimum, "pow": torch.pow, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
     "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
 }
-
-
-def torch_dtype(dtype: DType) -> torch.dtype:
-    return TORCH_DTYPES[dtype]
 
 
 def interpret(graph: Graph, inputs: Mapping[str, torch.Tensor], compute_dtype: torch.dtype | None = None,

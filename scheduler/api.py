@@ -48,7 +48,7 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
         for warps, stages in launch_options(t):
             seconds = kernel_time(stats, programs, warps, stages, target)
             if seconds is not None:
-                found.append((seconds, Kernel(spec.name, source, grid, bufs + symbols, {}, warps, stages), tiles))
+                found.append((seconds, Kernel(spec.name, source, grid, bufs + symbols, warps, stages), tiles))
     if not found:
         raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
                            + (f" ({errors[0]})" if errors else ""))

@@ -24,24 +24,22 @@ class Buffer:
 @dataclass
 class Kernel:
     """One generated kernel. `args` lists the launch arguments in order: buffer names
-    (passed as tensors), then symbol names (ints); `constexprs` are the block sizes,
-    num_warps and num_stages baked in at launch."""
+    (passed as tensors), then symbol names (ints). Block sizes are literals in the
+    source; num_warps and num_stages are passed at launch."""
     name: str
     source: str
     grid: list[str]
     args: list[str]
-    constexprs: dict[str, int] = field(default_factory=dict)
     num_warps: int = 4
     num_stages: int = 2
 
     def to_json(self) -> dict:
         return {"name": self.name, "source": self.source, "grid": list(self.grid), "args": list(self.args),
-                "constexprs": dict(self.constexprs), "num_warps": self.num_warps, "num_stages": self.num_stages}
+                "num_warps": self.num_warps, "num_stages": self.num_stages}
 
     @classmethod
     def from_json(cls, d: dict) -> "Kernel":
-        return cls(d["name"], d["source"], list(d["grid"]), list(d["args"]), dict(d["constexprs"]),
-                   d["num_warps"], d["num_stages"])
+        return cls(d["name"], d["source"], list(d["grid"]), list(d["args"]), d["num_warps"], d["num_stages"])
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""Stand-ins for search output, written with the IR builder until cleave.search
-lands: the rewritten graphs the search derives, with the Separable facts it proves.
-Each builder returns a Candidate over a renumbered graph (fact ids = printed ids)."""
+"""Hand-written stand-ins for search output: rewritten graphs like those the search
+derives, with the Separable facts it proves, so that scheduler tests run without a
+search (test_scheduler checks each against its workload's naive graph). Each builder
+returns a Candidate over a renumbered graph (fact ids = printed ids)."""
 from __future__ import annotations
 
 from cleave.ir import Candidate, Graph, Separable, rebuild

@@ -6,7 +6,8 @@ import torch
 
 from cleave import workloads as W
 from cleave.interpreter import interpret
-from cleave.scheduler import H200, launch
+from cleave.runtime.launch import launch
+from cleave.scheduler import H200
 
 # Holds no reduction whole in a block: every reduction runs as a loop, so tiny test
 # shapes exercise iterative tiling, horizontal fusion and the incremental cascade.

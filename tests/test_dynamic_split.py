@@ -12,7 +12,8 @@ from cleave import workloads as W
 from cleave.interpreter import interpret
 from cleave.ir import BindingError
 from cleave.runtime.operator import CompiledOperator, NotReadyDuringCapture
-from cleave.scheduler import launch, schedule
+from cleave.runtime.launch import launch
+from cleave.scheduler import schedule
 from cleave.scheduler.api import DYNAMIC_SPLITS
 from fixtures_candidates import CANDIDATES
 from kernel_check import LOOPS, run_and_check
@@ -159,7 +160,7 @@ def test_blocks_per_sm_is_the_tightest_resource():
     """Occupancy from a compiled kernel's registers, shared memory and warps."""
     from types import SimpleNamespace as NS
 
-    from cleave.scheduler.waves import blocks_per_sm
+    from cleave.runtime.waves import blocks_per_sm
 
     h200 = NS(max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
               shared_memory_per_multiprocessor=233472)

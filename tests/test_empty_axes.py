@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import cleave
 from cleave.runtime.operator import CompiledOperator
 from cleave.scheduler import schedule
-from cleave.scheduler.launch import prepare
+from cleave.runtime.launch import prepare
 from kernel_check import LOOPS, check_outputs, run_and_check
 
 

@@ -43,7 +43,7 @@ def worker(tmp_path_factory):
     """One worker process for the module, with an operator cache of its own (every
     program is searched, not loaded), holding the rule verifier's verdicts already
     proven in the user's cache (proving the library cold takes ~20 s)."""
-    from cleave.runtime.cache import cache_dir
+    from cleave.storage import cache_dir
 
     path = tmp_path_factory.mktemp("cleave-fuzz-cache")
     if (cache_dir() / "verify").is_dir():

@@ -6,8 +6,8 @@ import torch
 
 from cleave import workloads as W
 from cleave.interpreter import interpret
-from cleave.scheduler import launch, schedule
-from cleave.scheduler.launch import prepare
+from cleave.runtime.launch import launch, prepare
+from cleave.scheduler import schedule
 from fixtures_candidates import CANDIDATES
 
 pytestmark = pytest.mark.gpu

@@ -4,7 +4,7 @@ import torch
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from cleave.interpreter import interpret, torch_dtype
+from cleave.interpreter import TORCH_DTYPES, interpret
 from cleave.ir import BindingError, Graph, parse_graph
 from cleave.ir.ops import BINARY, COMPARE, UNARY
 
@@ -133,7 +133,7 @@ def test_inferred_shapes_match_the_interpreter_and_text_round_trips(data):
     results = interpret(g, inputs, env={"c": env["c"]})
     for node, value in zip(g.outputs, results):
         assert tuple(value.shape) == g.concrete_shape(node, env), node
-        assert value.dtype == torch_dtype(node.dtype), node
+        assert value.dtype == TORCH_DTYPES[node.dtype], node
     back = parse_graph(g.text())
     assert back.key() == g.key()
     assert back.text() == g.text()

@@ -63,7 +63,7 @@ def test_real_width_llama_layer_schedules_within_its_kernel_budget():
 
     from cleave.frontends.decompositions import table
     from cleave.frontends.fx_graph import translate_graph_module
-    from cleave.search.check import CandidateCheckSkipped
+    from cleave.search.validate import CandidateCheckSkipped
 
     graphs = []
 

@@ -68,7 +68,7 @@ def test_other_workloads_run(name):
     ("mha_causal", {"s": (37, 21, 50)}),
 ])
 def test_one_dynamic_plan_serves_three_sizes(name, axis_sizes):
-    from cleave.scheduler.launch import _MODULES
+    from cleave.runtime.launch import _MODULES
 
     cand = best(name)
     base = dict(W.get(name).test_bindings[0])

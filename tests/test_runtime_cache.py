@@ -27,6 +27,7 @@ from cleave.runtime import artifact as A
 from cleave.runtime import cache
 from cleave.runtime.buckets import bucket, next_pow2
 from cleave.runtime.operator import CompiledOperator
+from cleave.storage import cache_dir
 
 HERE = Path(__file__).parent
 
@@ -139,7 +140,7 @@ def test_per_shape_memos_are_bounded(doubles, monkeypatch):
     import importlib
 
     # (the package binds the name `launch` to the function, not the module)
-    monkeypatch.setattr(importlib.import_module("cleave.scheduler.launch"), "SHAPES_KEPT", 2)
+    monkeypatch.setattr(importlib.import_module("cleave.runtime.launch"), "SHAPES_KEPT", 2)
     w = workloads.get("rmsnorm_matmul")
     op = CompiledOperator(w.graph, {"s"})
     for s in (3, 17, 40, 3):
@@ -292,11 +293,11 @@ def test_cache_ls_and_clear(doubles, capsys):
     assert main(["cache", "ls"]) == 0
     out = capsys.readouterr().out
     assert "rmsnorm_matmul" in out and "1 operator" in out
-    (cache.cache_dir() / "verify").mkdir()  # another part's files in the cache dir are not operators
-    (cache.cache_dir() / "verify" / "v.json").write_text("{}")
+    (cache_dir() / "verify").mkdir()  # another part's files in the cache dir are not operators
+    (cache_dir() / "verify" / "v.json").write_text("{}")
     assert len(cache.entries()) == 1
     assert main(["cache", "clear"]) == 0
-    assert cache.entries() == [] and (cache.cache_dir() / "verify" / "v.json").exists()
+    assert cache.entries() == [] and (cache_dir() / "verify" / "v.json").exists()
 
 
 def test_spec_carries_its_candidate_whatever_operator_json_says(doubles):

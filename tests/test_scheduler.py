@@ -14,7 +14,9 @@ import torch
 
 import cleave
 from cleave import workloads as W
-from cleave.scheduler import H200, Plan, launch, profile, schedule
+from cleave.runtime import profile
+from cleave.runtime.launch import launch
+from cleave.scheduler import H200, Plan, schedule
 from cleave.interpreter import TORCH_DTYPES, interpret
 from fixtures_candidates import CANDIDATES
 from kernel_check import LOOPS, check_outputs, run_and_check as _run
@@ -106,7 +108,7 @@ def test_dynamic_plan_serves_three_sizes():
     assert "do_not_specialize=['s']" in src and "s: tl.constexpr" not in src
     for s in (37, 21, 50):
         _run(cand.graph, plan, {"b": 1, "h": 2, "s": s, "d": 16}, seed=s)
-    from cleave.scheduler.launch import _MODULES
+    from cleave.runtime.launch import _MODULES
     assert (plan.kernels[0].name, hash(plan.kernels[0].source)) in _MODULES
 
 
@@ -131,29 +133,26 @@ def test_plan_json_round_trip():
 
 def test_profile_ranks_by_measured_time_on_the_gpu(monkeypatch):
     """On the GPU the measured times decide, not the cost model: a stand-in clock times the
-    cost model's plans slowest first, so profile must pick its last one. On CPU nothing is
+    cost model's plans slowest first, so rank must put its last one first. On CPU nothing is
     launched or timed and the cost model's order stands."""
-    import importlib
     import types
 
-    module = importlib.import_module("cleave.scheduler.profile")  # the package binds `profile` to the function
     plans = schedule(CANDIDATES["swiglu"](), {"s": 150, "k": 37, "n": 300}, top_k=3)
     assert len(plans) >= 2
     launched = []
-    monkeypatch.setattr(module, "launch", lambda plan, inputs: launched.append(plan))
+    monkeypatch.setattr(profile, "launch", lambda plan, inputs: launched.append(plan))
     on_cpu = W.get("swiglu").inputs({"s": 150, "k": 37, "n": 300}, seed=3)
-    assert profile(plans, on_cpu) is plans[0] and not launched
+    assert profile.rank(plans, on_cpu) == list(range(len(plans))) and not launched
     slowest_first = {id(p): float(len(plans) - i) for i, p in enumerate(plans)}
 
     def clock(fn):
         fn()
         return slowest_first[id(launched[-1])]
 
-    monkeypatch.setattr(module, "graph_ms", clock)
+    monkeypatch.setattr(profile, "graph_ms", clock)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     on_gpu = {"x": types.SimpleNamespace(device=torch.device("cuda"))}
-    assert module.rank(plans, on_gpu) == list(reversed(range(len(plans))))
-    assert profile(plans, on_gpu) is plans[-1]
+    assert profile.rank(plans, on_gpu) == list(reversed(range(len(plans))))
 
 
 def _causal_source_and_check(cand, env, **kw):
@@ -274,7 +273,8 @@ KERNEL_DIR_PROBE = """
 import os, tempfile
 import torch
 import cleave
-from cleave.scheduler import launch, schedule
+from cleave.runtime.launch import launch
+from cleave.scheduler import schedule
 
 def kernel_dirs():
     return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("cleave_kernels_")]

@@ -8,7 +8,7 @@ import cleave.rules as R
 import cleave.workloads as W
 from cleave.interpreter import interpret
 from cleave.search import BudgetWarning, check_candidate, search
-from cleave.search.check import inputs_for, small_binding
+from cleave.search.validate import inputs_for, small_binding
 from cleave.search.encode import encode
 
 

@@ -13,7 +13,7 @@ import cleave.workloads as W
 from cleave.interpreter import interpret
 from cleave.ir.text import parse_graph
 from cleave.search import CandidateMismatch, check_candidate, search
-from cleave.search.check import compared_values, inputs_for
+from cleave.search.validate import compared_values, inputs_for
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 

@@ -21,13 +21,14 @@ def register(sub) -> None:
 
 def _cache(args) -> int:
     from ..runtime import cache
+    from ..storage import cache_dir
 
     if args.action == "clear":
         n = cache.clear()
-        print(f"removed {n} cached operator(s) from {cache.cache_dir()}")
+        print(f"removed {n} cached operator(s) from {cache_dir()}")
         return 0
     rows = cache.entries()
-    print(f"cache: {cache.cache_dir()} ({len(rows)} operator(s))")
+    print(f"cache: {cache_dir()} ({len(rows)} operator(s))")
     for r in rows:
         dyn = ",".join(r["dynamic"]) or "-"
         print(f"  {r['key']}  {r['name']:<24} dynamic={dyn:<10} specs={r['specs']} device={r['device']} "

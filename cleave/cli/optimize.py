@@ -129,7 +129,8 @@ import torch
 
 from cleave.interpreter import interpret
 from cleave.ir import parse_graph
-from cleave.scheduler import Plan, launch
+from cleave.runtime.launch import launch
+from cleave.scheduler import Plan
 from cleave.workloads import random_inputs
 
 plan = Plan.from_json(json.load(open(os.path.join(os.path.dirname(__file__), "plan.json"))))

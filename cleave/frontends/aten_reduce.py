@@ -8,7 +8,7 @@ import math
 import sympy
 import torch
 
-from ..interpreter import torch_dtype
+from ..interpreter import TORCH_DTYPES
 
 from .aten_map import rule
 
@@ -142,7 +142,7 @@ def _rms_norm(t, node, a):
     mean_square = t.add("div", reduce(t, t.add("square", x), "sum", dims, True), n)
     eps = a.get("eps")
     if eps is None:  # torch's default: the machine epsilon of the input type
-        eps = torch.finfo(torch_dtype(x.dtype)).eps
+        eps = torch.finfo(TORCH_DTYPES[x.dtype]).eps
     return _affine(t, t.add("mul", x, t.add("rsqrt", t.add("add", mean_square, t.const(float(eps), x.dtype)))), a)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 
 class DType(enum.Enum):
@@ -28,18 +29,38 @@ class DType(enum.Enum):
         return self in (DType.i32, DType.i64)
 
     @property
+    def torch_name(self) -> str:
+        """torch.<name> (numpy's name too)."""
+        return _TABLE[self].torch
+
+    @property
+    def triton_name(self) -> str:
+        return _TABLE[self].triton
+
+    @property
     def itemsize(self) -> int:
         """Bytes per element."""
-        return _ITEMSIZE[self.value]
+        return _TABLE[self].itemsize
 
 
-_ALIASES = {
-    "float64": "f64", "double": "f64", "float32": "f32", "float": "f32",
-    "float16": "f16", "half": "f16", "bfloat16": "bf16",
-    "int64": "i64", "long": "i64", "int32": "i32", "int": "i32",
+class _Row(NamedTuple):
+    torch: str
+    aliases: tuple[str, ...]  # further names the type is read from
+    triton: str
+    itemsize: int  # bytes
+
+
+# The one dtype table: every other library's name for a dtype is read from here.
+_TABLE = {
+    DType.f64: _Row("float64", ("double",), "tl.float64", 8),
+    DType.f32: _Row("float32", ("float",), "tl.float32", 4),
+    DType.f16: _Row("float16", ("half",), "tl.float16", 2),
+    DType.bf16: _Row("bfloat16", (), "tl.bfloat16", 2),
+    DType.i64: _Row("int64", ("long",), "tl.int64", 8),
+    DType.i32: _Row("int32", ("int",), "tl.int32", 4),
+    DType.bool: _Row("bool", (), "tl.int1", 1),
 }
-
-_ITEMSIZE = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "bool": 1}
+_NAMES = {name: d for d, row in _TABLE.items() for name in (d.value, row.torch, *row.aliases)}
 
 # Promotion order among floats: the larger rank wins; f16 with bf16 meets at f32.
 _FLOAT_RANK = {DType.bf16: 1, DType.f16: 1, DType.f32: 2, DType.f64: 3}
@@ -49,12 +70,11 @@ def dtype(value: "DType | str") -> DType:
     """Read a dtype from its IR name or a common alias ('bfloat16', 'float32')."""
     if isinstance(value, DType):
         return value
-    name = str(value).removeprefix("torch.")
-    try:
-        return DType(_ALIASES.get(name, name))
-    except ValueError:
+    found = _NAMES.get(str(value).removeprefix("torch."))
+    if found is None:
         names = ", ".join(d.value for d in DType)
-        raise ValueError(f"unknown dtype {value!r}; expected one of {names}") from None
+        raise ValueError(f"unknown dtype {value!r}; expected one of {names}")
+    return found
 
 
 def promote(a: DType, b: DType) -> DType:

@@ -63,9 +63,6 @@ class Node(TensorOps):
     def rank(self) -> int:
         return len(self.shape)
 
-    def attr(self, name):
-        return self.attrs[name]
-
     def __repr__(self) -> str:
         return f"<%{self.id} {self.op} {D.fmt_shape(self.shape)} {self.dtype}>"
 
@@ -239,9 +236,6 @@ class Graph:
         from .text import print_graph
 
         return hashlib.sha256(print_graph(self, name=False).encode()).hexdigest()
-
-    def structurally_equal(self, other: "Graph") -> bool:
-        return self.key() == other.key()
 
     # -- binding ----------------------------------------------------------
     def bind(self, shapes: dict[str, Sequence[int]], extra: dict | None = None) -> dict[str, int]:

@@ -10,19 +10,16 @@ Layout of one cached operator (a directory named by its key, see cache.py):
 
 Every JSON file carries the sha256 of its body and every kernel file is listed
 with its sha256, so a truncated or tampered entry is detected on read. Every
-write goes to a temporary file that is then renamed over the target: a reader
-sees the old file or the new one, never half of one, and two processes writing
-the same entry at once both succeed (the last rename wins, both are whole).
+write is atomic (storage.write_atomic).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from ..ir import CleaveError
+from ..storage import write_atomic
 
 FORMAT = 2  # 2: plans.json holds the candidate it schedules
 
@@ -41,20 +38,6 @@ def sha256(text: str) -> str:
 
 def _canonical(body) -> str:
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_json(path: Path, body: dict) -> None:

@@ -6,7 +6,7 @@ on it do, with PyTorch's decompositions (frontends/decompositions.py) into a
 functional aten graph: parameters and buffers are its inputs, static; the dims
 dynamo made symbolic (mark_dynamic, automatic dynamic, dynamic=True) are its only
 symbols. Supported runs of that graph become cleave operators, unsupported nodes
-run eagerly (partition.py). Under autograd the forward graph is compiled this way
+run eagerly (graph_breaks.py). Under autograd the forward graph is compiled this way
 and the backward graph runs eagerly, so gradients are PyTorch's own.
 
 All graphs of a process share one Context, so a dynamo recompile of the same graph
@@ -18,7 +18,7 @@ import itertools
 
 from .. import passes
 from .context import Context
-from .partition import build
+from .graph_breaks import build
 
 _CONTEXT = Context()
 _FRAMES = itertools.count()

@@ -1,29 +1,20 @@
 """Where compiled operators live on disk, and the key that names one.
 
-The directory is the user cache dir (platformdirs) unless `CLEAVE_CACHE_DIR` is
-set. The key hashes everything that may change the generated code: the graph's
-structural hash, its dynamic axes, the device, the cleave/triton/torch versions and
-a hash of cleave's source (a development tree changes without a new version).
+The directory is storage.cache_dir(). The key hashes everything that may change the
+generated code: the graph's structural hash, its dynamic axes, the device, the
+cleave/triton/torch versions and a hash of cleave's source (a development tree changes without a new version).
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
 import torch
 
-
-def cache_dir() -> Path:
-    env = os.environ.get("CLEAVE_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("cleave"))
+from ..storage import cache_dir
 
 
 def device_name(device: torch.device | str | None = None) -> str:

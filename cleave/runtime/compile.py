@@ -16,7 +16,7 @@ import torch
 from .. import passes
 from ..ir import CleaveError
 from .context import Context
-from .partition import Launcher, exact_key, remember_fast
+from .graph_breaks import Launcher, exact_key, remember_fast
 
 
 class CompiledFunction:

@@ -32,13 +32,14 @@ from ..ir import BindingError, Candidate, CleaveError, Graph, Separable, parse_g
 from ..ir.contracts import then_as_written
 from ..ir.dtypes import dtype as ir_dtype
 from ..rules import digest as rule_digest
-from ..scheduler import Plan, launch, rank, schedule
+from ..scheduler import Plan, schedule
 from ..scheduler.exprs import evaluate
-from ..scheduler.launch import prepare, remember, run
-from ..scheduler.waves import waves
 from . import artifact as A
 from .buckets import bucket
 from .cache import device_name, entry_dir, key_fields, operator_key
+from .launch import launch, prepare, remember, run
+from .profile import rank
+from .waves import waves
 
 STAT_KEYS = ("calls", "searches", "compiles", "from_cache", "tunings", "search_seconds", "compile_seconds")
 

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import torch
 
+from ..interpreter import TORCH_DTYPES
 from ..ir import CleaveError
-from .traces import DTYPES, axis_values, load_trace, reference_fn
+from ..ir.dtypes import dtype as ir_dtype
+from .traces import axis_values, load_trace, reference_fn
 
 
 @dataclass
@@ -81,7 +83,8 @@ def _inputs(definition, line, values, device, gen):
     given = line["workload"]["inputs"]
     out = []
     for name, spec in definition["inputs"].items():
-        shape, dtype, how = [values[a] for a in spec["shape"] or []], DTYPES[spec["dtype"]], given.get(name, {})
+        shape, how = [values[a] for a in spec["shape"] or []], given.get(name, {})
+        dtype = TORCH_DTYPES[ir_dtype(spec["dtype"])]
         if how.get("type") in ("scalar", "inline"):
             out.append(torch.tensor(how["value"], dtype=dtype, device=device).reshape(shape))
         else:
@@ -118,7 +121,7 @@ def _time_ms(fn, args, device: str) -> float:
 def _graph_ms(fn, args, device: str) -> float | None:
     if device != "cuda":
         return None
-    from ..scheduler.profile import graph_ms
+    from .profile import graph_ms
 
     return graph_ms(lambda: fn(*args))
 
@@ -169,7 +172,8 @@ def build(path, out, scale: float = 1.0, const: dict[str, int] | None = None, to
     ops = set()
     for line in lines:
         values = {**axis_values(definition, _binding(line, scale)), **(const or {})}
-        args = [torch.empty([values[a] for a in spec["shape"] or []], dtype=DTYPES[spec["dtype"]], device="meta")
+        args = [torch.empty([values[a] for a in spec["shape"] or []], dtype=TORCH_DTYPES[ir_dtype(spec["dtype"])],
+                            device="meta")
                 for spec in definition["inputs"].values()]
         ops.add(compiled.prepare(*args))
     return {**compiled.stats, "definition": definition["name"], "entries": sorted(str(op.entry) for op in ops)}

@@ -11,12 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from ..ir import CleaveError
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-          "int32": torch.int32, "int64": torch.int64}
+from ..ir.dtypes import dtype as ir_dtype
 
 
 class TraceError(CleaveError):
@@ -38,8 +34,10 @@ def validate_definition(d: dict) -> None:
             unknown = [a for a in t.get("shape") or [] if a not in d["axes"]]  # null: a scalar (sm_scale)
             if unknown:
                 raise TraceError(f"definition {d['name']}: {part[:-1]} {name!r} uses undeclared axes {unknown}")
-            if t.get("dtype") not in DTYPES:
-                raise TraceError(f"definition {d['name']}: {part[:-1]} {name!r} has dtype {t.get('dtype')!r}")
+            try:
+                ir_dtype(t.get("dtype"))
+            except ValueError:
+                raise TraceError(f"definition {d['name']}: {part[:-1]} {name!r} has dtype {t.get('dtype')!r}") from None
     if "def run(" not in d["reference"]:
         raise TraceError(f"definition {d['name']}: reference must define run(...)")
 

@@ -3,7 +3,7 @@ candidate verification. The only part of cleave that imports egglog."""
 import sys
 
 from .api import SearchResult, search
-from .check import CandidateMismatch, check_candidate
+from .validate import CandidateMismatch, check_candidate
 from .saturate import BudgetWarning, Budgets
 
 __all__ = ["BudgetWarning", "Budgets", "CandidateMismatch", "SearchResult", "check_candidate", "search"]

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from cleave.ir import Graph
 from cleave.ir.contracts import Candidate
 
-from . import cost as C
-from .check import check_candidates
+from . import extraction_cost as C
+from .validate import check_candidates
 from .encode import encode
 from .extract import Index, distinct, explore, find_class, read, to_candidate
 from .saturate import Budgets, saturate

@@ -2,7 +2,7 @@
 
 The e-graph is read once (egglog's serialized form). Extractions are DAGs: one
 e-node per reachable e-class, the same choice wherever a class is used. They are
-ranked by the cost of the decoded graph at a representative binding (cost.py):
+ranked by the cost of the decoded graph at a representative binding (extraction_cost.py):
 all of them when there are few enough, else a beam search over the choice points.
 Each candidate then records the rule applications it shows and its separability facts.
 """
@@ -17,7 +17,7 @@ from cleave.ir import CleaveError, ShapeError, rebuild
 from cleave.ir.contracts import Candidate, Separable
 from cleave.rules.dsl import REDUCE, UNARY, Axis, Leaf, RuleError, Term, Var
 
-from . import cost as C
+from . import extraction_cost as C
 from .egraph import CONSTRUCTORS, from_node
 from .encode import Encoded
 from .saturate import BudgetWarning

@@ -161,7 +161,7 @@ def _announce_proofs(rules: list, timeout_ms: int) -> None:
     cold = [r for r in rules if (key := V.definition_key(r)) is None or V.lookup(key, r.name, timeout_ms) is None]
     if cold:
         report_progress(f"[cleave] proving {len(cold)} rewrite rule(s) with z3 before their first use; this "
-                        f"takes a while once, then the verdicts are cached in {V.cache_dir()}")
+                        f"takes a while once, then the verdicts are cached in {V.verdict_dir()}")
 
 
 def sound_rules(rules: Iterable, **kwargs) -> list:

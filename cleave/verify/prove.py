@@ -17,12 +17,12 @@ import sympy
 import torch
 import z3
 
-from ..interpreter import torch_dtype
+from ..interpreter import TORCH_DTYPES
 from ..ir import CleaveError
 from ..ir.contracts import RuleInstance
 from .backends import SympyBackend, Z3Backend
 from .bindings import Binding
-from .lower import input_arrays, lower
+from .scalarise import input_arrays, scalarise
 from .numeric import STYLES, evaluate, first_mismatch, random_inputs, show_inputs
 from .scalars import Algebra, Unsupported, is_num, is_special
 
@@ -38,11 +38,11 @@ class ProofResult:
     detail: str = ""
 
 
-def _lower_both(inst: RuleInstance, env, backend):
+def _scalarise_both(inst: RuleInstance, env, backend):
     alg = Algebra(backend)
     inputs = input_arrays(inst.lhs, env, alg)
-    lhs = lower(inst.lhs, env, inputs, alg)
-    rhs = lower(inst.rhs, env, {k: v for k, v in inputs.items() if k in inst.rhs.inputs}, alg)
+    lhs = scalarise(inst.lhs, env, inputs, alg)
+    rhs = scalarise(inst.rhs, env, {k: v for k, v in inputs.items() if k in inst.rhs.inputs}, alg)
     return inputs, lhs, rhs
 
 
@@ -69,7 +69,7 @@ def prove_z3(inst: RuleInstance, binding: Binding, timeout_ms: int) -> ProofResu
     env = binding.dict
     backend = Z3Backend()
     try:
-        inputs, lhs, rhs = _lower_both(inst, env, backend)
+        inputs, lhs, rhs = _scalarise_both(inst, env, backend)
     except Unsupported as err:
         return ProofResult("unknown", "", f"z3 lowering: {err}")
     alg = Algebra(backend)
@@ -129,7 +129,7 @@ def _model_inputs(inst: RuleInstance, inputs, model) -> dict[str, torch.Tensor]:
         values = np.empty(arr.shape, dtype=object)
         for idx in np.ndindex(*arr.shape):
             values[idx] = _model_value(model.eval(arr[idx], model_completion=True))
-        dtype = torch.float64 if node.dtype.is_float else torch_dtype(node.dtype)
+        dtype = torch.float64 if node.dtype.is_float else TORCH_DTYPES[node.dtype]
         tensors[name] = torch.tensor(values.tolist(), dtype=dtype).reshape(arr.shape)
     return tensors
 
@@ -163,7 +163,7 @@ def _model_value(v):
 def prove_sympy(inst: RuleInstance, binding: Binding, max_ops: int = 400) -> ProofResult:
     """lhs - rhs simplifies to 0 for every element (with exp(a+b) expanded)."""
     try:
-        _, lhs, rhs = _lower_both(inst, binding.dict, SympyBackend())
+        _, lhs, rhs = _scalarise_both(inst, binding.dict, SympyBackend())
     except Unsupported as err:
         return ProofResult("unknown", "", f"sympy lowering: {err}")
     for a, b in zip(lhs, rhs):

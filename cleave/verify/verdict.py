@@ -1,7 +1,7 @@
 """What the verifier says about a rule, the error that rejects it, and the verdict cache.
 
 Proven and unsound verdicts are facts: cached in process and on disk under
-$CLEAVE_CACHE_DIR (else the user cache dir), so that saturation does not re-prove the
+storage.cache_dir()/verify, so that saturation does not re-prove the
 library every time. Unknown verdicts (a timeout, a prover that could not decide) are
 cached in process only, with their timeout: a fresh process, or a longer timeout,
 tries again.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from ..ir import CleaveError
 from ..ir.contracts import RuleInstance
+from ..storage import cache_dir, write_atomic
 
 # Bump when the verifier's semantics change, so that stale verdicts are not reused.
 VERIFIER_VERSION = "3"
@@ -113,13 +113,8 @@ _MEMORY: dict[str, Verdict] = {}
 _UNKNOWN: dict[str, tuple[int, Verdict]] = {}  # key -> (timeout in ms, verdict), this process only
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("CLEAVE_CACHE_DIR")
-    if not root:
-        import platformdirs
-
-        root = platformdirs.user_cache_dir("cleave")
-    return Path(root) / "verify"
+def verdict_dir() -> Path:
+    return cache_dir() / "verify"
 
 
 def lookup(key: str, name: str, timeout_ms: int) -> Verdict | None:
@@ -130,7 +125,7 @@ def lookup(key: str, name: str, timeout_ms: int) -> Verdict | None:
         if spent >= timeout_ms:
             found = unknown
     if found is None:
-        path = cache_dir() / f"{key}.json"
+        path = verdict_dir() / f"{key}.json"
         try:
             found = Verdict(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
@@ -144,12 +139,8 @@ def store(key: str, verdict: Verdict, timeout_ms: int) -> None:
         _UNKNOWN[key] = (timeout_ms, verdict)
         return
     _MEMORY[key] = verdict
-    path = cache_dir() / f"{key}.json"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(verdict.to_json()))
-        tmp.replace(path)
+        write_atomic(verdict_dir() / f"{key}.json", json.dumps(verdict.to_json()))
     except OSError:
         pass  # a read-only cache only costs a re-proof next time
 

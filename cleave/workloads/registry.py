@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from ..interpreter import torch_dtype
+from ..interpreter import TORCH_DTYPES
 from ..ir import Graph
 from ..ir import dims as D
 
@@ -48,9 +48,9 @@ def random_inputs(graph: Graph, env: dict[str, int], seed: int = 0, device="cpu"
         shape = [D.evaluate(d, env) for d in node.shape]
         if node.dtype.is_float:
             t = torch.randn(shape, generator=gen, dtype=torch.float32)
-            out[name] = t.to(dtype or torch_dtype(node.dtype)).to(device)
+            out[name] = t.to(dtype or TORCH_DTYPES[node.dtype]).to(device)
         else:
-            out[name] = torch.randint(0, 4, shape, generator=gen).to(torch_dtype(node.dtype)).to(device)
+            out[name] = torch.randint(0, 4, shape, generator=gen).to(TORCH_DTYPES[node.dtype]).to(device)
     return out
 
 

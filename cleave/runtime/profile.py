@@ -6,8 +6,8 @@ import os
 
 import torch
 
+from ..scheduler.plan import Plan
 from .launch import launch
-from .plan import Plan
 
 
 def rank(plans: list[Plan], inputs: dict[str, torch.Tensor]) -> list[int]:
@@ -51,7 +51,3 @@ def graph_ms(fn, calls: int = 20) -> float:
         best = min(best, start.elapsed_time(end) / calls)
     return best
 
-
-def profile(plans: list[Plan], inputs: dict[str, torch.Tensor]) -> Plan:
-    """The fastest plan."""
-    return plans[rank(plans, inputs)[0]]

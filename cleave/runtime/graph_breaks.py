@@ -15,7 +15,7 @@ import torch.fx
 from torch.fx.passes.split_module import split_module
 
 from .. import passes
-from ..scheduler.launch import remember
+from .launch import remember
 from .context import Context
 from .operator import CompileFailure, NotReadyDuringCapture
 

@@ -21,8 +21,8 @@ from cleave.interpreter import TORCH_DTYPES
 from cleave.ir import BindingError, parse_graph
 from cleave.ir.dtypes import dtype as ir_dtype
 
-from .exprs import evaluate
-from .plan import Plan
+from ..scheduler.exprs import evaluate
+from ..scheduler.plan import Plan
 
 WORKSPACE_ALIGN = 256  # bytes: what cudaMalloc guarantees (the caching allocator gives 512)
 _MODULES: dict[tuple, object] = {}  # (kernel name, source hash) -> the jitted function
@@ -94,7 +94,7 @@ class _Prepared:
             self.workspace_bytes += -(-size // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
         self.kernels = [(_kernel_fn(plan, k), (evaluate(k.grid[0], env), 1, 1),
                          [(a, None) if a not in env else (None, env[a]) for a in k.args],
-                         dict(k.constexprs, num_warps=k.num_warps, num_stages=k.num_stages))
+                         dict(num_warps=k.num_warps, num_stages=k.num_stages))
                         for k in plan.kernels]
         # Kernels without programs here (an empty output or intermediate) are skipped:
         # Triton does not compile them at this shape.
@@ -108,7 +108,7 @@ class _Prepared:
         # not specialised): its registers and shared memory give the occupancy.
         self.compiled: list = _cached(plan).setdefault("compiled", [None] * len(self.kernels))
         ints = [value for _, _, args, _ in self.kernels for name, value in args if name is None]
-        self.direct_ok = all(not k.constexprs for k in plan.kernels) and all(abs(v) < 2 ** 31 for v in ints)
+        self.direct_ok = all(abs(v) < 2 ** 31 for v in ints)
 
 
 def _cached(plan: Plan) -> dict:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from ..scheduler.plan import Plan
 from .launch import prepare
-from .plan import Plan
 
 MAX_BLOCKS_PER_SM = 32
 REG_ALLOC_UNIT = 256  # registers are allocated per warp in units of 256

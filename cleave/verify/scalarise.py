@@ -1,4 +1,4 @@
-"""Lower an IR graph at a concrete binding to one scalar expression per output element.
+"""Scalarise an IR graph at a concrete binding to one scalar expression per output element.
 
 Tensors are numpy object arrays of scalars (see scalars.py); every op becomes loops
 of scalar operations with the interpreter's semantics (row-major reshape, -inf as
@@ -36,10 +36,10 @@ def input_arrays(graph: Graph, env: Mapping[str, int], alg: Algebra) -> dict[str
     return out
 
 
-def lower(graph: Graph, env: Mapping[str, int], inputs: Mapping[str, np.ndarray], alg: Algebra) -> list[np.ndarray]:
+def scalarise(graph: Graph, env: Mapping[str, int], inputs: Mapping[str, np.ndarray], alg: Algebra) -> list[np.ndarray]:
     values: dict[int, np.ndarray] = {}
     for node in graph.live_nodes():
-        values[node.id] = _lower(node, [values[x.id] for x in node.inputs], inputs, env, alg)
+        values[node.id] = _scalarise_node(node, [values[x.id] for x in node.inputs], inputs, env, alg)
     return [values[o.id] for o in graph.outputs]
 
 
@@ -57,7 +57,7 @@ def _map(fn, *arrays: np.ndarray) -> np.ndarray:
     return out
 
 
-def _lower(node: Node, args, inputs, env, alg: Algebra) -> np.ndarray:
+def _scalarise_node(node: Node, args, inputs, env, alg: Algebra) -> np.ndarray:
     op, a = node.op, node.attrs
     ev = lambda d: D.evaluate(d, env)  # noqa: E731
     if op == "input":
