@@ -15,22 +15,25 @@ import torch
 from .ir import CleaveError, Graph, Node
 from .ir import dims as D
 from .ir.dtypes import DType, rounds
+from .ir.ops import COMPARE, per_op
 
 TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in DType}
 IR_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
 
-_UNARY = {
+_UNARY = per_op({
     "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "neg": torch.neg,
     "recip": torch.reciprocal, "silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid,
     "tanh": torch.tanh, "square": torch.square, "cos": torch.cos, "sin": torch.sin, "abs": torch.abs,
     "erf": torch.erf, "log1p": torch.log1p, "expm1": torch.expm1,
     "inf_to_zero": lambda x: torch.where(torch.isinf(x), torch.zeros_like(x), x),
-}
-_BINARY = {
+}, "unary", where="interpreter")
+_BINARY = per_op({
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
     "min": torch.minimum, "pow": torch.pow, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
     "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
-}
+}, "binary", "compare", where="interpreter")
+_EMPTY_REDUCE = per_op(  # a reduction over nothing
+    {"sum": 0.0, "max": float("-inf"), "min": float("inf")}, "reduce", where="interpreter")
 
 
 def interpret(graph: Graph, inputs: Mapping[str, torch.Tensor], compute_dtype: torch.dtype | None = None,
@@ -79,7 +82,7 @@ def _eval(node: Node, args, inputs, env, float_type, device) -> torch.Tensor:
         return args[0].to(float_type(node.dtype))
     if op in _BINARY:
         x, y = args
-        if node.dtype.is_float or op in ("lt", "le", "gt", "ge", "eq", "ne"):
+        if node.dtype.is_float or op in COMPARE:
             common = torch.promote_types(x.dtype, y.dtype)
             x, y = x.to(common), y.to(common)
         return _BINARY[op](x, y).to(float_type(node.dtype))
@@ -92,7 +95,7 @@ def _eval(node: Node, args, inputs, env, float_type, device) -> torch.Tensor:
     if op == "reduce":
         x, axis, keep = args[0], a["axis"], bool(a["keepdim"])
         if x.shape[axis] == 0:
-            fill = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[a["op"]]
+            fill = _EMPTY_REDUCE[a["op"]]
             shape = list(x.shape)
             shape[axis] = 1
             out = torch.full(shape, fill, dtype=x.dtype, device=x.device)

@@ -37,11 +37,9 @@ import re
 from dataclasses import dataclass, field
 
 from cleave.ir import CleaveError, RuleInstance
+from cleave.ir.ops import BINARY, REDUCE_OPS, UNARY
 
-UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "recip", "square", "silu", "sigmoid", "tanh", "cos", "sin", "abs",
-         "erf", "log1p", "expm1", "inf_to_zero")
-BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
-REDUCE = {"rsum": "sum", "rmax": "max", "rmin": "min"}
+REDUCE = {"r" + op: op for op in REDUCE_OPS}  # rsum: a reduce with op=sum
 # name -> argument kinds: t tensor, a axis, k int, p pad
 OPS = {**{u: "t" for u in UNARY}, **{b: "tt" for b in BINARY}, **{r: "ta" for r in REDUCE},
        "where": "ttt", "matmul": "tt", "split": "tap", "squeeze": "ta", "unsqueeze": "ta", "swap": "t",

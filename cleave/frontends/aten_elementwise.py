@@ -6,13 +6,16 @@ import math
 
 import torch
 
+from ..ir.ops import COMPARE, UNARY
 from .aten_map import rule
 
-_UNARY = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "neg": "neg", "reciprocal": "recip",
-          "silu": "silu", "sigmoid": "sigmoid", "tanh": "tanh", "square": "square", "cos": "cos", "sin": "sin",
-          "abs": "abs", "erf": "erf", "log1p": "log1p", "expm1": "expm1"}
-_BINARY = {"mul": "mul", "div": "div", "true_divide": "div", "maximum": "max", "minimum": "min",
-           "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne"}
+# aten op -> IR op. aten names every IR unary op the same way but these:
+_ATEN_NAME = {"recip": "reciprocal"}
+_NO_ATEN_OP = ("inf_to_zero",)  # no single aten op computes it
+_UNARY = {_ATEN_NAME.get(op, op): op for op in UNARY if op not in _NO_ATEN_OP}
+# add, sub and pow have rules of their own (alpha, special exponents)
+_BINARY = {**{op: op for op in COMPARE}, "mul": "mul", "div": "div", "true_divide": "div",
+           "maximum": "max", "minimum": "min"}
 _POW_SPECIAL = {2: "square", 0.5: "sqrt", -1: "recip", -0.5: "rsqrt"}
 
 

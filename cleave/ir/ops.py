@@ -1,7 +1,12 @@
-"""The IR's operators: their operands, attributes and symbolic shape inference.
+"""The IR's operators: the one table of op names, arities, kinds and attributes, and
+their symbolic shape inference.
 
-Each op is described once here; the graph builder, the text form and the
-interpreter all read these specs, so adding an op starts in this file.
+Each op is described once here. The graph builder and the text form read the specs;
+the DSL, the search's encoding, the verifier, the frontends and codegen read the
+names by kind. A table elsewhere that holds one entry per op of a kind (the
+interpreter's semantics, codegen's rendering) is built with `per_op`, which names
+the ops it lacks at import: adding an op starts in this file, and the import errors
+list what else it needs.
 """
 from __future__ import annotations
 
@@ -16,11 +21,13 @@ from .dims import Dim
 from .dtypes import DType, promote
 from .errors import ShapeError
 
+# The elementwise vocabulary, by kind; the structural ops are registered at the end.
 UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh",
          "square", "cos", "sin", "abs", "erf", "log1p", "expm1", "inf_to_zero")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
-REDUCE_OPS = ("sum", "max", "min")
+REDUCE_OPS = ("sum", "max", "min")  # the `op` attribute of `reduce`
+KINDS = {"unary": UNARY, "binary": BINARY, "compare": COMPARE, "reduce": REDUCE_OPS}
 
 # Attribute kinds, used by the text form to print and parse values.
 ATTR_KINDS = ("str", "int", "float", "dim", "shape", "ints", "dtype")
@@ -46,6 +53,16 @@ SPECS: dict[str, OpSpec] = {}
 
 def _register(name, arity, attrs, infer):
     SPECS[name] = OpSpec(name, arity, tuple(attrs), infer)
+
+
+def per_op(impls: dict, *kinds: str, where: str) -> dict:
+    """`impls`, checked to hold exactly one entry per op of `kinds` (keys of KINDS)."""
+    names = [n for k in kinds for n in KINDS[k]]
+    missing, unknown = [n for n in names if n not in impls], [n for n in impls if n not in names]
+    if missing or unknown:
+        raise KeyError(f"{where}: the {'/'.join(kinds)} ops of cleave/ir/ops.py and this table differ: "
+                       f"missing {missing}, unknown {unknown}")
+    return impls
 
 
 def _fail(op: str, message: str):

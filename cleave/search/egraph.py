@@ -8,10 +8,13 @@ input graph, and `splittable`/`extent` facts, which only the encoder can decide
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from egglog import (EGraph, Expr, String, StringLike, eq, function, i64, i64Like, relation, rewrite, rule, ruleset,
                     set_, var)
 
-from cleave.rules.dsl import REDUCE, UNARY, Axis, Leaf, Rule, RuleError, Term, Var
+from cleave.ir.ops import BINARY, UNARY
+from cleave.rules.dsl import OPS, REDUCE, Axis, Leaf, Rule, RuleError, Term, Var
 
 MAX_RANK = 8
 
@@ -85,11 +88,55 @@ splittable = relation("splittable", Tn, i64)
 extent = relation("extent", Tn, Tn, i64)
 AxisId = relation("AxisId", i64)
 
-CONSTRUCTORS = ("LeafT", "Op1", "Op2", "Op3", "Un", "Bin", "Where", "MatMul", "Red", "Split", "Sq", "Unsq",
-                "Swap", "TopK")
+LEAVES = ("LeafT", "Op1", "Op2", "Op3")  # by operand count
+CONSTRUCTORS = {str(f): f for f in (LeafT, Op1, Op2, Op3, Un, Bin, Where, MatMul, Red, Split, Sq, Unsq, Swap, TopK)}
 
 
 # -- terms <-> egglog ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Encoding:
+    """How a DSL op is an e-node: its constructor, and the constructor's arguments in
+    order, each the index of a term argument (of the kind OPS gives it) or OP: the op's
+    name past `prefix`, where several ops share the constructor."""
+    constructor: str
+    slots: tuple
+    prefix: str = ""
+
+
+OP = "op"
+ENCODINGS = {
+    **{op: Encoding("Un", (OP, 0)) for op in UNARY},
+    **{op: Encoding("Bin", (OP, 0, 1)) for op in BINARY},
+    **{op: Encoding("Red", (OP, 1, 0), prefix="r") for op in REDUCE},
+    "where": Encoding("Where", (0, 1, 2)),
+    "matmul": Encoding("MatMul", (0, 1)),
+    "split": Encoding("Split", (1, 2, 0)),
+    "squeeze": Encoding("Sq", (1, 0)),
+    "unsqueeze": Encoding("Unsq", (1, 0)),
+    "swap": Encoding("Swap", (0,)),
+    **{op: Encoding("TopK", (OP, 1, 2, 0), prefix="topk_") for op in ("topk_values", "topk_indices")},
+}
+if set(ENCODINGS) != set(OPS):
+    raise RuleError(f"search/egraph.py: no e-node encoding for {sorted(set(OPS) - set(ENCODINGS))}")
+_DECODINGS = {e.constructor: (op, e) for op, e in ENCODINGS.items()}  # the op, where only one has it
+
+
+def enode_of(t, tensor, axis, value=lambda v: v):
+    """A term's e-node as (constructor name, arguments): `tensor`, `axis` and `value`
+    map its tensor, axis and other (int, pad) arguments."""
+    if isinstance(t, Leaf):
+        return LEAVES[len(t.args)], [t.key, *(tensor(a) for a in t.args)]
+    enc, kinds = ENCODINGS[t.op], OPS[t.op]
+    args = []
+    for slot in enc.slots:
+        if slot == OP:
+            args.append(t.op[len(enc.prefix):])
+        else:
+            kind, arg = kinds[slot], t.args[slot]
+            args.append(tensor(arg) if kind == "t" else axis(arg) if kind == "a" else value(arg))
+    return enc.constructor, args
+
 
 def to_egg(t, tvars=None, avars=None, shared=None):
     """A rules/dsl term (concrete, or a pattern with variables) as an egglog expression.
@@ -101,6 +148,9 @@ def to_egg(t, tvars=None, avars=None, shared=None):
             return i64(a.offset)
         v = avars.setdefault(a.var, var(a.var, i64))
         return v + a.offset if a.offset else v
+
+    def value(v):  # a top-k count may be a pattern variable
+        return avars.setdefault(v.name, var(v.name, i64)) if isinstance(v, Var) else v
 
     def go(t):
         if shared is not None:
@@ -114,63 +164,30 @@ def to_egg(t, tvars=None, avars=None, shared=None):
     def build(t):
         if isinstance(t, Var):
             return tvars.setdefault(t.name, var(t.name, Tn))
-        if isinstance(t, Leaf):
-            args = [go(a) for a in t.args]
-            return (LeafT, Op1, Op2, Op3)[len(args)](t.key, *args)
-        op, args = t.op, t.args
-        if op in UNARY:
-            return Un(op, go(args[0]))
-        if op in REDUCE:
-            return Red(REDUCE[op], axis(args[1]), go(args[0]))
-        if op == "where":
-            return Where(*(go(a) for a in args))
-        if op == "matmul":
-            return MatMul(go(args[0]), go(args[1]))
-        if op == "split":
-            return Split(axis(args[1]), args[2], go(args[0]))
-        if op == "squeeze":
-            return Sq(axis(args[1]), go(args[0]))
-        if op == "unsqueeze":
-            return Unsq(axis(args[1]), go(args[0]))
-        if op == "swap":
-            return Swap(go(args[0]))
-        if op.startswith("topk_"):
-            k = args[1]
-            k = avars.setdefault(k.name, var(k.name, i64)) if isinstance(k, Var) else i64(k)
-            return TopK(op[5:], k, axis(args[2]), go(args[0]))
-        return Bin(op, go(args[0]), go(args[1]))
+        constructor, args = enode_of(t, go, axis, value)
+        return CONSTRUCTORS[constructor](*args)
 
     tvars = {} if tvars is None else tvars
     avars = {} if avars is None else avars
     return go(t)
 
 
-def from_node(op: str, args: list):
-    """A term from an extracted e-node: `op` a constructor name, `args` its children
+def from_node(constructor: str, args: list):
+    """A term from an extracted e-node: its constructor's name and its children
     (terms for tensors, Python values for primitives)."""
-    if op == "LeafT":
-        return Leaf(args[0])
-    if op in ("Op1", "Op2", "Op3"):
+    if constructor in LEAVES:
         return Leaf(args[0], tuple(args[1:]))
-    if op == "Un":
-        return Term(args[0], (args[1],))
-    if op == "Bin":
-        return Term(args[0], (args[1], args[2]))
-    if op == "Where":
-        return Term("where", tuple(args))
-    if op == "MatMul":
-        return Term("matmul", tuple(args))
-    if op == "Red":
-        return Term("r" + args[0], (args[2], Axis(None, args[1])))
-    if op == "Split":
-        return Term("split", (args[2], Axis(None, args[0]), args[1]))
-    if op in ("Sq", "Unsq"):
-        return Term("squeeze" if op == "Sq" else "unsqueeze", (args[1], Axis(None, args[0])))
-    if op == "Swap":
-        return Term("swap", (args[0],))
-    if op == "TopK":
-        return Term("topk_" + args[0], (args[3], args[1], Axis(None, args[2])))
-    raise RuleError(f"unknown e-node {op!r}")
+    if constructor not in _DECODINGS:
+        raise RuleError(f"unknown e-node {constructor!r}")
+    op, enc = _DECODINGS[constructor]
+    term_args = {}
+    for slot, arg in zip(enc.slots, args):
+        if slot == OP:
+            op = enc.prefix + arg
+        else:
+            term_args[slot] = arg
+    kinds = OPS[op]
+    return Term(op, tuple(Axis(None, term_args[i]) if kinds[i] == "a" else term_args[i] for i in range(len(kinds))))
 
 
 def compile_rule(r: Rule):

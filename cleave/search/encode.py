@@ -101,9 +101,7 @@ def _term(n: Node, args: list):
     op, a = n.op, n.attrs
     if _is_float_cast(n) and not rounds(n.inputs[0].dtype, n.dtype):
         return args[0]
-    if op in UNARY:
-        return Term(op, tuple(args))
-    if op in BINARY or op == "where" or op == "matmul":
+    if op in UNARY or op in BINARY or op in ("where", "matmul"):  # the same op in both vocabularies
         return Term(op, tuple(args))
     if op == "reduce":
         rank = n.inputs[0].rank

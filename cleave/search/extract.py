@@ -9,20 +9,22 @@ Each candidate then records the rule applications it shows and its separability 
 from __future__ import annotations
 
 import json
+import operator
 import time
 import warnings
 from dataclasses import dataclass
 
 from cleave.ir import CleaveError, ShapeError, rebuild
 from cleave.ir.contracts import Candidate, Separable
-from cleave.rules.dsl import REDUCE, UNARY, Axis, Leaf, RuleError, Term, Var
+from cleave.rules.dsl import Axis, Leaf, RuleError, Term, Var
 
 from . import extraction_cost as C
-from .egraph import CONSTRUCTORS, from_node
+from .egraph import CONSTRUCTORS, enode_of, from_node
 from .encode import Encoded
 from .saturate import BudgetWarning
 
 INF = float("inf")
+_OFFSET = operator.attrgetter("offset")  # a concrete axis's e-node argument
 
 
 @dataclass
@@ -62,17 +64,17 @@ class Index:
     def find(self, t) -> str | None:
         if t not in self.memo:
             try:
-                op, args = _node_of(t, self._child)
+                op, args = enode_of(t, self._child, _OFFSET)
                 self.memo[t] = self.nodes.get((op, tuple(args)))
             except LookupError:
                 self.memo[t] = None
         return self.memo[t]
 
-    def _child(self, t) -> str:
+    def _child(self, t) -> tuple:
         cls = self.find(t)
         if cls is None:
             raise LookupError(t)
-        return cls
+        return "class", cls
 
 
 def find_class(classes, term) -> str:
@@ -81,30 +83,6 @@ def find_class(classes, term) -> str:
     if cls is None:
         raise CleaveError(f"search: the encoded term {term} is missing from the e-graph")
     return cls
-
-
-def _node_of(t, go, ax=lambda a: a.offset):
-    """The e-node (constructor, arguments) of a term; `go` maps tensor children, `ax` axes."""
-    if isinstance(t, Leaf):
-        return ("LeafT", "Op1", "Op2", "Op3")[len(t.args)], [t.key] + [("class", go(a)) for a in t.args]
-    op, a = t.op, t.args
-    if op in UNARY:
-        return "Un", [op, ("class", go(a[0]))]
-    if op in REDUCE:
-        return "Red", [REDUCE[op], ax(a[1]), ("class", go(a[0]))]
-    if op == "where":
-        return "Where", [("class", go(x)) for x in a]
-    if op == "matmul":
-        return "MatMul", [("class", go(x)) for x in a]
-    if op in ("squeeze", "unsqueeze"):
-        return ("Sq" if op == "squeeze" else "Unsq"), [ax(a[1]), ("class", go(a[0]))]
-    if op == "split":
-        return "Split", [ax(a[1]), a[2], ("class", go(a[0]))]
-    if op == "swap":
-        return "Swap", [("class", go(a[0]))]
-    if op.startswith("topk_"):
-        return "TopK", [op[5:], a[1], ax(a[2]), ("class", go(a[0]))]
-    return "Bin", [op, ("class", go(a[0])), ("class", go(a[1]))]
 
 
 def best_choice(classes, banned: frozenset) -> tuple[dict, dict]:
@@ -355,7 +333,7 @@ def ematch(classes, pattern, cls: str, env: dict, nodes=None, found: list | None
     the pattern's top matched."""
     if isinstance(pattern, Var):
         return env.setdefault(pattern.name, cls) == cls
-    op, args = _node_of(pattern, lambda p: p, ax=lambda a: a)
+    op, args = enode_of(pattern, lambda p: ("class", p), lambda a: a)
     for n in classes[cls] if nodes is None else nodes:
         if n.op != op or len(n.args) != len(args):
             continue
@@ -392,7 +370,7 @@ def derivation(rules, naive_terms, r: Realized, classes, index: Index) -> list[s
     leave no trace."""
     naive = set()
     for t in subterms(naive_terms):
-        op, args = _node_of(t, index.find)
+        op, args = enode_of(t, lambda x: ("class", index.find(x)), _OFFSET)
         naive.add((op, tuple(args)))
     out: list[str] = []
     for t in subterms(r.terms):

@@ -12,12 +12,7 @@ from fractions import Fraction
 import sympy
 import z3
 
-from .scalars import Unsupported
-
-_Z3_COMPARE = {
-    "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
-    "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b,
-}
+from .scalars import COMPARISONS, Unsupported
 
 
 # Monotonicity is stated for every pair of exp atoms when there are at most this many.
@@ -95,7 +90,7 @@ class Z3Backend(_FieldOps):
     def compare(self, op, a, b):
         if z3.is_bool(a) or z3.is_bool(b):
             a, b = _as_int(a), _as_int(b)
-        return _Z3_COMPARE[op](a, b)
+        return COMPARISONS[op](a, b)
 
     def ite(self, c, a, b):
         return z3.If(c, a, b)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..ir import dims as D
-from ..ir.ops import BINARY, COMPARE, UNARY
+from ..ir.ops import BINARY, COMPARE, UNARY, per_op
 from .scalars import INF, NINF, Algebra, Unsupported, is_num, number
 
 
@@ -138,7 +138,7 @@ def _matmul(x: np.ndarray, y: np.ndarray, alg: Algebra) -> np.ndarray:
     return out
 
 
-_IDENTITY = {"sum": Fraction(0), "max": NINF, "min": INF}
+_IDENTITY = per_op({"sum": Fraction(0), "max": NINF, "min": INF}, "reduce", where="verify/scalarise.py")
 
 
 def _reduce(x: np.ndarray, op: str, axis: int, keep: bool, alg: Algebra) -> np.ndarray:

@@ -12,7 +12,10 @@ answers unknown instead of guessing.
 from __future__ import annotations
 
 import math
+import operator
 from fractions import Fraction
+
+from ..ir.ops import per_op
 
 INF, NINF, NAN = math.inf, -math.inf, math.nan
 
@@ -136,9 +139,9 @@ class Algebra:
                 # a special against a finite symbolic value: the infinity decides
                 fx = _to_float(x) if is_special(x) else 0.0
                 fy = _to_float(y) if is_special(y) else 0.0
-                return _COMPARE[op](fx, fy)
-            return _COMPARE[op](_to_float(x) if is_special(x) else Fraction(x),
-                                _to_float(y) if is_special(y) else Fraction(y))
+                return COMPARISONS[op](fx, fy)
+            return COMPARISONS[op](_to_float(x) if is_special(x) else Fraction(x),
+                                    _to_float(y) if is_special(y) else Fraction(y))
         return self.b.compare(op, self.lift(x), self.lift(y))
 
     def where(self, c, x, y):
@@ -263,7 +266,6 @@ def _ieee_div(x: float, y: float) -> float:
     return x / y
 
 
-_COMPARE = {
-    "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
-    "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b,
-}
+# Python's comparison operators, which z3's terms overload too.
+COMPARISONS = per_op({"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
+                      "eq": operator.eq, "ne": operator.ne}, "compare", where="verify/scalars.py")
