@@ -132,7 +132,7 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     if graph.text() != candidate.graph.text():
         raise BindingError("scheduler: the candidate graph is not renumbered (pass ir.rebuild(graph)); "
                            "fact node ids would not match")
-    facts = fact_table(graph, candidate.facts)
+    facts = fact_table(candidate.facts)
     dynamic = set(dynamic)
     splits = split_symbols(graph)
     # The plans serve every value of a dynamic symbol; one that is 0 here (a first call

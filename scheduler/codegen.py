@@ -18,6 +18,7 @@ import sympy
 from cleave.ir import ShapeError
 from cleave.ir import dims as D
 from cleave.ir.dtypes import DType
+from cleave.ir.ops import COMPARE, per_op
 
 from .bounds import segments
 from .exprs import code
@@ -28,33 +29,34 @@ from .partition import KernelSpec, buffer_name, stored_dtype
 from .tiles import Tiling, dot_labels, is_full
 from .views import gathers
 
-TL = {DType.f64: "tl.float64", DType.f32: "tl.float32", DType.f16: "tl.float16", DType.bf16: "tl.bfloat16",
-      DType.i64: "tl.int64", DType.i32: "tl.int32", DType.bool: "tl.int1"}
+TL = {d: d.triton_name for d in DType}
+_ITEMSIZE = {d.triton_name: d.itemsize for d in DType}
 LOW = ("tl.bfloat16", "tl.float16")
 GROUP = 8  # row tiles per group in the grouped program order of a tiled MatMul
-NEUTRAL = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
-COMBINE = {"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}
-UNARY = {"exp": "tl.exp({x})", "log": "tl.log({x})", "sqrt": "tl.sqrt({x})", "rsqrt": "tl.rsqrt({x})",
-         "neg": "-{x}", "recip": "1.0 / {x}", "silu": "{x} * tl.sigmoid({x})", "sigmoid": "tl.sigmoid({x})",
-         "tanh": "2.0 * tl.sigmoid(2.0 * {x}) - 1.0", "square": "{x} * {x}", "cos": "tl.cos({x})",
-         "sin": "tl.sin({x})", "abs": "tl.abs({x})", "erf": "tl.erf({x})",
-         "inf_to_zero": "tl.where(tl.abs({x}) == float(\"inf\"), 0.0, {x})",
-         # near 0, 1 + x and exp(x) - 1 lose x's low bits: Kahan's forms keep them (libdevice's
-         # log1p/expm1 do not run in Triton's CPU interpreter)
-         "log1p": "tl.where(tl.abs({x}) < 0.5, tl.where(1.0 + {x} == 1.0, {x}, tl.log(1.0 + {x}) * {x} / "
-                  "(1.0 + {x} - 1.0)), tl.log(1.0 + {x}))",
-         "expm1": "tl.where(tl.abs({x}) < 0.5, tl.where(tl.exp({x}) == 1.0, {x}, (tl.exp({x}) - 1.0) * {x} / "
-                  "tl.log(tl.exp({x}))), tl.exp({x}) - 1.0)"}
+NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}, "reduce", where="codegen")
+COMBINE = per_op({"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}, "reduce",
+                 where="codegen")
+UNARY = per_op({"exp": "tl.exp({x})", "log": "tl.log({x})", "sqrt": "tl.sqrt({x})", "rsqrt": "tl.rsqrt({x})",
+                "neg": "-{x}", "recip": "1.0 / {x}", "silu": "{x} * tl.sigmoid({x})", "sigmoid": "tl.sigmoid({x})",
+                "tanh": "2.0 * tl.sigmoid(2.0 * {x}) - 1.0", "square": "{x} * {x}", "cos": "tl.cos({x})",
+                "sin": "tl.sin({x})", "abs": "tl.abs({x})", "erf": "tl.erf({x})",
+                "inf_to_zero": "tl.where(tl.abs({x}) == float(\"inf\"), 0.0, {x})",
+                # near 0, 1 + x and exp(x) - 1 lose x's low bits: Kahan's forms keep them (libdevice's
+                # log1p/expm1 do not run in Triton's CPU interpreter)
+                "log1p": "tl.where(tl.abs({x}) < 0.5, tl.where(1.0 + {x} == 1.0, {x}, tl.log(1.0 + {x}) * {x} / "
+                         "(1.0 + {x} - 1.0)), tl.log(1.0 + {x}))",
+                "expm1": "tl.where(tl.abs({x}) < 0.5, tl.where(tl.exp({x}) == 1.0, {x}, (tl.exp({x}) - 1.0) * {x} / "
+                         "tl.log(tl.exp({x}))), tl.exp({x}) - 1.0)"}, "unary", where="codegen")
 # torch.pow: |a|^b through exp and log, negated for a negative base and an odd integer
 # exponent, NaN for a negative base and a fractional one, and 1 for a zero exponent.
 # Nested selects, not `&` of comparisons: with a scalar exponent, Triton's CPU
 # interpreter broadcasts the exponent's comparison as floats, and `&` then fails.
 POW = ("tl.where({b} == 0.0, 1.0, tl.where({a} < 0.0, tl.where(tl.floor({b}) == {b}, "
        "tl.where(tl.floor({b} * 0.5) * 2.0 == {b}, 1.0, -1.0), float(\"nan\")), 1.0) * tl.exp(tl.log(tl.abs({a})) * {b}))")
-BINARY = {"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
-          "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})", "pow": POW,
-          "lt": "{a} < {b}", "le": "{a} <= {b}", "gt": "{a} > {b}", "ge": "{a} >= {b}", "eq": "{a} == {b}",
-          "ne": "{a} != {b}"}
+BINARY = per_op({"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
+                 "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})", "pow": POW,
+                 "lt": "{a} < {b}", "le": "{a} <= {b}", "gt": "{a} > {b}", "ge": "{a} >= {b}", "eq": "{a} == {b}",
+                 "ne": "{a} != {b}"}, "binary", "compare", where="codegen")
 
 
 @dataclass
@@ -239,10 +241,10 @@ class Emitter:
             return out
         if op in BINARY:
             a, c = args
-            ty = "tl.int1" if op in ("lt", "le", "gt", "ge", "eq", "ne") else (
+            ty = "tl.int1" if op in COMPARE else (
                 "tl.float32" if n.dtype.is_float else TL[n.dtype])
             conv = self.f32 if n.dtype.is_float else self.align
-            if op in ("lt", "le", "gt", "ge", "eq", "ne") and not (a.ty in ("tl.int32", "tl.int64") and c.ty in ("tl.int32", "tl.int64")):
+            if op in COMPARE and not (a.ty in ("tl.int32", "tl.int64") and c.ty in ("tl.int32", "tl.int64")):
                 conv = self.f32
             return self.var(b, BINARY[op].format(a=conv(a, dims), b=conv(c, dims)), dims, ty)
         if op == "where":
@@ -277,7 +279,7 @@ class Emitter:
             at = code(merged, self.index_names(b, inst.view, dims))
             return self.var(b, f"tl.where({at} < {bound}, {self.f32(args[0], dims)}, {lit})", dims, "tl.float32")
         if op == "reduce":
-            return self.reduce_full(b, inst, args[0], dims)
+            return self.partial_reduce(b, inst, args[0])
         if op == "matmul":
             return self.dot(b, inst, args[0], args[1], dims)
         if op == "topk":
@@ -318,9 +320,9 @@ class Emitter:
             elems *= self.t.block[d]
         ty = self.buffer_dtype(node)
         name = buffer_name(self.views.graph, node)
-        self.stats.traffic(name, elems * _size(ty) * b.trips, self.numel(node) * _size(ty))
+        self.stats.traffic(name, elems * _ITEMSIZE[ty] * b.trips, self.numel(node) * _ITEMSIZE[ty])
         if b.chain:
-            self.stats.stage_smem[(node.id, tuple(inst.view))] = elems * _size(ty)
+            self.stats.stage_smem[(node.id, tuple(inst.view))] = elems * _ITEMSIZE[ty]
         out = self.var(b, f"tl.load({addr}{m})", dims, ty)
         out.zero = True
         return out
@@ -368,9 +370,6 @@ class Emitter:
         """How many valid indices of label lid the current tile holds."""
         valid = self.valid(lid, (lid,))
         return f"tl.sum(({valid}).to(tl.float32), axis=0)" if valid else f"{self.t.block[lid]}.0"
-
-    def reduce_full(self, b: Block, inst, x: Val, dims) -> Val:
-        return self.partial_reduce(b, inst, x)
 
     def dot(self, b: Block, inst, a: Val, c: Val, dims, acc: str | None = None) -> Val:
         k = inst.reduced.id
@@ -655,7 +654,7 @@ class Emitter:
                 mask[m] = {lid}
         elems = _prod([self.t.block[d] for d in dims])
         ty = self.buffer_dtype(st.node)
-        self.stats.traffic(st.buffer, elems * _size(ty), self.numel(st.node) * _size(ty))
+        self.stats.traffic(st.buffer, elems * _ITEMSIZE[ty], self.numel(st.node) * _ITEMSIZE[ty])
         addr = f"{st.buffer}_ptr" + (" + " + " + ".join(terms) if terms else "")
         value = self.align(v, dims)
         if v.dims != dims and v.dims and dims:
@@ -693,12 +692,7 @@ def _prod(xs) -> int:
     return out
 
 
-def _size(ty: str) -> int:
-    return {"tl.float64": 8, "tl.int64": 8, "tl.float32": 4, "tl.int32": 4, "tl.bfloat16": 2, "tl.float16": 2,
-            "tl.int1": 1}[ty]
-
-
-def fact_table(graph, facts) -> dict:
+def fact_table(facts) -> dict:
     """Separable facts keyed by the F node's id, with the rescale parsed."""
     out = {}
     for f in facts:

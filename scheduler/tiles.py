@@ -28,8 +28,6 @@ def next_pow2(n: int) -> int:
 class Tiling:
     role: dict[int, str]  # label id -> grid | full | loop
     block: dict[int, int]
-    num_warps: int = 4
-    num_stages: int = 2
     static: dict[int, int] = field(default_factory=dict)  # label id -> extent when not dynamic
 
 

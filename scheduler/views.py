@@ -21,10 +21,9 @@ from sympy.core.function import AppliedUndef
 
 from cleave.ir import Graph, Node, ShapeError
 from cleave.ir import dims as D
-from cleave.ir.ops import UNARY
+from cleave.ir.ops import BINARY, COMPARE, UNARY
 
-ELEMENTWISE = {*UNARY, "cast", "add", "sub", "mul", "div", "max", "min", "pow", "lt", "le", "gt", "ge", "eq", "ne",
-               "where", "broadcast"}
+ELEMENTWISE = {*UNARY, *BINARY, *COMPARE, "cast", "where", "broadcast"}
 
 
 @dataclass(eq=False)
@@ -285,11 +284,6 @@ def reshape_back(src, dst, view, node) -> tuple:
     return tuple(inner)
 
 
-def reshape_forward(src, dst, view, node) -> tuple:
-    """Index of the reshape's result (shape dst) from its operand's index (shape src)."""
-    return reshape_back(dst, src, view, node)
-
-
 def store_chain(out: Node, stored_dtype=None) -> tuple[Node, list[Node]]:
     """Peel trailing reshapes/permutes off an output: the kernel computes the inner
     node and stores it through the chain's forward index map (a merge stays affine).
@@ -311,6 +305,6 @@ def forward_view(chain: list[Node], view: tuple) -> tuple:
             continue
         if n.op == "permute":
             view = tuple(view[p] for p in n.attrs["perm"])
-        else:
-            view = reshape_forward(n.inputs[0].shape, n.shape, view, n)
+        else:  # the operand's index to the result's: reshape_back with the shapes swapped
+            view = reshape_back(n.shape, n.inputs[0].shape, view, n)
     return view
