@@ -118,7 +118,7 @@ ENCODINGS = {
     **{op: Encoding("TopK", (OP, 1, 2, 0), prefix="topk_") for op in ("topk_values", "topk_indices")},
 }
 if set(ENCODINGS) != set(OPS):
-    raise RuleError(f"search/egraph.py: no e-node encoding for {sorted(set(OPS) - set(ENCODINGS))}")
+    raise RuleError(f"search/egraph.py: ENCODINGS and rules/dsl.OPS differ in {sorted(set(OPS) ^ set(ENCODINGS))}")
 _DECODINGS = {e.constructor: (op, e) for op, e in ENCODINGS.items()}  # the op, where only one has it
 
 

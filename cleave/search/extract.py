@@ -2,8 +2,9 @@
 
 The e-graph is read once (egglog's serialized form). Extractions are DAGs: one
 e-node per reachable e-class, the same choice wherever a class is used. They are
-ranked by the cost of the decoded graph at a representative binding (extraction_cost.py):
-all of them when there are few enough, else a beam search over the choice points.
+ranked by the cost of the decoded graph at a representative binding
+(extraction_cost.py): all of them when there are few enough, else a beam search over
+the choice points.
 Each candidate then records the rule applications it shows and its separability facts.
 """
 from __future__ import annotations
