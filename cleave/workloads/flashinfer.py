@@ -269,7 +269,11 @@ def _make_inputs(name: str):
     """Workload.make_inputs: the batch of the suite whose binding is `env` (valid page lists
     need more than the axes' sizes)."""
     def make(graph, env, seed=0, device="cpu", dtype=None):
-        which = next(w for w in _BATCHES if _binding(name, w) == {a: env[a] for a in kind_of(name).var})
+        wanted = {a: env[a] for a in kind_of(name).var}
+        which = next((w for w in _BATCHES if _binding(name, w) == wanted), None)
+        if which is None:
+            raise ValueError(f"{name}: no batch of the suite has the binding {wanted}; the suite's: "
+                             f"{[_binding(name, w) for w in _BATCHES]}")
         return _named_inputs(name, which, seed, device, dtype)
     return make
 
