@@ -17,8 +17,9 @@ from cleave.ir import dims as D
 
 from .views import Instance
 
-# ops that only re-index or re-type a value: an operand built of these and loads is read, not computed
-LAYOUT = ("reshape", "permute", "cast", "slice", "squeeze", "unsqueeze", "expand", "broadcast")
+# ops that only re-index or re-type a value: an operand built of these and loads is read, not
+# computed (a Split's chunks, a gather of pages through an index tensor)
+LAYOUT = ("reshape", "permute", "cast", "slice", "broadcast", "concat", "split", "take", "gather")
 NOT_COMPUTED = ("const", "size", "iota")
 # the other side's tile the operand is recomputed for (the largest dot tile the enumeration offers
 # below 256, so the count is not understated)
@@ -77,9 +78,9 @@ def _outer_matmuls(inst: Instance) -> list[Instance]:
 
 def computes(inst: Instance) -> bool:
     """Whether an instance does arithmetic below its layout ops (not only loads)."""
-    while not inst.leaf and inst.op in LAYOUT:
-        inst = inst.inputs[0]
-    return not inst.leaf and inst.op not in NOT_COMPUTED
+    if inst.leaf or inst.op in NOT_COMPUTED:
+        return False
+    return inst.op not in LAYOUT or any(computes(i) for i in inst.inputs)
 
 
 def _elems(labels, views, env) -> int:

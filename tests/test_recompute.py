@@ -1,0 +1,50 @@
+"""The partitioner's choice between fusing a MatMul operand (recomputed once per tile of
+the other side) and materialising it once (scheduler/recompute.py), both ways, and
+the materialised plan's kernels against the fp64 interpreter."""
+from __future__ import annotations
+
+import re
+
+import cleave
+from cleave import workloads
+from kernel_check import run_and_check
+
+NORM_MM = workloads.get("rmsnorm_matmul").graph  # x (s, k) -> RMSNorm -> @ w (k, n)
+
+
+def _stores(plan) -> list[list[str]]:
+    return [re.findall(r"tl\.store\((\w+)_ptr", k.source) for k in plan.kernels]
+
+
+def test_wide_projection_materialises_its_normed_rows_in_their_own_dtype():
+    """14336 output columns: 112 programs per row tile would each renormalise the rows."""
+    (plan,) = cleave.schedule(NORM_MM, {"s": 2048, "k": 4096, "n": 14336}, top_k=1)
+    assert len(plan.kernels) == 2, _stores(plan)
+    (normed,) = plan.intermediates
+    assert normed.dtype == "bf16" and normed.shape == ["s", "k"]
+    assert _stores(plan)[0] == [normed.name] and "tl.dot(" in plan.kernels[1].source
+    assert f"{normed.name}_ptr" in plan.kernels[1].source and "x_ptr" not in plan.kernels[1].source
+
+
+def test_narrow_projection_keeps_the_norm_in_its_operand():
+    """64 output columns: one program per row tile, nothing is computed twice."""
+    (plan,) = cleave.schedule(NORM_MM, {"s": 2048, "k": 4096, "n": 64}, top_k=1)
+    assert len(plan.kernels) == 1 and not plan.intermediates
+
+
+def test_a_split_operand_is_read_not_materialised():
+    """Split-K's chunks only re-index x and w: the partial products read them in place."""
+    graph = workloads.get("matmul").graph
+    split = next(c for c in cleave.search(graph, top_k=4, progress=False).candidates if c.derivation == ["split-k"])
+    plans = cleave.schedule(split, {"s": 4096, "k": 4096, "n": 4096}, split={"s_k": 2}, top_k=1)
+    assert [len(p.kernels) for p in plans] == [2]  # the partial products, their combine
+    (partials,) = plans[0].intermediates
+    assert partials.dtype == "f32"  # a partial over the chunk axis keeps f32
+
+
+def test_materialised_plan_matches_the_fp64_interpreter_at_odd_sizes():
+    """Partitioned at a wide binding, run at a small odd one (all axes dynamic)."""
+    (plan,) = cleave.schedule(NORM_MM, {"s": 2048, "k": 4096, "n": 14336}, dynamic={"s", "k", "n"}, top_k=1)
+    assert len(plan.kernels) == 2
+    for seed, env in enumerate(({"s": 37, "k": 45, "n": 70}, {"s": 1, "k": 130, "n": 19})):
+        run_and_check(NORM_MM, plan, env, seed=seed)
