@@ -6,7 +6,9 @@ every accumulator of that loop unchanged (a max of -inf, a sum of 0, a dot with 
 values taken as finite), and whose cond is an affine compare between index (iota)
 expressions over X and the program's own labels, bounds the loop per program:
 tiles where c is taken everywhere are skipped, and tiles where x is taken
-everywhere run without the mask. A causal mask `j <= i` is one instance.
+everywhere run without the mask. A causal mask `j <= i` is one instance. One mask
+on each side (a sliding window's `j > i - W` with the causal one) bounds the loop
+from both ends: it runs over the band between them.
 """
 from __future__ import annotations
 
@@ -178,22 +180,36 @@ def segments(em, x: int, order, trips: int) -> list[Segment]:
         plain = [Segment("0", whole, defs=[f"{whole} = {extent} // {bx} * {bx}"], full=True),
                  Segment(whole, extent)]
         _fractions(em, plain, trips, bx)
+    limits = {}  # the first mask found on each side: +1 keeps j <= a limit, -1 keeps j >= one
+    for where, keep, le0 in _index_masks(em, x, order):
+        found = _limits(em, x, le0)
+        if found is not None:
+            side, any_, all_ = found
+            limits.setdefault(side, (any_, all_, where, keep))
+    if not limits:
+        return plain
+    segs = _band(x, bx, extent, limits.get(-1), limits.get(1))
+    _fractions(em, segs, trips, bx)
+    return segs
+
+
+def _index_masks(em, x: int, order):
+    """(where, the branch it keeps, an expression <= 0 exactly where it keeps it) for each
+    where over x whose other branch every accumulator absorbs and whose cond compares
+    index expressions."""
     for w in em.views.memo.values():
         if w.op != "where" or x not in w.labels or not any(w is a or _depends(a, w) for a in order):
             continue
         cond, tv, fv = w.inputs
         if cond.op not in _LE0 or cond.node.inputs[0].dtype.is_float:
             continue
+        lhs, rhs = (index_expr(i) for i in cond.inputs)
+        if lhs is None or rhs is None:
+            continue
         for const, keep, op in ((_const_value(fv), tv, cond.op), (_const_value(tv), fv, _NOT[cond.op])):
-            if const is None or not all(absorbed(a, w, const) for a in order):
-                continue
-            lhs, rhs = (index_expr(i) for i in cond.inputs)
-            if lhs is None or rhs is None:
-                continue
-            found = _bounds(em, x, sympy.expand(_LE0[op](lhs, rhs)), bx, extent, trips, w, keep)
-            if found:
-                return found
-    return plain
+            if const is not None and all(absorbed(a, w, const) for a in order):
+                yield w, keep, sympy.expand(_LE0[op](lhs, rhs))
+                break
 
 
 def _label_range(em, lid: int):
@@ -207,7 +223,10 @@ def _label_range(em, lid: int):
     return None
 
 
-def _bounds(em, x, le0, bx, extent, trips, where, keep):
+def _limits(em, x, le0):
+    """(side, limit over any row, limit over every row) of the kept index of x within one
+    program: side +1 keeps x <= limit, -1 keeps x >= limit. None unless le0 steps x by one
+    and is affine in the program's labels."""
     table = em.views.by_sym()
     xs = em.labels[x].sym
     a = le0.coeff(xs)
@@ -225,21 +244,35 @@ def _bounds(em, x, le0, bx, extent, trips, where, keep):
             return None
         lo_sub[sym], hi_sub[sym] = (rng if c > 0 else rng[::-1])
     rmin, rmax = rest.xreplace(lo_sub), rest.xreplace(hi_sub)
-    if a > 0:  # kept where j <= -r
-        last_any, last_all = -rmin, -rmax
-        hi, mid = f"hi{x}", f"mid{x}"
-        # mid is a multiple of the tile and at most hi <= extent: the tiles before it are
-        # whole, unmasked both by the where and by the extent.
-        defs = [f"{hi} = tl.minimum({extent}, {code(last_any)} + 1)",
-                f"{mid} = tl.minimum(tl.maximum(({code(last_all)} + 1) // {bx} * {bx}, 0), {hi} // {bx} * {bx})"]
-        segs = [Segment("0", mid, {id(where): keep}, defs=defs, full=True), Segment(mid, hi)]
-    else:  # kept where j >= r
-        first_any, first_all = rmin, rmax
-        lo, mid = f"lo{x}", f"mid{x}"
-        defs = [f"{lo} = tl.maximum({code(first_any)}, 0) // {bx} * {bx}",
-                f"{mid} = tl.maximum(tl.minimum(({code(first_all)} + {bx - 1}) // {bx} * {bx}, {extent}), {lo})"]
-        segs = [Segment(lo, mid, defs=defs), Segment(mid, extent, {id(where): keep})]
-    _fractions(em, segs, trips, bx)
+    return (1, -rmin, -rmax) if a > 0 else (-1, rmin, rmax)
+
+
+def _band(x, bx, extent, lower, upper) -> list[Segment]:
+    """The loop between a lower and/or an upper limit (each (any, all, where, kept branch)):
+    tiles outside both skipped, the masked tiles at each edge, and between them the whole
+    tiles every mask keeps, run without masks. lo <= inner <= mid <= hi, all but hi tile
+    multiples; when the limits cross (lo > mid) only [mid, hi) runs, masked."""
+    lo, inner, mid, hi = f"lo{x}", f"inner{x}", f"mid{x}", f"hi{x}"
+    defs, keep = [], {}
+    if upper:
+        last_any, last_all, where, kept = upper
+        keep[id(where)] = kept
+        defs += [f"{hi} = tl.minimum({extent}, {code(last_any)} + 1)",
+                 f"{mid} = tl.minimum(tl.maximum(({code(last_all)} + 1) // {bx} * {bx}, 0), {hi} // {bx} * {bx})"]
+    else:
+        mid = hi = extent
+    if lower:
+        first_any, first_all, where, kept = lower
+        keep[id(where)] = kept
+        defs += [f"{lo} = tl.maximum({code(first_any)}, 0) // {bx} * {bx}",
+                 f"{inner} = tl.maximum(tl.minimum(({code(first_all)} + {bx - 1}) // {bx} * {bx}, {mid}), {lo})"]
+    else:
+        lo = inner = "0"
+    # Only tiles before mid are whole (mid <= hi // bx * bx <= extent); without an upper
+    # limit the last tile may be ragged and keeps the extent mask.
+    segs = ([Segment(lo, inner)] if lower else []) + [Segment(inner, mid, keep, full=bool(upper))]
+    segs += [Segment(mid, hi)] if upper else []
+    segs[0].defs = defs
     return segs
 
 

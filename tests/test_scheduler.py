@@ -192,7 +192,7 @@ def test_upper_triangular_mask_bounds_the_loop_from_below():
     g.output(o.cast("bf16"), names=["o"])
     cand = _cand(g, [(e, m, EXP)])
     src = _causal_source_and_check(cand, {"b": 2, "h": 1, "s": 53, "d": 16})
-    assert "lo4 = " in src and "for start4 in range(lo4, mid4" in src
+    assert "lo4 = " in src and "for start4 in range(lo4, inner4" in src
 
 
 def test_long_decode_split_fills_the_gpu_twice():
