@@ -12,6 +12,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from cleave.workloads.attention_variants import SOFTCAP, WINDOW
+
 from .strongest import Baseline
 
 GEMM = {"matmul", "rmsnorm_matmul", "swiglu", "matmul_matmul", "matmul_rowsum"}
@@ -36,6 +38,8 @@ ATTENTION = {
     "mha": Attention(), "gqa": Attention(),
     "mha_causal": Attention(causal=True), "gqa_causal": Attention(causal=True),
     "gqa_decode": Attention(), "mqa_decode": Attention(),
+    "mha_softcap": Attention(causal=True, softcap=SOFTCAP), "mha_alibi": Attention(causal=True, alibi=True),
+    "mha_window": Attention(causal=True, window=WINDOW),
 }
 ROPE_ATTENTION = {"rope_attention_causal": Attention(causal=True)}
 

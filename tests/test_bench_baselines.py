@@ -1,6 +1,8 @@
 """The benchmark's strongest-baseline selection (benchmarks/strongest.py) and the
 baselines' formulations (benchmarks/baselines.py), on CPU at tiny shapes. Nothing
 here asserts a timing: fake timers stand in for do_bench."""
+import dataclasses
+import functools
 import math
 import warnings
 
@@ -11,6 +13,7 @@ from benchmarks import baselines, report
 from benchmarks.strongest import NOT_NEEDED, Baseline, best, measure
 from cleave import workloads
 from cleave.workloads.attention import reference_rope_attention
+from cleave.workloads.attention_variants import reference_window
 
 X = torch.randn(5, 7, generator=torch.Generator().manual_seed(0))
 REFERENCE = [X * 2]
@@ -160,6 +163,25 @@ def test_flex_mods_compute_each_variant(variant):
     mask = keep and create_block_mask(keep, None, None, 150, 150, device="cpu")
     got = flex_attention(q, k, v, score_mod=score_mod, block_mask=mask)  # unfused: eager is enough here
     torch.testing.assert_close(got, _dense(q, k, v, variant), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["mha_softcap", "mha_alibi", "mha_window"])
+def test_flex_baseline_of_each_variant_computes_the_workload(name):
+    """The flex_attention the GPU run times against a variant computes that workload's
+    reference (the window shortened to 5 on both sides, so it cuts these sequences)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    w = workloads.get(name)
+    variant, reference = baselines.ATTENTION[name], w.reference
+    if variant.window:
+        variant = dataclasses.replace(variant, window=5)
+        reference = functools.partial(reference_window, window=5)
+    inputs = {k: v.float() for k, v in w.inputs(w.test_bindings[0], seed=9).items()}
+    heads, s = inputs["q"].shape[1:3]
+    keep, score_mod = baselines.flex_mods(variant, heads=heads, device="cpu")
+    mask = create_block_mask(keep, None, None, s, s, device="cpu")
+    got = flex_attention(inputs["q"], inputs["k"], inputs["v"], score_mod=score_mod, block_mask=mask)
+    torch.testing.assert_close(got, reference(**inputs), rtol=1e-4, atol=1e-4)
 
 
 def test_every_attention_workload_has_a_flex_baseline_and_gemms_autotune():
