@@ -21,6 +21,8 @@ from .views import Instance
 # computed (a Split's chunks, a gather of pages through an index tensor)
 LAYOUT = ("reshape", "permute", "cast", "slice", "broadcast", "concat", "split", "take", "gather")
 NOT_COMPUTED = ("const", "size", "iota")
+# the single-input ops a stored operand may be taken below
+REINDEX = ("reshape", "permute", "broadcast", "cast")
 # the other side's tile the operand is recomputed for (the largest dot tile the enumeration offers
 # below 256, so the count is not understated)
 OTHER_TILE = 128
@@ -52,13 +54,29 @@ def operand_cuts(spec, cuttable: list[Instance], env: dict, target, long) -> set
                 passes = math.ceil(D.evaluate(lab.extent, env) / OTHER_TILE) if lab is not None and lab.id in roots else 1
                 if passes > 1 and (passes - 1) * recompute_seconds(operand, spec.views, env, target) \
                         > round_trip_seconds(operand, spec.views, env, target):
-                    out.add(operand.node.id)
+                    out.add(_smallest_in_chain(operand, allowed, env).node.id)
                     continue
                 inner = [i for i in _outer_matmuls(operand) if long(i.reduced) and id(i) in allowed]
                 out |= {i.node.id for i in inner}
                 seen |= {id(i) for i in inner}
             stack.append(operand)
     return out
+
+
+def _smallest_in_chain(inst: Instance, allowed: set, env: dict) -> Instance:
+    """The value to store for an operand: the one of fewest bytes along its chain of
+    re-indexing ops and casts (GQA's keys before repeat_kv's expand, not one copy per
+    query head); of equal sizes the outermost, whose layout the consumer reads."""
+    best, size = inst, _bytes(inst, env)
+    while not inst.leaf and inst.op in REINDEX and not inst.inputs[0].leaf:
+        inst = inst.inputs[0]
+        if id(inst) in allowed and _bytes(inst, env) < size:
+            best, size = inst, _bytes(inst, env)
+    return best
+
+
+def _bytes(inst: Instance, env: dict) -> int:
+    return math.prod(D.evaluate(d, env) for d in inst.node.shape) * inst.node.dtype.itemsize
 
 
 def _outer_matmuls(inst: Instance) -> list[Instance]:

@@ -4,6 +4,7 @@ three sequence lengths from one compile; the Llama block at its real widths sche
 (not run) within its kernel budget; a small whole model's logits against eager fp32."""
 from __future__ import annotations
 
+import math
 import pathlib
 import sys
 import warnings
@@ -13,6 +14,7 @@ import torch
 
 import cleave
 from cleave.runtime import backend
+from cleave.scheduler.exprs import evaluate
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks.models import TinyModel, config, layer_inputs, make_layer, rope  # noqa: E402
@@ -56,37 +58,36 @@ def test_tiny_layer_compiles_once_for_three_lengths(ctx, name, naive):
     assert all(n <= KERNEL_BUDGET for n in _kernels(ctx)), _kernels(ctx)
 
 
-def test_real_width_llama_layer_schedules_within_its_kernel_budget():
+@pytest.mark.parametrize("naive", [False, True], ids=["sdpa", "naive"])
+def test_real_width_llama_layer_schedules_within_its_kernel_budget(naive):
     """Llama-3-8B's widths (D 4096, 32/8 heads, FF 14336) with batch and sequence
-    dynamic: captured on the meta device, searched and scheduled, never run."""
-    from torch._functorch.aot_autograd import aot_module_simplified
-
-    from cleave.frontends.decompositions import table
-    from cleave.frontends.fx_graph import translate_graph_module
+    dynamic, captured as the layer benchmark captures it (the backend's lowering of CPU
+    tensors; nothing runs), searched and scheduled. Its intermediates are activations in
+    bf16 (eager's dtype), the normed rows stored once, and keys and values stored per kv
+    head, not once per query head (repeat_kv)."""
+    from benchmarks.layers import capture
     from cleave.search.validate import CandidateCheckSkipped
 
-    graphs = []
-
-    def keep(gm, example_inputs):
-        graphs.append(translate_graph_module(gm, "llama_layer").graph)
-        return gm
-
-    def lower(gm, example_inputs):
-        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, decompositions=table())
-
-    torch._dynamo.reset()
-    layer = make_layer("llama3-8b", naive=False, device="meta")
-    with torch.no_grad():
-        torch.compile(layer, backend=lower, dynamic=True)(*layer_inputs("llama3-8b", 2, 2048, device="meta"))
-    (graph,) = graphs
-    x = graph.inputs[next(n for n, node in graph.inputs.items() if node.rank == 3)]
+    graph, sources = capture("llama3-8b", naive)
+    x = graph.inputs[next(p for p, s in sources.items() if s == ("arg", 0))]
     batch, seq = (str(d) for d in x.shape[:2])
     with warnings.catch_warnings():
         # 4096-wide weights are too large to interpret: the candidate rests on its proofs
         warnings.simplefilter("ignore", CandidateCheckSkipped)
         best = cleave.search(graph, top_k=2, progress=False).best
-    plans = cleave.schedule(best, {batch: 2, seq: 2048}, dynamic={batch, seq}, top_k=2)
+    env = {batch: 2, seq: 2048}
+    plans = cleave.schedule(best, env, dynamic={batch, seq}, top_k=2)
     assert plans and all(len(p.kernels) <= KERNEL_BUDGET for p in plans), [len(p.kernels) for p in plans]
+    inter = plans[0].intermediates
+    sizes = {b.name: math.prod(evaluate(d, env) for d in b.shape) for b in inter}
+    # activations in bf16; only a kv-head tensor may keep f32 (taken before a cast to
+    # bf16 that follows repeat_kv's expand: a quarter of the elements)
+    assert all(b.dtype == "bf16" or sizes[b.name] <= 2 * 2048 * 1024 for b in inter), \
+        [(b.name, b.dtype, sizes[b.name]) for b in inter]
+    assert max(sizes.values()) <= 2 * 2048 * 14336, sizes  # nothing s x s
+    assert sum(n == 2 * 2048 * 4096 for n in sizes.values()) >= 4, sizes  # normed rows, q, attention, o
+    kv = [n for n in sizes.values() if n < 2 * 2048 * 4096]
+    assert kv and all(n <= 2 * 2048 * 1024 for n in kv), sizes  # keys and values: 8 heads, not 32
     reads = {a for k in plans[0].kernels for a in k.args}
     assert any(n.rank == 2 and n.shape == (14336, 4096) for n in graph.inputs.values())
     assert {n for n, node in graph.inputs.items() if node.rank == 2} <= reads  # every weight is read
