@@ -36,6 +36,7 @@ GROUP = 8  # row tiles per group in the grouped program order of a tiled MatMul
 NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}, "reduce", where="codegen")
 COMBINE = per_op({"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}, "reduce",
                  where="codegen")
+REDUCE_IN_TILE = per_op({"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}, "reduce", where="codegen")
 UNARY = per_op({"exp": "tl.exp({x})", "log": "tl.log({x})", "sqrt": "tl.sqrt({x})", "rsqrt": "tl.rsqrt({x})",
                 "neg": "-{x}", "recip": "1.0 / {x}", "silu": "{x} * tl.sigmoid({x})", "sigmoid": "tl.sigmoid({x})",
                 "tanh": "2.0 * tl.sigmoid(2.0 * {x}) - 1.0", "square": "{x} * {x}", "cos": "tl.cos({x})",
@@ -360,8 +361,7 @@ class Emitter:
             if op == "sum" and self.t.block[r] > 1:
                 return self.var(b, f"{self.f32(x)} * {self.count(r)}", out, "tl.float32")
             return x
-        fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[op]
-        expr = f"{fn}({self.masked(x, r, NEUTRAL[op])}, axis={x.dims.index(r)})"
+        expr = f"{REDUCE_IN_TILE[op]}({self.masked(x, r, NEUTRAL[op])}, axis={x.dims.index(r)})"
         if not inst.node.dtype.is_float:  # a count (segment ids) indexes a load: back to its integer type
             return self.var(b, f"{expr}.to({TL[inst.node.dtype]})", out, TL[inst.node.dtype])
         return self.var(b, expr, out, "tl.float32")
