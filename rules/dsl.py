@@ -25,6 +25,8 @@ may carry an offset (`a-1`). Conditions:
     extent(n, x, a)     the scalar n equals the extent of axis a of x
     nonempty(x, a)      a binding must leave no split chunk of axis a of x all padding
                         (a constraint on the split count, recorded on the candidate graph)
+    finite(x)           x holds no infinity: no mask fill, division, log or exp reaches it
+                        from the program's inputs (cleave/search/finite.py)
 Examples are concrete terms (literal axes) over declared inputs: `x[m, k]` an f32
 input of that shape (`c[]` a scalar), `n = k` a scalar equal to the extent k. The
 rule must fire on each `rewrites:` term and must not on each `keeps:` term
@@ -44,7 +46,7 @@ REDUCE = {"r" + op: op for op in REDUCE_OPS}  # rsum: a reduce with op=sum
 OPS = {**{u: "t" for u in UNARY}, **{b: "tt" for b in BINARY}, **{r: "ta" for r in REDUCE},
        "where": "ttt", "matmul": "tt", "split": "tap", "squeeze": "ta", "unsqueeze": "ta", "swap": "t",
        "topk_values": "tka", "topk_indices": "tka"}
-CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta"}
+CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta", "finite": "t"}
 PADS = {"-inf": float("-inf"), "0": 0.0}
 
 

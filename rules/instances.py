@@ -97,9 +97,9 @@ def _rule_conditions(rule: Rule, nodes: dict, axes: dict) -> list:
 
 def masked_vars(rule: Rule) -> tuple[str, ...]:
     """The variables the lhs reduces over (reduction and MatMul operands), except the
-    ones a condition declares flat: a mask may have set any of their elements to -inf.
-    A flat operand (a shift or a scale constant along the axis) is a finite value."""
-    flat = {c.args[0].name for c in rule.conditions if c.kind == "flat"}
+    ones a condition declares flat or finite: a mask may have set any of their elements
+    to -inf. A flat operand (a shift or a scale constant along the axis) is a finite value."""
+    flat = {c.args[0].name for c in rule.conditions if c.kind in ("flat", "finite")}
     out: list[str] = []
 
     def walk(t, reduced: bool):

@@ -8,7 +8,8 @@ and the search's extracted candidates go through this one function.
 Precision: the search reasons in exact arithmetic (float casts are value
 identities and are dropped by the encoder). With `lowp` set (the graph fed
 f16/bf16 to its MatMuls) the policy is re-applied: MatMul operands are cast to
-`lowp`, every other op computes in f32.
+`lowp`, every other op computes in f32. A sum as a MatMul operand stays f32 (a
+matrix-vector product then accumulates f32 values).
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ class Lowering:
         g = self.g
         try:
             if op == "matmul":
-                return g.add("matmul", self._mm(self(args[0])), self._mm(self(args[1])))
+                return g.add("matmul", *(self(a) if _accumulated(a) else self._mm(self(a)) for a in args))
             x = self(args[0])
             if op not in ("split", "squeeze", "unsqueeze", "swap"):  # layout keeps the dtype
                 x = self._f32(x)
@@ -103,6 +104,15 @@ class Lowering:
             return g.add(op, x, *rest)
         except ShapeError as err:
             raise RuleError(f"{self.what}: {t.op}: {err}") from None
+
+
+def _accumulated(term) -> bool:
+    """Whether a MatMul operand is a sum the search made (W 1 of `sum-of-matmul`, maybe
+    split): it keeps its f32 accumulation, as rounding it to the MatMul's bf16 would
+    lose what the program's own f32 sum kept."""
+    while getattr(term, "op", None) in ("split", "squeeze", "unsqueeze", "swap"):
+        term = term.args[0]
+    return getattr(term, "op", None) == "rsum"
 
 
 def lower_example(example) -> tuple[Graph, dict]:

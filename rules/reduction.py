@@ -1,4 +1,5 @@
-"""Reductions: factors constant along the reduced axis leave the reduction."""
+"""Reductions: factors constant along the reduced axis leave the reduction; a row sum
+of a MatMul moves onto its right operand."""
 from .dsl import parse_rules
 
 RULES = parse_rules("""
@@ -15,6 +16,12 @@ rule sum-pull-div: rsum(div(x, c), a) => div(rsum(x, a), c)
   why: sum_a x/c = (sum_a x)/c when c does not vary along a
   rewrites: rsum(div(x, c), -2) with x[m, n], c[1, n]
   keeps: rsum(div(x, c), -2) with x[m, n], c[m, 1]
+
+rule sum-of-matmul: rsum(matmul(x, w), -1) => matmul(x, rsum(w, -1))
+  if finite(x) and finite(w)
+  why: sum_n (X W)[s, n] = X (W 1): row-sum W once (k values), then one matrix-vector product; needs finite operands, as -inf in X makes the left inf - inf = NaN where the right is inf
+  rewrites: rsum(matmul(x, w), -1) with x[s, k], w[k, n]
+  keeps: rsum(matmul(x, log(w)), -1) with x[s, k], w[k, n]
 
 rule max-pull-shift: rmax(sub(x, c), a) => sub(rmax(x, a), c)
   if flat(c, a)

@@ -21,6 +21,8 @@ from cleave.ir.ops import BINARY, UNARY
 from cleave.rules.dsl import REDUCE, Axis, Leaf, Term
 from cleave.rules.lower import LOW, Lowering
 
+from .finite import finite_nodes
+
 _REDUCE_NAME = {v: k for k, v in REDUCE.items()}
 
 
@@ -119,9 +121,12 @@ def seeds(enc: Encoded) -> list[tuple]:
     out = []
     nodes = [enc.graph.nodes[i] for i in enc.terms]
     scalars = [n for n in nodes if n.op in ("size", "const") and n.rank == 0]
+    finite = finite_nodes(enc.graph)
     for n in nodes:
         t = enc.terms[n.id]
         out.append(("rank", t, n.rank))
+        if n.id in finite:
+            out.append(("finite", t))
         for a in range(-n.rank, 0):
             d = n.shape[a]
             if D.is_one(d):
