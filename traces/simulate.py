@@ -27,27 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import uuid
 from pathlib import Path
 
+from cleave.runtime.traces import lognormal, poisson
+
 PROMPT = (256, 1.0, 16, 4096)   # median, sigma, min, max
 OUTPUT = (192, 0.8, 8, 1024)
 MODEL = {"hkv": 8, "g": 4, "d": 128}  # Llama-3-8B-style GQA: 32 q heads over 8 kv heads
-
-
-def _lognormal(rng: random.Random, spec) -> int:
-    median, sigma, lo, hi = spec
-    return int(min(hi, max(lo, round(rng.lognormvariate(math.log(median), sigma)))))
-
-
-def _poisson(rng: random.Random, mean: float) -> int:
-    limit, k, p = math.exp(-mean), 0, rng.random()
-    while p > limit:
-        k += 1
-        p *= rng.random()
-    return k
 
 
 def simulate(seed: int = 0, min_shapes: int = 120, rate: float = 0.6, max_batch: int = 64,
@@ -58,7 +46,7 @@ def simulate(seed: int = 0, min_shapes: int = 120, rate: float = 0.6, max_batch:
     running: list[list[int]] = []  # [kv length, tokens left to generate]
     out: dict[str, list[dict[str, int]]] = {"gqa": [], "gqa_decode": []}
     while min(len(v) for v in out.values()) < min_shapes:
-        waiting += [(_lognormal(rng, PROMPT), _lognormal(rng, OUTPUT)) for _ in range(_poisson(rng, rate))]
+        waiting += [(lognormal(rng, PROMPT), lognormal(rng, OUTPUT)) for _ in range(poisson(rng, rate))]
         decoding = [seq for seq in running]
         admitted, budget = [], prefill_budget
         while waiting and len(running) + len(admitted) < max_batch and waiting[0][0] <= budget:

@@ -27,17 +27,11 @@ import random
 import uuid
 from pathlib import Path
 
+from cleave.runtime.traces import lognormal, poisson
 from cleave.workloads import flashinfer as F
 
 PROMPT = (256, 1.0, 16, 4096)   # median, sigma, min, max (as simulate.py)
 OUTPUT = (192, 0.8, 8, 1024)
-
-
-def _lognormal(rng: random.Random, spec) -> int:
-    import math
-
-    median, sigma, lo, hi = spec
-    return int(min(hi, max(lo, round(rng.lognormvariate(math.log(median), sigma)))))
 
 
 class Pool:
@@ -80,7 +74,7 @@ def simulate(seed: int = 0, per_definition: int = 34, rate: float = 0.6, max_bat
     decode_steps, prefill_steps = [], []
     step = 0
     while min(len(decode_steps), len(prefill_steps)) < 4 * per_definition:
-        waiting += [Request(_lognormal(rng, prompt), _lognormal(rng, output)) for _ in range(_poisson(rng, rate))]
+        waiting += [Request(lognormal(rng, prompt), lognormal(rng, output)) for _ in range(poisson(rng, rate))]
         while waiting and len(running) + len(prefilling) < max_batch \
                 and _room(pools[1], running + prefilling + waiting[:1]):
             prefilling.append(waiting.pop(0))
@@ -121,16 +115,6 @@ def _room(pool: Pool, requests) -> bool:
     """Whether the pool holds every token these requests will still write (admission
     never runs out of pages later)."""
     return sum(r.prompt + r.left - r.kv for r in requests) <= len(pool.free)
-
-
-def _poisson(rng: random.Random, mean: float) -> int:
-    import math
-
-    limit, k, p = math.exp(-mean), 0, rng.random()
-    while p > limit:
-        k += 1
-        p *= rng.random()
-    return k
 
 
 def workload_line(name: str, step, seed: int, i: int) -> dict:

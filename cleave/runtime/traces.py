@@ -95,3 +95,25 @@ def reference_fn(definition: dict):
     scope: dict = {}
     exec(compile(definition["reference"], f"<reference of {definition['name']}>", "exec"), scope)
     return scope["run"]
+
+
+# -- sampling for the trace simulators (traces/simulate*.py) --------------------------
+
+def lognormal(rng, spec) -> int:
+    """A length drawn log-normally: spec is (median, sigma, least, most)."""
+    import math
+
+    median, sigma, lo, hi = spec
+    return int(min(hi, max(lo, round(rng.lognormvariate(math.log(median), sigma)))))
+
+
+def poisson(rng, mean: float) -> int:
+    """Arrivals in one step (Knuth's method: fine for the small means of a trace)."""
+    import math
+
+    limit, k, p = math.exp(-mean), 0, rng.random()
+    while p > limit:
+        k += 1
+        p *= rng.random()
+    return k
+

@@ -69,27 +69,28 @@ def _decode_keep(kv_indptr, kv_indices, page_size: int, kv_last_page_len=None):
     return keep
 
 
-def _gqa_decode(q, k_cache, v_cache, keep, sm_scale):
-    """q [b, h, d] against the gathered tokens k, v [n, kv_heads, d]; keep [b, n]."""
-    b, h, d = q.shape
-    hkv = k_cache.shape[-2]
-    qg = q.reshape(b, hkv, h // hkv, d).float()
-    scores = torch.einsum("bkgd,nkd->bkgn", qg, k_cache.float()) * sm_scale
-    out, lse = _softmax_attend(scores, keep[:, None, None, :], v_cache.float(), "bkgn,nkd->bkgd")
-    return out.reshape(b, h, d).to(q.dtype), lse.reshape(b, h)
+def _gqa_attend(q, k, v, keep, sm_scale):
+    """Each row of q [rows, h, d] (a decode request, or a packed prefill query) against
+    the gathered tokens k, v [n, kv_heads, d], where keep [rows, n]."""
+    rows, h, d = q.shape
+    hkv = k.shape[-2]
+    qg = q.reshape(rows, hkv, h // hkv, d).float()
+    scores = torch.einsum("rkgd,nkd->rkgn", qg, k.float()) * sm_scale
+    out, lse = _softmax_attend(scores, keep[:, None, None, :], v.float(), "rkgn,nkd->rkgd")
+    return out.reshape(rows, h, d).to(q.dtype), lse.reshape(rows, h)
 
 
 def gqa_paged_decode(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale):
     """FlashInfer's batch decode, one-token pages: kv_indices lists each request's tokens."""
     keep = _decode_keep(kv_indptr, kv_indices, k_cache.shape[1])
-    return _gqa_decode(q, _tokens(k_cache, kv_indices), _tokens(v_cache, kv_indices), keep, sm_scale)
+    return _gqa_attend(q, _tokens(k_cache, kv_indices), _tokens(v_cache, kv_indices), keep, sm_scale)
 
 
 def gqa_paged_decode_last_page(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale):
     """FlashInfer's batch decode over multi-token pages: a request's last page holds
     kv_last_page_len of them."""
     keep = _decode_keep(kv_indptr, kv_indices, k_cache.shape[1], kv_last_page_len)
-    return _gqa_decode(q, _tokens(k_cache, kv_indices), _tokens(v_cache, kv_indices), keep, sm_scale)
+    return _gqa_attend(q, _tokens(k_cache, kv_indices), _tokens(v_cache, kv_indices), keep, sm_scale)
 
 
 def block_table_decode(q, k_cache, v_cache, block_tables, seq_lens, sm_scale):
@@ -118,27 +119,17 @@ def _causal_keep(qo_indptr, kv_indptr, total_q: int, total_kv: int):
     return (j >= start[:, None]) & (j <= i + (end - q_end)[:, None])
 
 
-def _gqa_prefill(q, k, v, keep, sm_scale):
-    """q [total_q, h, d] against k, v [total_kv, kv_heads, d]; keep [total_q, total_kv]."""
-    t, h, d = q.shape
-    hkv = k.shape[-2]
-    qg = q.reshape(t, hkv, h // hkv, d).float()
-    scores = torch.einsum("tkgd,nkd->tkgn", qg, k.float()) * sm_scale
-    out, lse = _softmax_attend(scores, keep[:, None, None, :], v.float(), "tkgn,nkd->tkgd")
-    return out.reshape(t, h, d).to(q.dtype), lse.reshape(t, h)
-
-
 def gqa_ragged_prefill_causal(q, k, v, qo_indptr, kv_indptr, sm_scale):
     """FlashInfer's ragged prefill: requests' q and kv tokens packed back to back."""
     keep = _causal_keep(qo_indptr, kv_indptr, q.shape[0], k.shape[0])
-    return _gqa_prefill(q, k, v, keep, sm_scale)
+    return _gqa_attend(q, k, v, keep, sm_scale)
 
 
 def gqa_paged_prefill_causal(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale):
     """FlashInfer's paged prefill, one-token pages: request r's kv tokens are the pages
     kv_indices[kv_indptr[r]:kv_indptr[r+1]]."""
     keep = _causal_keep(qo_indptr, kv_indptr, q.shape[0], kv_indices.shape[0])
-    return _gqa_prefill(q, _tokens(k_cache, kv_indices), _tokens(v_cache, kv_indices), keep, sm_scale)
+    return _gqa_attend(q, _tokens(k_cache, kv_indices), _tokens(v_cache, kv_indices), keep, sm_scale)
 
 
 def _mla(q_nope, q_pe, ckv, kpe, keep, sm_scale):
