@@ -6,9 +6,7 @@ every accumulator of that loop unchanged (a max of -inf, a sum of 0, a dot with 
 values taken as finite), and whose cond is an affine compare between index (iota)
 expressions over X and the program's own labels, bounds the loop per program:
 tiles where c is taken everywhere are skipped, and tiles where x is taken
-everywhere run without the mask. A causal mask `j <= i` is one instance. One mask
-on each side (a sliding window's `j > i - W` with the causal one) bounds the loop
-from both ends: it runs over the band between them.
+everywhere run without the mask. A causal mask `j <= i` is one instance.
 """
 from __future__ import annotations
 
@@ -21,6 +19,7 @@ import sympy
 from cleave.ir import dims as D
 
 from .exprs import code
+from .index_bounds import provable
 
 FIN = "finite"  # any finite value
 _UNKNOWN = None
@@ -71,21 +70,33 @@ def _exp(a):
 _SAME = {"cast", "broadcast", "permute", "reshape", "slice"}
 
 
-def value(inst, where, const, memo) -> object:
-    """Abstract value of `inst` when `where` yields `const` everywhere."""
+def _either(x, y):
+    """The abstract value of a select between x and y."""
+    if x == y:
+        return x
+    known = x is not _UNKNOWN and y is not _UNKNOWN
+    return FIN if known and all(v == FIN or not math.isinf(v) for v in (x, y)) else _UNKNOWN
+
+
+def value(inst, consts: dict, memo) -> object:
+    """Abstract value of `inst` when each where instance in `consts` (by id) yields its
+    constant everywhere."""
     key = id(inst)
     if key in memo:
         return memo[key]
-    if inst is where:
-        out = const
+    if key in consts:
+        out = consts[key]
     elif inst.reduced is not None or inst.leaf:  # loads; reductions (running values are guarded finite)
         out = FIN
     elif inst.op == "const":
         out = float(inst.node.attrs["value"])
     elif inst.op in _SAME:
-        out = value(inst.inputs[0], where, const, memo)
+        out = value(inst.inputs[0], consts, memo)
+    elif inst.op == "split":  # a chunk's padding lanes hold the pad
+        v, pad = value(inst.inputs[0], consts, memo), inst.node.attrs["pad"]
+        out = v if pad is None else _either(v, pad)
     elif inst.op in ("add", "sub", "mul", "max", "min", "neg", "exp", "where"):
-        args = [value(i, where, const, memo) for i in inst.inputs]
+        args = [value(i, consts, memo) for i in inst.inputs]
         if inst.op == "add":
             out = _add(*args)
         elif inst.op == "sub":
@@ -97,15 +108,13 @@ def value(inst, where, const, memo) -> object:
         elif inst.op == "exp":
             out = _exp(args[0])
         elif inst.op == "where":
-            x, y = args[1], args[2]
-            out = x if x == y else (FIN if x is not _UNKNOWN and y is not _UNKNOWN and
-                                    all(v == FIN or not math.isinf(v) for v in (x, y)) else _UNKNOWN)
+            out = _either(args[1], args[2])
         else:  # max / min with the op's own identity passes the other side through
             a, b = args
             ident = -math.inf if inst.op == "max" else math.inf
             out = b if a == ident else a if b == ident else (
                 FIN if _UNKNOWN not in args and all(v == FIN or not math.isinf(v) for v in args) else _UNKNOWN)
-    elif _depends(inst, where):
+    elif _depends(inst, consts):
         out = _UNKNOWN
     else:
         out = FIN
@@ -113,11 +122,12 @@ def value(inst, where, const, memo) -> object:
     return out
 
 
-def _depends(inst, target) -> bool:
+def _depends(inst, targets) -> bool:
+    """Whether inst's inputs reach an instance whose id is in targets."""
     stack, seen = list(inst.inputs), set()
     while stack:
         i = stack.pop()
-        if i is target:
+        if id(i) in targets:
             return True
         if id(i) not in seen:
             seen.add(id(i))
@@ -125,30 +135,76 @@ def _depends(inst, target) -> bool:
     return False
 
 
-def absorbed(acc, where, const) -> bool:
-    """Whether `acc` (a loop accumulator) is unchanged by a tile where `where` is `const`."""
+def absorbed(acc, consts: dict) -> bool:
+    """Whether `acc` (a loop accumulator) is unchanged by a tile where each where
+    instance in consts yields its constant."""
     memo: dict = {}
     if acc.op == "matmul":
-        vals = [value(i, where, const, memo) for i in acc.inputs]
+        vals = [value(i, consts, memo) for i in acc.inputs]
         return any(v == 0 for v in vals) and all(v is not _UNKNOWN and (v == FIN or not math.isinf(v)) for v in vals)
     ident = {"sum": 0.0, "max": -math.inf, "min": math.inf}[acc.node.attrs["op"]]
-    return value(acc.inputs[0], where, const, memo) == ident
+    return value(acc.inputs[0], consts, memo) == ident
 
 
-def index_expr(inst):
-    """The integer index an iota-derived value holds, as a sympy expression over labels."""
+def index_expr(inst, program=None):
+    """The integer index an iota-derived value holds, as a sympy expression over labels.
+    With `program` (a ProgramValues), an integer value the loop does not vary over (a
+    bound loaded from an index tensor: an indptr, a sequence length) stands as one
+    symbol per program."""
     if inst.op == "iota":
         return sympy.sympify(inst.view[inst.node.attrs["axis"]])
     if inst.op == "const" and not inst.node.dtype.is_float:
         return sympy.Integer(int(inst.node.attrs["value"]))
-    if inst.op in ("cast", "broadcast"):
-        return index_expr(inst.inputs[0])
+    if inst.op in _SAME and not inst.node.inputs[0].dtype.is_float:
+        found = index_expr(inst.inputs[0], program)
+        if found is not None:
+            return found
     if inst.op in ("add", "sub"):
-        a, b = (index_expr(i) for i in inst.inputs)
+        a, b = (index_expr(i, program) for i in inst.inputs)
         if a is None or b is None:
-            return None
+            return program.symbol(inst) if program else None
         return a + b if inst.op == "add" else a - b
-    return None
+    return program.symbol(inst) if program else None
+
+
+class ProgramValues:
+    """Integer values constant along loop x within one program, computed before the loop
+    (loaded per program); each is a symbol with its least and greatest value over the
+    program's tile (the same name when the value is one scalar)."""
+
+    def __init__(self, em, h, x: int):
+        self.em, self.h, self.x = em, h, x
+        self.range: dict = {}  # symbol -> (least, greatest) as code symbols
+        self.defs: list = []
+
+    def symbol(self, inst):
+        em = self.em
+        if inst.node.dtype.is_float or self.x in inst.labels or _reads_loop(inst, self.x) or any(
+                em.t.role[i] == "loop" and i not in self.h.chain for i in inst.labels):
+            return None
+        val = em.ensure(self.h, inst)
+        sym = sympy.Symbol(val.name, integer=True)
+        if sym not in self.range:
+            if val.dims:  # a tile of values (a row tile's request starts): its extremes bound them all
+                least, greatest = f"{val.name}_min", f"{val.name}_max"
+                self.defs += [f"{least} = tl.min({val.name})", f"{greatest} = tl.max({val.name})"]
+                self.range[sym] = (sympy.Symbol(least, integer=True), sympy.Symbol(greatest, integer=True))
+            else:
+                self.range[sym] = (sym, sym)
+        return sym
+
+
+def _reads_loop(inst, x) -> bool:
+    """Whether inst depends on a reduction over x (its value is known only after the loop)."""
+    stack, seen = [inst], set()
+    while stack:
+        i = stack.pop()
+        if i.reduced is not None and i.reduced.id == x:
+            return True
+        if id(i) not in seen:
+            seen.add(id(i))
+            stack.extend(i.inputs)
+    return False
 
 
 # cond -> an expression that is <= 0 exactly where cond holds (integers)
@@ -163,53 +219,98 @@ def _const_value(inst):
     return float(inst.node.attrs["value"]) if inst.op == "const" else None
 
 
-def segments(em, x: int, order, trips: int) -> list[Segment]:
-    """The loop over label x as segments: skipped tiles left out, unmasked ones
-    separated from masked ones. Without a qualifying mask, the whole tiles and the
-    ragged last one (when the extent is not a known multiple of the tile)."""
+def _and_operands(inst):
+    """(a, b) when inst is `a and b` (captured as where(a, b, False)), else None."""
+    if inst.op == "where" and inst.node.dtype.value == "bool" and _const_value(inst.inputs[2]) == 0.0:
+        return inst.inputs[0], inst.inputs[1]
+    return None
+
+
+def conjuncts(cond) -> list:
+    """The terms of a conjunction, through reshapes and broadcasts."""
+    while cond.op in _SAME and not cond.leaf:
+        cond = cond.inputs[0]
+    ab = _and_operands(cond)
+    return conjuncts(ab[0]) + conjuncts(ab[1]) if ab else [cond]
+
+
+def holds(cond, known: set, keep: dict) -> bool:
+    """Whether cond holds given that the conjuncts in `known` do; an `and` of which one
+    side is known reads as its other side (recorded in keep)."""
+    if id(cond) in known:
+        return True
+    if cond.op in _SAME and not cond.leaf:
+        return holds(cond.inputs[0], known, keep)
+    ab = _and_operands(cond)
+    if ab is None:
+        return False
+    a, b = (holds(i, known, keep) for i in ab)
+    if a and not b:
+        keep[id(cond)] = ab[1]
+    elif b and not a:
+        keep[id(cond)] = ab[0]
+    return a and b
+
+
+def segments(em, h, x: int, order, trips: int) -> list[Segment]:
+    """The loop over label x (emitted in block h) as segments: skipped tiles left out,
+    unmasked ones separated from masked ones. Without a qualifying mask, the whole tiles
+    and the ragged last one (when the extent is not a known multiple of the tile)."""
     bx = em.t.block[x]
     extent = code(em.labels[x].extent)
     static = em.t.static.get(x)
+    divides = static is not None and static % bx == 0
+    # A split's chunk keeps its tail mask (merged index < N) on whole tiles too:
+    # peeling it only doubled the loop (measured no faster on the H200).
     chunk = bool(em.labels[x].extent.free_symbols & em.views.graph.split_counts())
-    if (static is not None and static % bx == 0) or chunk:
-        # A split's chunk keeps its tail mask (merged index < N) on whole tiles too:
-        # peeling it only doubled the loop (measured no faster on the H200).
+    if divides or chunk:
         plain = [Segment("0", extent)]
     else:  # peeled: the body over whole tiles carries no bounds mask for x
         whole = f"whole{x}"
         plain = [Segment("0", whole, defs=[f"{whole} = {extent} // {bx} * {bx}"], full=True),
                  Segment(whole, extent)]
         _fractions(em, plain, trips, bx)
-    limits = {}  # the first mask found on each side: +1 keeps j <= a limit, -1 keeps j >= one
-    for where, keep, le0 in _index_masks(em, x, order):
-        found = _limits(em, x, le0)
-        if found is not None:
-            side, any_, all_ = found
-            limits.setdefault(side, (any_, all_, where, keep))
-    if not limits:
+    program = ProgramValues(em, h, x)
+    masks, keep = [], {}
+    for group in _where_groups(em, x, order):
+        for branch in (2, 1):  # the constant on the false side (a mask), or on the true side
+            const = _const_value(group[0].inputs[branch])
+            if const is None or not all(absorbed(a, {id(w): const for w in group}) for a in order):
+                continue
+            # Skipping a tile is exact when every where of the group takes c on all of it, so
+            # that the tile adds only the accumulators' neutral element: when one conjunct
+            # of each where's cond is false on all of it. A negated cond is a disjunction:
+            # only a lone compare bounds it.
+            spans, kept = [], {}
+            for w in group:
+                terms = conjuncts(w.inputs[0]) if branch == 2 else [w.inputs[0]]
+                found = [(t, b) for t in terms for b in [_term_bounds(em, x, t, branch == 1, program)] if b]
+                if not found:
+                    break
+                if holds(w.inputs[0], {id(t) for t, _ in found}, kept):
+                    kept[id(w)] = w.inputs[3 - branch]
+                spans.append([b for _, b in found])
+            else:
+                masks.append(spans)
+                keep.update(kept)
+                break
+    if not masks:
         return plain
-    segs = _band(x, bx, extent, limits.get(-1), limits.get(1))
-    _fractions(em, segs, trips, bx)
+    segs = _bounds(em, x, masks, keep, program.defs, divides, chunk)
+    _fractions(em, segs, trips, bx, program)
     return segs
 
 
-def _index_masks(em, x: int, order):
-    """(where, the branch it keeps, an expression <= 0 exactly where it keeps it) for each
-    where over x whose other branch every accumulator absorbs and whose cond compares
-    index expressions."""
+def _where_groups(em, x, order) -> list[list]:
+    """The float where instances inside the loop over x that feed its accumulators,
+    grouped by node: one mask under several tile maps (a MatMul's two layouts) bounds
+    the loop only together."""
+    groups: dict = {}
     for w in em.views.memo.values():
-        if w.op != "where" or x not in w.labels or not any(w is a or _depends(a, w) for a in order):
-            continue
-        cond, tv, fv = w.inputs
-        if cond.op not in _LE0 or cond.node.inputs[0].dtype.is_float:
-            continue
-        lhs, rhs = (index_expr(i) for i in cond.inputs)
-        if lhs is None or rhs is None:
-            continue
-        for const, keep, op in ((_const_value(fv), tv, cond.op), (_const_value(tv), fv, _NOT[cond.op])):
-            if const is not None and all(absorbed(a, w, const) for a in order):
-                yield w, keep, sympy.expand(_LE0[op](lhs, rhs))
-                break
+        if w.op == "where" and w.node.dtype.is_float and x in w.labels and \
+                any(w is a or _depends(a, {id(w)}) for a in order):
+            groups.setdefault(w.node.id, []).append(w)
+    return list(groups.values())
 
 
 def _label_range(em, lid: int):
@@ -223,62 +324,110 @@ def _label_range(em, lid: int):
     return None
 
 
-def _limits(em, x, le0):
-    """(side, limit over any row, limit over every row) of the kept index of x within one
-    program: side +1 keeps x <= limit, -1 keeps x >= limit. None unless le0 steps x by one
-    and is affine in the program's labels."""
-    table = em.views.by_sym()
+def _term_bounds(em, x, term, negated, program):
+    """For a compare that is linear in x with a unit step: ("lo", first index where it
+    holds on some lane of the program's tile, first where it holds on all), or ("hi",
+    end of where it holds on some lane, end of where on all), as code."""
+    if term.op not in _LE0 or term.node.inputs[0].dtype.is_float:
+        return None
+    lhs, rhs = (index_expr(i, program) for i in term.inputs)
+    if lhs is None or rhs is None:
+        return None
+    le0 = sympy.expand(_LE0[_NOT[term.op] if negated else term.op](lhs, rhs))
     xs = em.labels[x].sym
     a = le0.coeff(xs)
     if a not in (1, -1) or sympy.diff(le0, xs, 2) != 0:  # unit steps: bounds need no division
         return None
     rest = sympy.expand(le0 - a * xs)
+    ranges = {**{lab.sym: _label_range(em, lab.id) for lab in em.views.labels if lab.sym in rest.free_symbols},
+              **program.range}
     lo_sub, hi_sub = {}, {}
     for sym in rest.free_symbols:
-        lab = table.get(sym)
-        if lab is None:  # a graph symbol: a kernel argument, constant per launch
+        if sym not in ranges:  # a graph symbol: a kernel argument, constant per launch
             continue
-        rng = _label_range(em, lab.id)
-        c = rest.coeff(sym)
-        if rng is None or not c.is_number or sympy.diff(rest, sym, 2) != 0:
+        rng, c = ranges[sym], rest.coeff(sym)
+        if rng is None or c.free_symbols & set(ranges) or sympy.diff(rest, sym, 2) != 0:
             return None
-        lo_sub[sym], hi_sub[sym] = (rng if c > 0 else rng[::-1])
+        if provable(c):
+            lo_sub[sym], hi_sub[sym] = rng
+        elif provable(-c):
+            lo_sub[sym], hi_sub[sym] = rng[::-1]
+        else:
+            return None
     rmin, rmax = rest.xreplace(lo_sub), rest.xreplace(hi_sub)
-    return (1, -rmin, -rmax) if a > 0 else (-1, rmin, rmax)
+    if a > 0:  # holds where x <= -rest
+        return "hi", code(1 - rmin), code(1 - rmax)
+    return "lo", code(rmin), code(rmax)  # holds where x >= rest
 
 
-def _band(x, bx, extent, lower, upper) -> list[Segment]:
-    """The loop between a lower and/or an upper limit (each (any, all, where, kept branch)):
-    tiles outside both skipped, the masked tiles at each edge, and between them the whole
-    tiles every mask keeps, run without masks. lo <= inner <= mid <= hi, all but hi tile
-    multiples; when the limits cross (lo > mid) only [mid, hi) runs, masked."""
-    lo, inner, mid, hi = f"lo{x}", f"inner{x}", f"mid{x}", f"hi{x}"
-    defs, keep = [], {}
-    if upper:
-        last_any, last_all, where, kept = upper
-        keep[id(where)] = kept
-        defs += [f"{hi} = tl.minimum({extent}, {code(last_any)} + 1)",
-                 f"{mid} = tl.minimum(tl.maximum(({code(last_all)} + 1) // {bx} * {bx}, 0), {hi} // {bx} * {bx})"]
+def _nest(fn: str, args: list) -> str:
+    out = args[0]
+    for a in args[1:]:
+        out = f"tl.{fn}({out}, {a})"
+    return out
+
+
+def _bounds(em, x, masks, keep, defs, divides, chunk):
+    """Segments from the masks' bounds: [lo, full_lo) masked, [full_lo, full_hi) whole
+    tiles on which every mask holds everywhere (run without them), [full_hi, hi) masked.
+    Each mask (a where node: per instance, its conjuncts' (side, any, all) bounds) may
+    keep a lane of a tile between its instances' least start and greatest end; a tile
+    runs where every mask may (a sliding window's start and the causal end)."""
+    bx, extent = em.t.block[x], code(em.labels[x].extent)
+    sides = {side: [[[(a, b) for s, a, b in span if s == side] for span in spans] for spans in masks]
+             for side in ("lo", "hi")}
+    defs = list(defs)
+
+    def starts(side, outer, inner):
+        """Per mask whose every instance has a bound on this side, its outer limit."""
+        return [_nest(outer, [_nest(inner, [a for a, _ in w]) for w in m]) for m in sides[side] if all(m)]
+
+    def alls(side):
+        return [b for m in sides[side] for w in m for _, b in w]
+
+    lo = full_lo = "0"
+    hi, full_hi = extent, None
+    if alls("lo"):
+        full_lo = f"full_lo{x}"
+        if starts("lo", "minimum", "maximum"):
+            lo = f"lo{x}"
+            # clamped at 0 before dividing: Triton's integer // truncates toward 0
+            defs.append(f"{lo} = tl.maximum({_nest('maximum', starts('lo', 'minimum', 'maximum'))}, 0) // {bx} * {bx}")
+        defs.append(f"{full_lo} = tl.maximum((tl.maximum({_nest('maximum', alls('lo'))}, 0) + {bx - 1})"
+                    f" // {bx} * {bx}, {lo})")
+    if alls("hi"):
+        full_hi = f"full_hi{x}"
+        if starts("hi", "maximum", "minimum"):
+            hi = f"hi{x}"
+            defs.append(f"{hi} = tl.minimum({extent}, {_nest('minimum', starts('hi', 'maximum', 'minimum'))})")
+        defs.append(f"{full_hi} = tl.maximum(tl.minimum(tl.maximum({_nest('minimum', alls('hi'))}, 0) // {bx} * {bx}, "
+                    f"tl.maximum({hi}, 0) // {bx} * {bx}), {full_lo})")
+    elif divides or chunk:  # no upper bound: the unmasked run ends at the extent
+        full_hi = extent
     else:
-        mid = hi = extent
-    if lower:
-        first_any, first_all, where, kept = lower
-        keep[id(where)] = kept
-        defs += [f"{lo} = tl.maximum({code(first_any)}, 0) // {bx} * {bx}",
-                 f"{inner} = tl.maximum(tl.minimum(({code(first_all)} + {bx - 1}) // {bx} * {bx}, {mid}), {lo})"]
-    else:
-        lo = inner = "0"
-    # Only tiles before mid are whole (mid <= hi // bx * bx <= extent); without an upper
-    # limit the last tile may be ragged and keeps the extent mask.
-    segs = ([Segment(lo, inner)] if lower else []) + [Segment(inner, mid, keep, full=bool(upper))]
-    segs += [Segment(mid, hi)] if upper else []
+        full_hi = f"full_hi{x}"
+        defs.append(f"{full_hi} = tl.maximum({extent} // {bx} * {bx}, {full_lo})")
+    segs = []
+    if alls("lo"):  # a masked run, cut at hi, past which nothing is kept (full_lo may lie beyond it)
+        first = f"first_hi{x}"
+        defs.append(f"{first} = tl.minimum({full_lo}, {hi})")
+        segs.append(Segment(lo, first))
+    segs.append(Segment(full_lo, full_hi, keep, full=not (chunk and not alls("hi"))))
+    if full_hi != extent:
+        segs.append(Segment(full_hi, hi))
     segs[0].defs = defs
     return segs
 
 
-def _fractions(em, segs, trips, bx):
+def _fractions(em, segs, trips, bx, program=None):
     """Mean share of the full loop's tiles each segment runs, over the programs
-    (evaluated at the scheduled shapes; the cost model reads it)."""
+    (evaluated at the scheduled shapes; the cost model reads it). Bounds loaded at run
+    time are unknown here: their masked runs are taken as one tile, the rest as whole."""
+    if program is not None and program.range:
+        edges = len(segs) - 1
+        for seg in segs:
+            seg.fraction = 1 / max(trips, 1) if not seg.full else max(0.0, 1 - edges / max(trips, 1))
+        return
     env = dict(em.env)
     defs = [d for seg in segs for d in seg.defs]
     tids = sorted({int(s[3:]) for s in _names(" ".join(defs)) if re.fullmatch(r"tid\d+", s)})

@@ -514,7 +514,7 @@ class Emitter:
         trips = -(-D.evaluate(self.labels[x].extent, self.env) // bx)
         # Each segment is one `for` over a range of tiles with the same body, except that
         # a mask known to hold on all its tiles is left out (tiles skipping: bounds.py).
-        for seg in segments(self, x, order, trips):
+        for seg in segments(self, h, x, order, trips):
             body = Block(h, h.chain + (x,), trips=h.trips * trips * seg.fraction)
             self.keep, self.whole = seg.keep, (x if seg.full else None)
             self.loop_body(body, x, order, factors, accs)

@@ -168,7 +168,8 @@ def test_causal_mask_bounds_the_kv_loop():
     src = _causal_source_and_check(cand, {"b": 1, "h": 2, "s": 45, "d": 16})
     assert "hi4 = tl.minimum(s, " in src
     loops = [ln.strip() for ln in src.splitlines() if ln.strip().startswith("for start")]
-    assert len(loops) == 2 and loops[0].startswith("for start") and ", mid" in loops[0]
+    assert len(loops) == 2 and loops[0].startswith("for start4 in range(0, full_hi4, ") \
+        and loops[1].startswith("for start4 in range(full_hi4, hi4, ")
     masked, unmasked = src.split(loops[1])[1], src.split(loops[1])[0].split(loops[0])[1]
     assert " <= " in masked and " <= " not in unmasked
     # A dynamic s keeps the bounds as runtime expressions.
@@ -192,7 +193,7 @@ def test_upper_triangular_mask_bounds_the_loop_from_below():
     g.output(o.cast("bf16"), names=["o"])
     cand = _cand(g, [(e, m, EXP)])
     src = _causal_source_and_check(cand, {"b": 2, "h": 1, "s": 53, "d": 16})
-    assert "lo4 = " in src and "for start4 in range(lo4, inner4" in src
+    assert "lo4 = " in src and "for start4 in range(lo4, first_hi4" in src
 
 
 def test_long_decode_split_fills_the_gpu_twice():
