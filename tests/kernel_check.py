@@ -1,6 +1,7 @@
 """Shared check for generated kernels: launch a plan on fresh random inputs into
 NaN-poisoned outputs and compare with the fp64 reference interpreter."""
 import dataclasses
+import re
 
 import torch
 
@@ -62,3 +63,13 @@ def check_outputs(got, ref, context: str):
             rel_max = (diff.abs().max() / r.abs().max().clamp_min(tiny)).item()
             assert rel_max < tol, (f"{where}: element-wise error {rel_max:.2e} of max |reference| (tolerance "
                                    f"{tol:.0e}) at index {[int(k) for k in worst]}")
+
+
+def loop_bounds(source: str) -> list[tuple[str, str]]:
+    """(start, stop) of every `for` over a loop label's tiles in a kernel's source."""
+    return re.findall(r"for start\d+ in range\((\w+), (\w+), \d+\)", source)
+
+
+def loaded(source: str, buffer: str) -> set[str]:
+    """Names of the values a kernel's source loads from `buffer`."""
+    return set(re.findall(rf"(v\d+) = tl\.load\({buffer}_ptr", source))

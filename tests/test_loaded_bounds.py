@@ -1,0 +1,95 @@
+"""Loop bounds loaded per program (scheduler/bounds.py): a mask `pos < lens[b]`, or a
+CSR range `start[b] <= pos < end[b]`, bounds each program's kv loop by its own request,
+read from the index tensor; the tiles at the range's ends keep the mask. An `or` of
+compares does not bound the loop (skipping a tile is exact only where the where takes
+its neutral constant on all of it). Run under TRITON_INTERPRET=1 against the fp64
+interpreter, with random lengths, empty requests included.
+"""
+import os
+import re
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch
+
+from cleave.interpreter import interpret
+from cleave.ir import Graph
+from cleave.runtime.launch import launch
+from cleave.scheduler import schedule
+from kernel_check import LOOPS, check_outputs, loaded, loop_bounds
+
+NEG_INF = float("-inf")
+
+
+def _attention(g, q, k, v, keep):
+    """Softmax over the kept positions, @ v, with FlashInfer's empty rows: output 0."""
+    s = g.add("where", keep, (q @ k.T).cast("f32"), g.const(NEG_INF))
+    m = s.max(-1, keepdim=True)
+    m = g.add("where", m.eq(g.const(NEG_INF)), g.const(0.0), m)
+    e = (s - m).exp()
+    total = e.sum(-1, keepdim=True)
+    return (e.cast("bf16") @ v) / g.add("where", total.eq(g.const(0.0)), g.const(1.0), total)
+
+
+def _graph(mask: str) -> Graph:
+    """q [b, h, d] against each request's own k, v [b, n, d]; request b keeps positions
+    by `mask`: "len" (pos < ends[b]), "csr" (starts[b] <= pos < ends[b]) or "or"
+    (pos < ends[b] or pos >= starts[b])."""
+    g = Graph(f"loaded_bounds_{mask}")
+    q = g.input("q", ("b", "h", "d"), "bf16")
+    k, v = (g.input(name, ("b", "n", "d"), "bf16") for name in "kv")
+    starts, ends = (g.input(name, ("b",), "i32") for name in ("starts", "ends"))
+    pos = g.iota(("b", "h", "n"), axis=2, dtype="i32")
+    lo, hi = (x.reshape("b", 1, 1) for x in (starts, ends))
+    below, above = pos < hi, pos >= lo
+    keep = {"len": below, "csr": g.add("where", above, below, g.const(False, "bool")),
+            "or": g.add("where", below, g.const(True, "bool"), above)}[mask]
+    g.output(_attention(g, q, k, v, keep).cast("bf16"), names=["o"])
+    return g
+
+
+def _inputs(env, starts, ends, seed):
+    gen = torch.Generator().manual_seed(seed)
+    b, h, n, d = (env[a] for a in "bhnd")
+    floats = {name: torch.randn(*shape, generator=gen).to(torch.bfloat16)
+              for name, shape in (("q", (b, h, d)), ("k", (b, n, d)), ("v", (b, n, d)))}
+    return {**floats, "starts": torch.tensor(starts, dtype=torch.int32), "ends": torch.tensor(ends, dtype=torch.int32)}
+
+
+def _run(mask, env, starts, ends, seed):
+    g = _graph(mask)
+    plan = schedule(g, env, target=LOOPS, top_k=1)[0]
+    inputs = _inputs(env, starts, ends, seed)
+    want = interpret(g, inputs, compute_dtype=torch.float64)
+    check_outputs(launch(plan, inputs), want, f"{mask}: starts {starts}, ends {ends}")
+    return plan
+
+
+def test_length_mask_bounds_each_programs_loop_by_its_loaded_length():
+    env = {"b": 4, "h": 3, "n": 45, "d": 16}
+    plan = _run("len", env, [0] * 4, [45, 0, 17, 1], seed=1)
+    (kernel,) = [k for k in plan.kernels if loop_bounds(k.source)]
+    ends = loaded(kernel.source, "ends")
+    assert ends, kernel.source
+    for start, stop in loop_bounds(kernel.source):  # every loop: up to the loaded length at most
+        assert stop != "45" and re.search(rf"{stop} = .*\b({'|'.join(ends)})\b", kernel.source), (stop, kernel.source)
+
+
+def test_csr_range_bounds_the_loop_from_both_loaded_ends():
+    env = {"b": 5, "h": 3, "n": 70, "d": 16}
+    starts, ends = [3, 40, 40, 0, 69], [38, 40, 70, 64, 70]  # an empty request, and one of 1 token
+    plan = _run("csr", env, starts, ends, seed=2)
+    source = "\n".join(k.source for k in plan.kernels)
+    bounds = loop_bounds(source)
+    assert bounds and all(start != "0" for start, _ in bounds), bounds
+    first = re.search(r"(lo\d+) = (.*)", source)
+    assert first and loaded(source, "starts") & set(re.findall(r"v\d+", first.group(2))), source
+    # whole tiles inside every request's range run without the mask
+    assert any(start.startswith("full_lo") for start, _ in bounds)
+
+
+def test_or_of_compares_keeps_the_whole_loop():
+    env = {"b": 3, "h": 2, "n": 37, "d": 16}
+    plan = _run("or", env, [30, 37, 5], [4, 0, 9], seed=3)
+    bounds = [b for k in plan.kernels for b in loop_bounds(k.source)]
+    assert bounds and all(start in ("0", "whole") or start.startswith("whole") for start, _ in bounds), bounds
