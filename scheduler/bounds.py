@@ -92,6 +92,9 @@ def value(inst, consts: dict, memo) -> object:
         out = float(inst.node.attrs["value"])
     elif inst.op in _SAME:
         out = value(inst.inputs[0], consts, memo)
+    elif inst.op == "inf_to_zero":  # an empty chunk's max read as 0
+        v = value(inst.inputs[0], consts, memo)
+        out = 0.0 if v not in (FIN, _UNKNOWN) and math.isinf(v) else v
     elif inst.op == "split":  # a chunk's padding lanes hold the pad
         v, pad = value(inst.inputs[0], consts, memo), inst.node.attrs["pad"]
         out = v if pad is None else _either(v, pad)

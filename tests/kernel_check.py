@@ -73,3 +73,25 @@ def loop_bounds(source: str) -> list[tuple[str, str]]:
 def loaded(source: str, buffer: str) -> set[str]:
     """Names of the values a kernel's source loads from `buffer`."""
     return set(re.findall(rf"(v\d+) = tl\.load\({buffer}_ptr", source))
+
+
+def plan_sources(compiled) -> list[str]:
+    """The source of every kernel of every plan a cleave.compile'd function holds."""
+    return [k.source for op in compiled.operators for spec in op.specs.values() for plan in spec.plans
+            for k in plan.kernels]
+
+
+def assert_loops_bounded_by(sources, buffer: str, sides=("lo", "hi")):
+    """Every loop over tiles in these kernels stops at `hi` bounds (and, with "lo", starts
+    at `lo` bounds) computed from values loaded from `buffer`: without the loaded bounds
+    the loops run over the whole extent and this fails."""
+    looped = [s for s in sources if loop_bounds(s)]
+    assert looped, "no kernel loops"
+    for source in looped:
+        values = loaded(source, buffer)
+        for start, stop in loop_bounds(source):
+            assert stop.startswith(("first_hi", "full_hi", "hi")), source
+            assert "lo" not in sides or start != "0", source
+        for side in sides:
+            bound = re.search(rf"^\s*{side}\d+ = (.*)$", source, re.M)
+            assert bound and set(re.findall(r"v\d+", bound.group(1))) & values, (side, source)

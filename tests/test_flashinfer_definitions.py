@@ -8,15 +8,13 @@ The fast test compiles the ps1 decode; every other definition compiles under `sl
 """
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
 import cleave
 from cleave.runtime.traces import reference_fn, validate_definition
 from cleave.workloads import flashinfer as F
-from kernel_check import loaded, loop_bounds
+from kernel_check import assert_loops_bounded_by, plan_sources
 
 # (q lens, kv lens): odd sizes, an empty request (first and last too), several pages per request.
 BATCHES = (([1, 2, 1], [7, 0, 11]), ([2, 0, 3, 1, 1], [4, 0, 9, 2, 5]), ([1, 1, 2, 1], [0, 6, 13, 0]))
@@ -105,17 +103,7 @@ FAST = ("gqa_paged_decode_h32_kv8_d128_ps1",)  # a prefill takes ~4x as long to 
 def test_compiles_once_and_matches_reference(name):
     """...and each program loops over its own request's pages only: every kv loop of every
     plan starts and stops at bounds computed from the kv_indptr it loads."""
-    f = compile_and_check(name)
-    sources = [k.source for op in f.operators for spec in op.specs.values() for plan in spec.plans
-               for k in plan.kernels if loop_bounds(k.source)]
-    assert sources
-    for source in sources:
-        indptr = loaded(source, "kv_indptr")
-        assert indptr, source
-        for start, stop in loop_bounds(source):
-            assert start != "0" and stop.startswith(("first_hi", "full_hi", "hi")), source
-        lo, hi = (re.search(rf"^\s*{side}\d+ = (.*)$", source, re.M).group(1) for side in ("lo", "hi"))
-        assert all(set(re.findall(r"v\d+", bound)) & indptr for bound in (lo, hi)), (lo, hi)
+    assert_loops_bounded_by(plan_sources(compile_and_check(name)), "kv_indptr")
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import torch
 
 import cleave
 from cleave.frontends import UnsupportedOpError
-from kernel_check import check_outputs
+from kernel_check import assert_loops_bounded_by, check_outputs, plan_sources
 
 PAGE = 3  # tokens per page: static, as in a serving engine
 
@@ -115,6 +115,7 @@ def test_block_table_decode_compiles_once_and_matches_eager(dtype):
         _check(f, paged_decode, args, f"seed {seed}, lens {lens}, {blocks} blocks of {PAGE}, {pages} pages")
     assert f.stats["failed"] == 0 and f.stats["graph_breaks"] == 0
     assert f.stats["searches"] == 1 and f.stats["compiles"] == 1
+    assert_loops_bounded_by(plan_sources(f), "seq_lens", sides=("hi",))  # a request's loop ends at its length
 
 
 @pytest.mark.parametrize("fn", [csr_decode, csr_decode_segments])
