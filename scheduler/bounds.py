@@ -6,7 +6,11 @@ every accumulator of that loop unchanged (a max of -inf, a sum of 0, a dot with 
 values taken as finite), and whose cond is an affine compare between index (iota)
 expressions over X and the program's own labels, bounds the loop per program:
 tiles where c is taken everywhere are skipped, and tiles where x is taken
-everywhere run without the mask. A causal mask `j <= i` is one instance.
+everywhere run without the mask. A causal mask `j <= i` is one instance. The
+compare may also read integers the loop does not vary over, loaded per program (a
+CSR range `indptr[b] <= j < indptr[b+1]`, a length `j < seq_lens[b]`), and cond may
+be a conjunction: each compare of it bounds the loop, since c is taken wherever one
+of them fails (a disjunction does not).
 """
 from __future__ import annotations
 
