@@ -10,7 +10,8 @@ everywhere run without the mask. A causal mask `j <= i` is one instance. The
 compare may also read integers the loop does not vary over, loaded per program (a
 CSR range `indptr[b] <= j < indptr[b+1]`, a length `j < seq_lens[b]`), and cond may
 be a conjunction: each compare of it bounds the loop, since c is taken wherever one
-of them fails (a disjunction does not).
+of them fails (a disjunction does not). Several such wheres bound it together (a
+sliding window's start, the causal end): a tile runs where each may keep a lane.
 """
 from __future__ import annotations
 
