@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from cleave.workloads.attention_variants import SOFTCAP, WINDOW
 
-from .strongest import Baseline
+from .strongest import Baseline, compiles_within
 
 GEMM = {"matmul", "rmsnorm_matmul", "swiglu", "matmul_matmul", "matmul_rowsum"}
 # Autotuning that takes longer than this is not what a user waits for.
@@ -150,7 +150,9 @@ def for_workload(name: str, reference: Callable) -> list[Baseline]:
         out.append(Baseline("cuBLAS", _CUBLAS[name]))
     if name in GEMM:
         autotuned = torch.compile(reference, mode="max-autotune-no-cudagraphs", dynamic=False)
-        out.append(Baseline("torch.compile max-autotune", autotuned, first_call_budget_s=AUTOTUNE_BUDGET_S))
+        preflight = functools.partial(compiles_within, name, "max-autotune-no-cudagraphs", AUTOTUNE_BUDGET_S)
+        out.append(Baseline("torch.compile max-autotune", autotuned, first_call_budget_s=AUTOTUNE_BUDGET_S,
+                            preflight=preflight))
     if name in ATTENTION:
         variant = ATTENTION[name]
         if variant.sdpa_expressible:

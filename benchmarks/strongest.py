@@ -26,6 +26,9 @@ class Baseline:
     context: Callable[[], ContextManager] = contextlib.nullcontext
     # A first call (compile, autotuning) slower than this drops the baseline.
     first_call_budget_s: float | None = None
+    # Run before the first call, with the inputs: a reason to skip it, or None. Used to
+    # enforce the budget where the first call itself cannot be interrupted.
+    preflight: Callable[[dict], str | None] | None = None
     # Timed only when no other baseline runs (SDPA's math backend).
     fallback: bool = False
 
@@ -78,6 +81,10 @@ def _reason(exc: BaseException, caught: list[str]) -> str:
 
 def _try(baseline: Baseline, inputs: dict, reference: list, timer: Callable, sync: Callable) -> Outcome:
     outcome = Outcome(baseline.name)
+    if baseline.preflight is not None:
+        outcome.skipped = baseline.preflight(inputs)
+        if outcome.skipped is not None:
+            return outcome
     with baseline.context(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -121,3 +128,35 @@ def best(outcomes: list[Outcome]) -> Outcome | None:
     """The fastest timed outcome; None when none was timed."""
     timed = [o for o in outcomes if o.ms is not None]
     return min(timed, key=lambda o: o.ms, default=None)
+
+
+def compiles_within(workload: str, mode: str, budget_s: float, inputs: dict) -> str | None:
+    """None when `torch.compile` (in `mode`) of the workload's reference compiles and
+    runs once, on inputs of these shapes and dtypes, within budget_s in a process of its
+    own; else why not. A compile (max-autotune's took 7 minutes once on a fresh H200)
+    cannot be stopped from inside its process, a child can. The child fills inductor's
+    on-disk caches, so the compile that follows here is quick."""
+    import multiprocessing
+
+    specs = {k: (tuple(v.shape), v.dtype, str(v.device)) for k, v in inputs.items()}
+    child = multiprocessing.get_context("spawn").Process(target=_compile_once, args=(workload, mode, specs),
+                                                         daemon=True)
+    child.start()
+    child.join(budget_s)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        return f"compile ({mode}) still running after the {budget_s:.0f} s budget: stopped"
+    if child.exitcode != 0:
+        return f"compile ({mode}) failed in its own process (exit {child.exitcode})"
+    return None
+
+
+def _compile_once(workload: str, mode: str, specs: dict) -> None:
+    from cleave import workloads
+
+    inputs = {k: torch.randn(shape, dtype=dtype, device=device) if dtype.is_floating_point
+              else torch.zeros(shape, dtype=dtype, device=device) for k, (shape, dtype, device) in specs.items()}
+    torch.compile(workloads.get(workload).reference, mode=mode, dynamic=False)(**inputs)
+    if any(device.startswith("cuda") for _, _, device in specs.values()):
+        torch.cuda.synchronize()

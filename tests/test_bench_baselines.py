@@ -4,9 +4,11 @@ here asserts a timing: fake timers stand in for do_bench."""
 import dataclasses
 import functools
 import math
+import time
 import warnings
 
 import pytest
+
 import torch
 
 from benchmarks import baselines, report
@@ -83,6 +85,25 @@ def test_a_slow_first_call_is_over_budget():
     (outcome,) = measure([Baseline("compiled", make("compiled"), first_call_budget_s=-1.0)],
                          {"x": X}, REFERENCE, timer)
     assert outcome.ms is None and "over the -1 s budget" in outcome.skipped
+
+
+def test_a_preflight_reason_skips_the_baseline_before_its_first_call():
+    calls = []
+    (outcome,) = measure([Baseline("compiled", lambda **_: calls.append(1), preflight=lambda inputs: "too slow")],
+                         {"x": X}, REFERENCE, lambda fn: 1.0)
+    assert outcome.skipped == "too slow" and not calls
+
+
+def test_a_compile_over_budget_is_stopped_in_its_own_process():
+    """The child's compile is killed at the budget (here shorter than starting Python);
+    within a budget it compiles and runs the workload's reference."""
+    from benchmarks.strongest import compiles_within
+
+    inputs = {"x": torch.randn(8, 16), "w": torch.randn(16, 4)}
+    start = time.perf_counter()
+    assert "still running after the 0 s budget: stopped" in compiles_within("matmul", "default", 0.2, inputs)
+    assert time.perf_counter() - start < 30
+    assert compiles_within("matmul", "default", 300, inputs) is None
 
 
 def test_the_fallback_runs_only_when_nothing_else_does():
