@@ -58,6 +58,8 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
+from cleave.ir.dtypes import dtype as ir_dtype
+
 # --- sizes -------------------------------------------------------------------
 
 DYNAMIC_SIZES = (0, 1, 3, 5, 7, 9, 11)   # the dynamic axis n, called at two of them
@@ -178,8 +180,6 @@ class Program:
     seed: int
     ops: list[str] = field(default_factory=list)   # op kinds used, for reports
 
-    TORCH_DTYPES = {"f32": "torch.float32", "bf16": "torch.bfloat16"}
-
     def source(self, fp64: bool = False) -> str:
         """`def prog(...)`; with fp64 every cast goes to float64 (the exact reference)."""
         args = ", ".join(i.name for i in self.inputs)
@@ -207,7 +207,7 @@ class Program:
             dims = ", ".join(str(d["dyn"] * n) if isinstance(d, dict) else str(d) for d in spec.shape)
             dims += "," if len(spec.shape) == 1 else ""
             lines.append(f"{spec.name} = (torch.rand(({dims}), generator=g, dtype=torch.float64) "
-                         f"* {spec.hi - spec.lo!r} + {spec.lo!r}).to({self.TORCH_DTYPES[spec.dtype]})")
+                         f"* {spec.hi - spec.lo!r} + {spec.lo!r}).to(torch.{ir_dtype(spec.dtype).torch_name})")
         return "\n".join(lines)
 
     def repro(self) -> str:
