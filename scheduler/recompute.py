@@ -15,6 +15,7 @@ import math
 
 from cleave.ir import dims as D
 
+from .tiles import unit_label
 from .views import Instance
 
 # ops that only re-index or re-type a value: an operand built of these and loads is read, not
@@ -35,8 +36,6 @@ def operand_cuts(spec, cuttable: list[Instance], env: dict, target, long) -> set
     would run as a second long loop before its own (`long(label)`), leaving their cheap
     epilogue (the query's rotation) to run once, at load. Nothing below a cut is looked
     at: that is its own kernel's to decide when it is built."""
-    from .tiles import _unit_label
-
     table, roots = spec.views.by_sym(), {lab.id for lab in spec.root_labels}
     allowed = {id(i) for i in cuttable}
     out, seen, stack = set(), set(), list(spec.views.roots)
@@ -50,7 +49,7 @@ def operand_cuts(spec, cuttable: list[Instance], env: dict, target, long) -> set
             continue
         for operand, other in zip(inst.inputs, (inst.view[-1], inst.view[-2])):
             if id(operand) in allowed and computes(operand):
-                lab = _unit_label(other, table)
+                lab = unit_label(other, table)
                 passes = math.ceil(D.evaluate(lab.extent, env) / OTHER_TILE) if lab is not None and lab.id in roots else 1
                 if passes > 1 and (passes - 1) * recompute_seconds(operand, spec.views, env, target) \
                         > round_trip_seconds(operand, spec.views, env, target):

@@ -37,13 +37,13 @@ def dot_labels(views: Views) -> set:
         if inst.op == "matmul":
             out.add(inst.reduced.id)
             for e in inst.view[-2:]:
-                lab = _unit_label(e, table)
+                lab = unit_label(e, table)
                 if lab is not None:
                     out.add(lab.id)
     return out
 
 
-def _unit_label(e, table):
+def unit_label(e, table):
     """The label a matmul side tiles along: the side's index itself, or the one label
     with coefficient 1 in an affine index (rows b*s + s' of a (b, s) output: s' tiles,
     b stays one per program)."""
