@@ -102,3 +102,27 @@ def test_autograd_runs_the_forward_compiled_and_the_backward_eagerly(ctx):
         _close(g, w, 1e-4)
     st = ctx.stats()
     assert st["operators"] >= 1 and st["graph_breaks"] == 0 and st["failed"] == 0, st
+
+
+def test_naive_attention_keeps_its_batch_axes_and_fuses_online(ctx):
+    """aten lowers a 4-D `q @ k.T` to a bmm over merged (batch, head) axes; the capture
+    keeps the axes, so the softmax between the two products stays in one layout, its
+    normalisation moves after P@V (the online form) and the kv heads repeated for GQA
+    are read per kv head."""
+    def attention(q, k, v):
+        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        s = (q @ k.transpose(-2, -1)) / 4.0
+        return torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
+
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, h, 7, 16, generator=gen) for h in (4, 2, 2))
+    out = torch.full_like(q, float("nan"))
+    with torch.no_grad():
+        out.copy_(torch.compile(attention, backend="cleave")(q, k, v))
+    _close(out, attention(q.double(), k.double(), v.double()).float())
+    (op,) = ctx.operators.values()
+    assert all(n.rank >= 4 for n in op.graph.live_nodes() if n.op == "matmul")
+    assert not any(n.op == "broadcast" for n in op.graph.live_nodes())  # K/V regrouped per kv head
+    (spec,) = op.specs.values()
+    assert "normalize-after-matmul" in spec.candidate.derivation, spec.candidate.derivation

@@ -12,6 +12,8 @@ _BIG = 2 ** 62  # torch spells "to the end" as INT64_MAX
 
 def reshape(t, x, shape):
     shape = tuple(shape)
+    if x.op == "reshape":  # a reshape of a reshape is one reshape of the source (row-major)
+        x = x.inputs[0]
     if len(shape) == x.rank and all(D.equal(a, b) for a, b in zip(shape, x.shape)):
         return x
     return t.add("reshape", x, shape=shape)
@@ -213,6 +215,10 @@ def matmul(t, x, y):
         x = unsqueeze(t, x, 0)
     if yv:
         y = unsqueeze(t, y, 1)
+    batch = _batch_axes(x, y)
+    if batch is not None:
+        out = t.add("matmul", reshape(t, x, batch + x.shape[-2:]), reshape(t, y, batch + y.shape[-2:]))
+        return reshape(t, out, x.shape[:-1] + y.shape[-1:])
     out = t.add("matmul", x, y)
     if xv or yv:
         shape = list(out.shape)
@@ -222,6 +228,20 @@ def matmul(t, x, y):
             del shape[-1 if yv else -2]
         out = reshape(t, out, shape)
     return out
+
+
+def _batch_axes(x, y):
+    """The leading axes a bmm's batch merges, when an operand is a view of a tensor
+    batched by them (aten's matmul views [b, h, m, k] as [b*h, m, k]); None otherwise.
+    The product then keeps those axes, so the softmax after it stays in the layout the
+    search's rules and the GQA regrouping match."""
+    if x.rank != 3 or y.rank != 3:
+        return None
+    for v in (x, y):
+        src = v.inputs[0] if v.op == "reshape" else v
+        if src.rank >= 4 and all(D.equal(i, j) for i, j in zip(src.shape[-2:], v.shape[-2:])):
+            return src.shape[:-2]
+    return None
 
 
 rule("matmul", "mm", "bmm")(lambda t, n, a: matmul(t, a["self"], a["other"] if "other" in a else a["mat2"]))
