@@ -117,6 +117,8 @@ class Emitter:
         # accumulator; any other value (and, outside loops, every value) is held in registers.
         if not (block.chain and expr.startswith(("tl.load", "tl.dot"))):
             self.stats.tile_elems = max(self.stats.tile_elems, _prod([self.t.block[d] for d in dims]))
+            if block.chain:  # live beside the accumulators (values outside loops are not)
+                self.stats.loop_elems = max(self.stats.loop_elems, _prod([self.t.block[d] for d in dims]))
         block.lines.append(f"{name} = {expr}")
         return Val(name, tuple(dims), ty)
 

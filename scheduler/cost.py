@@ -28,8 +28,10 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
     if smem > target.smem_per_block:
         return None
     threads = 32 * num_warps
-    # fp32 accumulators and the loop's largest tile (with its low-precision copy), plus addressing
-    regs = 32 + (stats.acc_elems + 1.5 * stats.tile_elems) / threads
+    # fp32 accumulators and the loop's largest tile (with its low-precision copy), plus
+    # addressing; outside the loops, the largest tile alone (the epilogue takes the
+    # accumulators' registers: MLA's 64 x 512 one fits 8 warps, counted once)
+    regs = 32 + max(stats.acc_elems + 1.5 * stats.loop_elems, 1.5 * stats.tile_elems) / threads
     if regs > 255:
         return None
     if programs == 0:  # an empty output or intermediate: launch skips the kernel
