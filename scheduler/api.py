@@ -265,7 +265,8 @@ def _programs(plan: Plan) -> int:
 def _schedule_at(graph, facts, env, dynamic, symbols, target, top_k, split=None) -> list[Plan]:
     graph.check(env)
     kernels = partition(graph, env, lambda s: _kernel_options(s, facts, env, dynamic, symbols, target, top_k),
-                        long_extent=target.full_matmul, dynamic=dynamic, target=target)
+                        long_extent=target.full_matmul, dynamic=dynamic, target=target,
+                        hold_extent=target.hold_matmul)
     specs, per_kernel = [s for s, _ in kernels], [options for _, options in kernels]
     plans = []
     for rank in range(top_k):

@@ -16,8 +16,11 @@ these that applies. Before any tiling is tried:
 - at its nested reductions: a reduction over a long axis (a MatMul's K of 4096, a
   softmax's row of keys) whose value varies over the axis another one reduces (the
   output projection feeding the next norm's row statistic). Short reductions stay
-  (the scores' head dim): fused attention keeps its scores in registers.
+  (the scores' head dim): fused attention keeps its scores in registers, and so do
+  reductions a block may still hold whole (`hold_extent`: MLA's scores over a latent
+  of 512), unless no tiling fits.
 When no tiling fits (`partition`'s `tile` rejects it):
+- at its nested reductions over more than `long_extent`;
 - at every reduction it computes besides its roots;
 - then at every node: one op per kernel, always a partition when each op tiles.
 Cuts accumulate only as kernels need them: a kernel is re-cut after the cuts before
@@ -156,20 +159,23 @@ def _per_chunk(views: Views, chunk_labels: set) -> list[Node]:
 
 
 def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
-              dynamic=frozenset(), target=H200) -> list[tuple[KernelSpec, object]]:
+              dynamic=frozenset(), target=H200, hold_extent: int = 0) -> list[tuple[KernelSpec, object]]:
     """Kernels in launch order (producers first), each with what `tile(spec)` returned
     for it (None without `tile`). `tile` raises BindingError or ShapeError when no
     tiling fits; the kernel is then cut (see the module's doc) and the graph partitioned
     again. A reduction is long when its extent at env exceeds `long_extent`, or is
-    dynamic: the kernels serve every length, a short first shape included."""
+    dynamic: the kernels serve every length, a short first shape included. A nested
+    one up to `hold_extent` is first tried whole, and cut only when no tiling fits."""
     cuts: set[int] = set()
     tried: dict = {}  # (roots, the leaves they read) -> tile's result: re-partitioning reuses it
-    first = functools.partial(_first_cuts, env=env, long_extent=long_extent, dynamic=set(dynamic), target=target)
+    first = functools.partial(_first_cuts, env=env, long_extent=long_extent, hold_extent=max(hold_extent, long_extent),
+                              dynamic=set(dynamic), target=target)
+    nested = functools.partial(_nested, env=env, long_extent=long_extent, dynamic=set(dynamic))
     while True:
         try:
             return _kernels(graph, env, cuts, tile, tried, first)
         except _Rejected as rejected:
-            more = _cuts(rejected.spec, cuts, first)
+            more = _cuts(rejected.spec, cuts, first, nested)
             if not more:
                 raise rejected.error from None
             cuts |= more
@@ -246,10 +252,12 @@ def _cuttable(spec: KernelSpec, cuts: set[int]) -> list:
             and i.node.id not in outputs and i.node.op not in ("input", "const", "size", "iota")]
 
 
-def _nested(spec: KernelSpec, cuts: set[int], env: dict, long_extent: int, dynamic: set) -> set[int]:
+def _nested(spec: KernelSpec, cuts: set[int], env: dict, long_extent: int, dynamic: set,
+            hold_extent: int = 0) -> set[int]:
     """Its long reductions whose value varies over an axis another reduction reduces:
     a long one (two loops, one inside the other), or any, when its own length is
-    dynamic (the kernel must serve long lengths too)."""
+    dynamic (the kernel must serve long lengths too). Those no longer than
+    `hold_extent` are left to a block that holds them whole."""
     def is_dynamic(lab) -> bool:
         return any(s.name in dynamic for s in lab.extent.free_symbols)
 
@@ -257,7 +265,7 @@ def _nested(spec: KernelSpec, cuts: set[int], env: dict, long_extent: int, dynam
     reduced = {i.reduced.id: i.reduced for i in spec.views.memo.values() if i.reduced is not None}
     out = set()
     for i in _cuttable(spec, cuts):
-        if i.reduced is None or not long(i.reduced):
+        if i.reduced is None or not _long(env, max(long_extent, hold_extent), dynamic, i.reduced):
             continue
         outer = [reduced[lab] for lab in i.labels if lab in reduced and lab != i.reduced.id]
         if any(long(lab) or is_dynamic(i.reduced) for lab in outer):
@@ -265,13 +273,15 @@ def _nested(spec: KernelSpec, cuts: set[int], env: dict, long_extent: int, dynam
     return out
 
 
-def _first_cuts(spec: KernelSpec, cuts: set[int], env: dict, long_extent: int, dynamic: set, target) -> set[int]:
+def _first_cuts(spec: KernelSpec, cuts: set[int], env: dict, long_extent: int, hold_extent: int, dynamic: set,
+                target) -> set[int]:
     """The cuts a kernel needs before its tiling is tried: at its MatMul operands
-    (`recompute.operand_cuts`), else its nested long reductions (no tiling runs two
-    long loops one inside the other). The operands go first: once they are cut, the
-    reductions below them are no longer in this kernel."""
-    return operand_cuts(spec, _cuttable(spec, cuts), env, target, functools.partial(_long, env, long_extent, dynamic)) \
-        or _nested(spec, cuts, env, long_extent, dynamic)
+    (`recompute.operand_cuts`), else its nested long reductions that no block holds
+    whole (no tiling runs two long loops one inside the other). The operands go
+    first: once they are cut, the reductions below them are no longer in this kernel."""
+    return operand_cuts(spec, _cuttable(spec, cuts), env, target, functools.partial(_long, env, hold_extent, dynamic),
+                        dynamic) \
+        or _nested(spec, cuts, env, long_extent, dynamic, hold_extent)
 
 
 def _long(env: dict, long_extent: int, dynamic: set, lab) -> bool:
@@ -280,11 +290,12 @@ def _long(env: dict, long_extent: int, dynamic: set, lab) -> bool:
     return any(s.name in dynamic for s in lab.extent.free_symbols) or D.evaluate(lab.extent, env) > long_extent
 
 
-def _cuts(spec: KernelSpec, cuts: set[int], first) -> set[int]:
-    """The next nodes to materialise for a kernel to cut: its first cuts, else all its
-    reductions, else every node it computes."""
+def _cuts(spec: KernelSpec, cuts: set[int], first, nested) -> set[int]:
+    """The next nodes to materialise for a kernel to cut: its first cuts, else its
+    nested long reductions it tried to hold whole, else all its reductions, else
+    every node it computes."""
     computed = _cuttable(spec, cuts)
-    for level in (first(spec, cuts), {i.node.id for i in computed if i.reduced is not None},
+    for level in (first(spec, cuts), nested(spec, cuts), {i.node.id for i in computed if i.reduced is not None},
                   {i.node.id for i in computed}):
         if level:
             return level

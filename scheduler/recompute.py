@@ -29,14 +29,14 @@ REINDEX = ("reshape", "permute", "broadcast", "cast")
 OTHER_TILE = 128
 
 
-def operand_cuts(spec, cuttable: list[Instance], env: dict, target, long) -> set[int]:
+def operand_cuts(spec, cuttable: list[Instance], env: dict, target, long, dynamic=frozenset()) -> set[int]:
     """Node ids to materialise for the kernel's MatMul operands, from its roots down: an
     operand it had better store than recompute; else, in an operand it computes once
     per program (the other side is a loop: attention's queries), the projections it
     would run as a second long loop before its own (`long(label)`), leaving their cheap
     epilogue (the query's rotation) to run once, at load. Nothing below a cut is looked
     at: that is its own kernel's to decide when it is built."""
-    table, roots = spec.views.by_sym(), {lab.id for lab in spec.root_labels}
+    table = spec.views.by_sym()
     allowed = {id(i) for i in cuttable}
     out, seen, stack = set(), set(), list(spec.views.roots)
     while stack:
@@ -50,7 +50,7 @@ def operand_cuts(spec, cuttable: list[Instance], env: dict, target, long) -> set
         for operand, other in zip(inst.inputs, (inst.view[-1], inst.view[-2])):
             if id(operand) in allowed and computes(operand):
                 lab = unit_label(other, table)
-                passes = math.ceil(D.evaluate(lab.extent, env) / OTHER_TILE) if lab is not None and lab.id in roots else 1
+                passes = _passes(lab, spec, env, target, dynamic)
                 if passes > 1 and (passes - 1) * recompute_seconds(operand, spec.views, env, target) \
                         > round_trip_seconds(operand, spec.views, env, target):
                     out.add(_smallest_in_chain(operand, allowed, env).node.id)
@@ -60,6 +60,19 @@ def operand_cuts(spec, cuttable: list[Instance], env: dict, target, long) -> set
                 seen |= {id(i) for i in inner}
             stack.append(operand)
     return out
+
+
+def _passes(lab, spec, env: dict, target, dynamic) -> int:
+    """How many times the programs along the other side's grid dim `lab` compute the
+    operand over: once per OTHER_TILE of it, or once where the tile enumeration offers
+    it whole (the output's last dim, static and up to `target.hold_matmul`: a head dim)."""
+    if lab is None or lab.id not in {r.id for r in spec.root_labels}:
+        return 1
+    n = D.evaluate(lab.extent, env)
+    static = not any(s.name in dynamic for s in lab.extent.free_symbols)
+    if lab.id == spec.root_labels[-1].id and static and n <= target.hold_matmul:
+        return 1
+    return math.ceil(n / OTHER_TILE)
 
 
 def _smallest_in_chain(inst: Instance, allowed: set, env: dict) -> Instance:

@@ -18,6 +18,11 @@ class Target:
     # Reduced dims up to this size are held whole in one block instead of a loop:
     # a MatMul's contraction (the head dim) and a plain reduction (a row).
     full_matmul: int = 256
+    # A MatMul dim up to this may also be held whole where tiling it repeats work (MLA's
+    # latent of 512: the scores' contraction inside the key loop, and the output's width,
+    # so each program computes its scores once). The cost model keeps the tilings that
+    # fit; a kernel that none fits is cut as for a longer dim.
+    hold_matmul: int = 512
     full_reduce: int = 16384
 
 

@@ -78,6 +78,8 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
                 opts = [b for b in (64, 128, 256) if b < full and b >= floor] + ([full] if full <= 256 else [])
                 if lab.id in inner and not dyn and full <= 256:
                     opts = [full]  # the head dim: splitting it recomputes the scores per part
+                elif lab.id in inner and not dyn and full <= target.hold_matmul:
+                    opts.append(full)  # a wide head dim (MLA's 512) whole, where the registers allow
                 opts = opts or [floor]
             elif lab.id in inner:
                 opts = [b for b in (16, 32, 64, 128) if b >= floor and (b < full or dyn)]

@@ -12,7 +12,7 @@ from cleave.scheduler import H200
 
 # Holds no reduction whole in a block: every reduction runs as a loop, so tiny test
 # shapes exercise iterative tiling, horizontal fusion and the incremental cascade.
-LOOPS = dataclasses.replace(H200, full_reduce=16, full_matmul=16)
+LOOPS = dataclasses.replace(H200, full_reduce=16, full_matmul=16, hold_matmul=16)
 
 
 def tolerance(dtype: torch.dtype) -> float:
