@@ -30,9 +30,9 @@ def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
               for s, r in zip(spec.stores, views.roots)]
     spec = KernelSpec(spec.name, views, stores, spec.root_labels)
     with passes.timed("codegen"):
-        em = Emitter(spec, t, facts, env, dynamic)
+        em = Emitter(spec, t, facts, env, dynamic, sms=target.sms)
         source, bufs, grid = em.program(spec.name, symbols, dynamic)
-    return em.stats, evaluate(grid[0], env), source, bufs, grid
+    return em.stats, evaluate(grid[0], env), source, bufs, grid, em.descriptor_args()
 
 
 def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
@@ -40,7 +40,7 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
     errors = []
     for t in enumerate_tilings(spec.views, spec.root_labels, env, dynamic, target):
         try:
-            stats, programs, source, bufs, grid = _compile(spec, t, facts, env, dynamic, symbols, target)
+            stats, programs, source, bufs, grid, descs = _compile(spec, t, facts, env, dynamic, symbols, target)
         except (BindingError, ValueError) as err:
             errors.append(str(err))
             continue
@@ -48,7 +48,8 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
         for warps, stages in launch_options(t):
             seconds = kernel_time(stats, programs, warps, stages, target)
             if seconds is not None:
-                found.append((seconds, Kernel(spec.name, source, grid, bufs + symbols, warps, stages), tiles))
+                args = bufs + [d[0] for d in descs] + symbols
+                found.append((seconds, Kernel(spec.name, source, grid, args, warps, stages, descs), tiles))
     if not found:
         raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
                            + (f" ({errors[0]})" if errors else ""))

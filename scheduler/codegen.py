@@ -27,6 +27,7 @@ from .index_bounds import index_bounds, provable
 from .kernel_stats import Stats, mma_efficiency
 from .partition import KernelSpec, buffer_name, stored_dtype
 from .tiles import Tiling, dot_labels, is_full
+from .tma import emit as emit_tma, tile_load, wants_tma
 from .views import gathers
 
 TL = {d: d.triton_name for d in DType}
@@ -66,6 +67,7 @@ class Val:
     dims: tuple  # label ids, in canonical order
     ty: str
     zero: bool = False  # a masked load: exactly 0 outside the valid indices
+    trans: str | None = None  # the same 2-D tile in the other order (a TMA load's memory order)
 
 
 @dataclass
@@ -78,7 +80,7 @@ class Block:
 
 
 class Emitter:
-    def __init__(self, spec: KernelSpec, t: Tiling, facts: dict, env: dict, dynamic: set):
+    def __init__(self, spec: KernelSpec, t: Tiling, facts: dict, env: dict, dynamic: set, sms: int = 0):
         self.spec, self.t, self.env, self.dynamic = spec, t, env, dynamic
         self.views = spec.views
         self.chunk_symbols = self.views.graph.split_counts()
@@ -108,6 +110,8 @@ class Emitter:
         stored = [self.views.labels_of(st.view) for st in spec.stores]
         self.one_tile_at_least = {i for i in grid if t.static.get(i, 0) == 0 and any(i not in s for s in stored)}
         self.free_lanes = {i for i in grid if t.block[i] > 1 and i not in reduced} - self.one_tile_at_least
+        self.tma = wants_tma(self, sms)
+        self.descriptors: dict = {}  # (buffer, block) -> descriptor argument name
 
     # -- small helpers ----------------------------------------------------
     def var(self, block: Block, expr: str, dims, ty: str, prefix="v") -> Val:
@@ -121,6 +125,15 @@ class Emitter:
                 self.stats.loop_elems = max(self.stats.loop_elems, _prod([self.t.block[d] for d in dims]))
         block.lines.append(f"{name} = {expr}")
         return Val(name, tuple(dims), ty)
+
+    def eval_extent(self, e) -> int:
+        return D.evaluate(e, self.env)
+
+    def fix_static(self, e):
+        """e with the symbols that are fixed at schedule time (not dynamic) bound."""
+        e = sympy.sympify(e)
+        return e.xreplace({s: self.env[s.name] for s in e.free_symbols
+                           if s.name in self.env and s.name not in self.dynamic})
 
     def dims(self, labels) -> tuple:
         return tuple(i for i in self.canon if i in labels and self.t.block[i] > 1)
@@ -326,7 +339,16 @@ class Emitter:
         self.stats.traffic(name, elems * _ITEMSIZE[ty] * b.trips, self.numel(node) * _ITEMSIZE[ty])
         if b.chain:
             self.stats.stage_smem[(node.id, tuple(inst.view))] = elems * _ITEMSIZE[ty]
-        out = self.var(b, f"tl.load({addr}{m})", dims, ty)
+        tile = tile_load(self, inst, dims, _ITEMSIZE[ty]) if self.tma else None
+        if tile is None:
+            out = self.var(b, f"tl.load({addr}{m})", dims, ty)
+        else:
+            desc = self.descriptors.setdefault((name, tile.block), f"{name}_desc{len(self.descriptors)}")
+            out = Val(f"v{self.n}", tuple(dims), ty)
+            self.n += 1
+            if not b.chain:  # held in registers, as `var` counts a pointer load outside loops
+                self.stats.tile_elems = max(self.stats.tile_elems, elems)
+            out.trans = emit_tma(self, b, out.name, desc, tile, dims, f"tl.load({addr}{m})")
         out.zero = True
         return out
 
@@ -429,13 +451,15 @@ class Emitter:
 
     def operand(self, v: Val, node, order, low: bool) -> str:
         """A tl.dot operand: in the graph's low precision (tensor cores) or fp32."""
-        s = v.name
+        s, trans = v.name, v.dims != tuple(order)
+        if trans and v.trans:  # the memory-order tile (TMA) is already the transpose
+            s, trans = v.trans, False
         if low:
             ty = v.ty if v.ty in LOW else (TL[node.dtype] if self._low(node) else "tl.bfloat16")
             s = f"{s}.to({'DOT_BF16' if ty == 'tl.bfloat16' else ty})"
         elif v.ty != "tl.float32":
             s = f"{s}.to(tl.float32)"
-        return s if v.dims == tuple(order) else f"tl.trans({s})"
+        return f"tl.trans({s})" if trans else s
 
     def topk(self, b: Block, inst, x: Val, dims) -> Val:
         node = inst.node
@@ -619,7 +643,8 @@ class Emitter:
                 bufs.append(buffer_name(g, inst.node))
         outs = [st.buffer for st in self.spec.stores]
         bufs = list(dict.fromkeys(sorted(set(bufs)) + outs))
-        params = [f"{b}_ptr" for b in bufs] + [s if s in dynamic else f"{s}: tl.constexpr" for s in symbols]
+        params = [f"{b}_ptr" for b in bufs] + [arg for arg, _, _ in self.descriptor_args()] + \
+            [s if s in dynamic else f"{s}: tl.constexpr" for s in symbols] + (["TMA: tl.constexpr"] if self.descriptors else [])
         dns = f"(do_not_specialize={sorted(s for s in symbols if s in dynamic)!r})" if any(s in dynamic for s in symbols) else ""
         comment = [f"# X{lab.id}: extent {D.fmt(lab.extent)}, {self.t.role[lab.id]}, block {self.t.block[lab.id]}"
                    for lab in self.views.labels]
@@ -630,6 +655,10 @@ class Emitter:
             f"@triton.jit{dns}", f"def {name}({', '.join(params)}):"] + ["    " + ln for ln in top.lines]
         grid = " * ".join(grid_terms) or "1"
         return "\n".join(src) + "\n", bufs, [grid]
+
+    def descriptor_args(self) -> list:
+        """[argument, buffer, block] of each TMA descriptor the kernel reads through."""
+        return [[arg, buf, list(block)] for (buf, block), arg in self.descriptors.items()]
 
     def grid_tiles(self, lid: int) -> str:
         bx, ext = self.t.block[lid], code(self.labels[lid].extent)

@@ -25,21 +25,27 @@ class Buffer:
 class Kernel:
     """One generated kernel. `args` lists the launch arguments in order: buffer names
     (passed as tensors), then symbol names (ints). Block sizes are literals in the
-    source; num_warps and num_stages are passed at launch."""
+    source; num_warps and num_stages are passed at launch. `descriptors` lists the
+    TMA descriptor arguments, [argument, buffer, block shape]: args name them after the
+    buffers, and the source then ends with a `TMA` constexpr that the launcher sets
+    (False, with None descriptors, when a call's tensors break TMA's alignment rules)."""
     name: str
     source: str
     grid: list[str]
     args: list[str]
     num_warps: int = 4
     num_stages: int = 2
+    descriptors: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"name": self.name, "source": self.source, "grid": list(self.grid), "args": list(self.args),
-                "num_warps": self.num_warps, "num_stages": self.num_stages}
+                "num_warps": self.num_warps, "num_stages": self.num_stages,
+                "descriptors": [list(d) for d in self.descriptors]}
 
     @classmethod
     def from_json(cls, d: dict) -> "Kernel":
-        return cls(d["name"], d["source"], list(d["grid"]), list(d["args"]), d["num_warps"], d["num_stages"])
+        return cls(d["name"], d["source"], list(d["grid"]), list(d["args"]), d["num_warps"], d["num_stages"],
+                   [list(x) for x in d.get("descriptors", [])])
 
 
 @dataclass

@@ -17,6 +17,7 @@ import torch
 from triton import knobs
 from triton.compiler import CompiledKernel
 from triton.runtime import driver
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from cleave.interpreter import TORCH_DTYPES
 from cleave.ir import BindingError, parse_graph
@@ -104,6 +105,11 @@ class _Prepared:
                          [(a, None) if a not in env else (None, env[a]) for a in k.args],
                          dict(num_warps=k.num_warps, num_stages=k.num_stages))
                         for k in plan.kernels]
+        # TMA descriptors per kernel: (ok at these shapes, [(arg position, buffer, shape,
+        # strides, block)]), or None for a kernel without any.
+        shapes = {b.name: ([evaluate(d, env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)].itemsize)
+                  for b in plan.inputs + plan.outputs + plan.intermediates}
+        self.tma = [_descriptors(k, shapes) if k.descriptors else None for k in plan.kernels]
         # Kernels without programs here (an empty output or intermediate) are skipped:
         # Triton does not compile them at this shape.
         self.launches = [grid[0] > 0 for _, grid, _, _ in self.kernels]
@@ -117,6 +123,35 @@ class _Prepared:
         self.compiled: list = _cached(plan).setdefault("compiled", [None] * len(self.kernels))
         ints = [value for _, _, args, _ in self.kernels for name, value in args if name is None]
         self.direct_ok = all(abs(v) < 2 ** 31 for v in ints)
+
+
+def _descriptors(k, shapes: dict) -> tuple[bool, list]:
+    """A kernel's TMA descriptors at these shapes (contiguous buffers), and whether TMA
+    takes them: every dim non-empty and every stride but the last 16-byte aligned (the
+    base pointers are checked per call)."""
+    descs, ok = [], True
+    for arg, buffer, block in k.descriptors:
+        shape, itemsize = shapes[buffer]
+        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+        ok = ok and all(d > 0 for d in shape) and all(st * itemsize % 16 == 0 for st in strides[:-1]) \
+            and math.prod(shape) * itemsize < 2 ** 40
+        descs.append((k.args.index(arg), buffer, shape, strides, block))
+    return ok, descs
+
+
+def _with_descriptors(tma, values: list, tensors: dict, bases_ok: bool, typed) -> list:
+    """values with each descriptor argument filled in and the TMA switch appended: host
+    TensorDescriptors when TMA takes this call's tensors, else None and the pointer path."""
+    ok, descs = tma
+    use = ok and bases_ok
+    for pos, buffer, shape, strides, block in descs:
+        if use:
+            t = tensors[buffer]
+            t = typed(buffer) if isinstance(t, int) else t  # an intermediate passed as an address
+            values[pos] = TensorDescriptor(t, shape, strides, block)
+        else:
+            values[pos] = None
+    return values + [use]
 
 
 def _cached(plan: Plan) -> dict:
@@ -155,11 +190,11 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
     tensors = {}
     # Fresh allocations are aligned (the caching allocator's blocks are): inputs and
     # caller-given outputs are checked.
-    aligned = prepared.direct_ok
+    bases_ok = True
     for name, want in prepared.casts:
         t = inputs[name]
         tensors[name] = t = (t if t.dtype == want else t.to(want)).contiguous()
-        aligned = aligned and t.data_ptr() % 16 == 0
+        bases_ok = bases_ok and t.data_ptr() % 16 == 0
     device = t.device
     outs = []
     for i, (name, shape, dtype) in enumerate(prepared.outputs):
@@ -168,9 +203,10 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
             if list(t.shape) != shape or not t.is_contiguous():
                 raise BindingError(f"output {name!r}: expected a contiguous tensor of shape {shape}, "
                                    f"got {list(t.shape)}")
-            aligned = aligned and t.data_ptr() % 16 == 0
+            bases_ok = bases_ok and t.data_ptr() % 16 == 0
         tensors[name] = t
         outs.append(t)
+    aligned = prepared.direct_ok and bases_ok
     direct_now = aligned and prepared.direct_on in (None, device) and not _hooked()
     if prepared.intermediates:
         workspace = _workspace(prepared.workspace_bytes, device)
@@ -179,11 +215,15 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
             tensors.update((name, base + offset) for name, offset, _, _ in prepared.intermediates)
         else:  # the JIT reads each buffer's dtype off a tensor
             tensors.update(_views(prepared, workspace))
-    stream = None
+    stream, typed = None, None
     for i, (fn, grid, args, options) in enumerate(prepared.kernels):
         if not prepared.launches[i]:  # nothing to compute, and a GPU rejects an empty grid
             continue
-        values = [tensors[name] if name is not None else value for name, value in args]
+        values = [tensors.get(name) if name is not None else value for name, value in args]
+        if prepared.tma[i] is not None:
+            if typed is None and prepared.intermediates:
+                typed = dict(_views(prepared, workspace)).__getitem__
+            values = _with_descriptors(prepared.tma[i], values, tensors, bases_ok, typed)
         direct = prepared.direct[i]
         if direct is not None and direct_now:
             try:
@@ -197,7 +237,9 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
                 prepared.direct_ok = direct_now = False
                 if prepared.intermediates:
                     tensors.update(_views(prepared, workspace))
-                    values = [tensors[name] if name is not None else value for name, value in args]
+                    values = [tensors.get(name) if name is not None else value for name, value in args]
+                    if prepared.tma[i] is not None:
+                        values = _with_descriptors(prepared.tma[i], values, tensors, bases_ok, typed)
         kernel = fn[grid](*values, **options)
         if isinstance(kernel, CompiledKernel):
             prepared.compiled[i] = kernel

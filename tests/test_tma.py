@@ -1,0 +1,101 @@
+"""Hopper codegen: operand tiles read through TMA descriptors (with the pointer path
+as the fallback a call's unaligned tensors take), run under TRITON_INTERPRET=1 at
+small shapes against the fp64 interpreter, into NaN-poisoned outputs."""
+import dataclasses
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+from cleave import workloads as W
+from cleave.interpreter import interpret
+from cleave.ir import parse_graph
+from cleave.runtime import launch as L
+from cleave.scheduler import H200, schedule
+from kernel_check import LOOPS, check_outputs
+
+# One SM: the tiny test grids fill it, so the scheduler's rule gives them descriptors.
+ONE_SM = dataclasses.replace(LOOPS, sms=1)
+DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+
+
+def matmul(dtype: str):
+    text = W.get("matmul").graph.text().replace("bf16", dtype).replace("graph matmul", f"graph matmul_{dtype}")
+    return parse_graph(text)
+
+
+@pytest.fixture
+def descriptors_made(monkeypatch):
+    """The buffers the launcher built a TensorDescriptor over, in order."""
+    made, real = [], L.TensorDescriptor
+
+    def spy(base, shape, strides, block):
+        made.append(tuple(shape))
+        return real(base, shape, strides, block)
+
+    monkeypatch.setattr(L, "TensorDescriptor", spy)
+    return made
+
+
+def check(graph, plan, env, inputs):
+    outs = [torch.full(tuple(r.shape), float("nan"), dtype=r.dtype) for r in interpret(graph, inputs)]
+    got = L.launch(plan, inputs, out=outs)
+    ref = interpret(graph, inputs, compute_dtype=torch.float64)
+    check_outputs(got, ref, f"{graph.name} at {env}")
+
+
+def inputs_for(env, dtype, offset=0):
+    """x and w, `offset` elements past a 16-byte aligned address (offset 1: unaligned)."""
+    def make(shape):
+        flat = torch.randn(shape[0] * shape[1] + offset).to(dtype)
+        return flat[offset:].view(shape)
+
+    return {"x": make((env["s"], env["k"])), "w": make((env["k"], env["n"]))}
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_matmul_reads_tiles_through_descriptors(dtype, descriptors_made):
+    env = {"s": 37, "k": 56, "n": 40}  # odd rows; rows of 16-byte multiples: TMA takes them
+    plan = schedule(matmul(dtype), env, top_k=1, target=ONE_SM)[0]
+    (kernel,) = plan.kernels
+    assert {d[1] for d in kernel.descriptors} == {"x", "w"}
+    assert "x_desc0.load(" in kernel.source and "TMA: tl.constexpr" in kernel.source
+    check(matmul(dtype), plan, env, inputs_for(env, DTYPES[dtype]))
+    assert sorted(descriptors_made) == [(37, 56), (56, 40)]
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_unaligned_strides_take_the_pointer_path(dtype, descriptors_made):
+    env = {"s": 37, "k": 53, "n": 45}  # a row of 53 or 45 elements is no multiple of 16 bytes
+    plan = schedule(matmul(dtype), env, top_k=1, target=ONE_SM)[0]
+    assert plan.kernels[0].descriptors
+    check(matmul(dtype), plan, env, inputs_for(env, DTYPES[dtype]))
+    assert descriptors_made == []
+
+
+def test_unaligned_base_takes_the_pointer_path(descriptors_made):
+    env = {"s": 37, "k": 56, "n": 40}
+    graph = matmul("bf16")
+    plan = schedule(graph, env, top_k=1, target=ONE_SM)[0]
+    check(graph, plan, env, inputs_for(env, torch.bfloat16, offset=1))
+    assert descriptors_made == []
+    check(graph, plan, env, inputs_for(env, torch.bfloat16))  # the same shapes, aligned: TMA
+    assert len(descriptors_made) == 2
+
+
+def test_attention_reads_q_k_v_through_descriptors(descriptors_made):
+    w = W.get("mha")
+    env = {"b": 1, "h": 2, "s": 37, "d": 16}
+    plan = schedule(w.graph, env, top_k=1, target=ONE_SM)[0]
+    assert {d[1] for k in plan.kernels for d in k.descriptors} >= {"q", "k", "v"}
+    check(w.graph, plan, env, w.inputs(env, seed=1))
+    assert (1, 2, 37, 16) in descriptors_made
+
+
+def test_decode_sized_grids_keep_pointer_loads():
+    """The rule: a grid smaller than the SMs (a decode step) builds no descriptors."""
+    plan = schedule(matmul("bf16"), {"s": 37, "k": 56, "n": 40}, top_k=1, target=LOOPS)[0]
+    assert plan.kernels[0].descriptors == [] and "TMA" not in plan.kernels[0].source
+    assert H200.sms > 1
