@@ -10,7 +10,7 @@ from cleave.ir import dims as D
 from cleave.ir.graph import rebuild
 
 from .codegen import Emitter, fact_table
-from .cost import kernel_time
+from .cost import kernel_time, resident_programs
 from .exprs import code, evaluate
 from .partition import KernelSpec, Store, partition, stored_dtype
 from .plan import Buffer, Kernel, Plan
@@ -32,7 +32,7 @@ def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
     with passes.timed("codegen"):
         em = Emitter(spec, t, facts, env, dynamic, sms=target.sms)
         source, bufs, grid = em.program(spec.name, symbols, dynamic)
-    return em.stats, evaluate(grid[0], env), source, bufs, grid, em.descriptor_args()
+    return em.stats, evaluate(grid[0], env), source, bufs, grid, em.descriptor_args(), em.persistent
 
 
 def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
@@ -40,7 +40,8 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
     errors = []
     for t in enumerate_tilings(spec.views, spec.root_labels, env, dynamic, target):
         try:
-            stats, programs, source, bufs, grid, descs = _compile(spec, t, facts, env, dynamic, symbols, target)
+            stats, programs, source, bufs, grid, descs, persistent = _compile(spec, t, facts, env, dynamic, symbols,
+                                                                              target)
         except (BindingError, ValueError) as err:
             errors.append(str(err))
             continue
@@ -49,7 +50,8 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
             seconds = kernel_time(stats, programs, warps, stages, target)
             if seconds is not None:
                 args = bufs + [d[0] for d in descs] + symbols
-                found.append((seconds, Kernel(spec.name, source, grid, args, warps, stages, descs), tiles))
+                per_sm = resident_programs(stats, warps, stages, target) if persistent else 0
+                found.append((seconds, Kernel(spec.name, source, grid, args, warps, stages, descs, per_sm), tiles))
     if not found:
         raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
                            + (f" ({errors[0]})" if errors else ""))

@@ -111,6 +111,7 @@ class Emitter:
         self.one_tile_at_least = {i for i in grid if t.static.get(i, 0) == 0 and any(i not in s for s in stored)}
         self.free_lanes = {i for i in grid if t.block[i] > 1 and i not in reduced} - self.one_tile_at_least
         self.tma = wants_tma(self, sms)
+        self.persistent = False  # a tile loop in each program (tiled MatMuls): set by program()
         self.descriptors: dict = {}  # (buffer, block) -> descriptor argument name
 
     # -- small helpers ----------------------------------------------------
@@ -604,7 +605,10 @@ class Emitter:
             bx = self.t.block[lid]
             term = f"cdiv({code(self.labels[lid].extent)}, {bx})" if bx > 1 else code(self.labels[lid].extent)
             grid_terms.append(f"max({term}, 1)" if lid in self.one_tile_at_least else term)
-        if len(order) >= 2 and all(self.t.block[i] > 1 for i in order[:2]) and set(order[:2]) <= dot_labels(self.views):
+        n_tiles = " * ".join(tiles[lid] for lid in order) or "1"
+        self.persistent = len(order) >= 2 and all(self.t.block[i] > 1 for i in order[:2]) and \
+            set(order[:2]) <= dot_labels(self.views)
+        if self.persistent:
             # Two tiled MatMul sides: GROUP rows of tiles run together so that a wave of
             # programs reuses their A rows and B columns from L2 (grouped program order).
             n_id, m_id = order[:2]
@@ -627,7 +631,7 @@ class Emitter:
             any(self.numel(st.node) >= 2 ** 30 for st in self.spec.stores) or bool(self.dynamic)
         # int32 offsets when every buffer (and a tile of overhang) stays below 2**31 elements
         pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
-        top.lines += [f"pid = {pid}"] + decode
+        top.lines += ["pid = tile" if self.persistent else f"pid = {pid}"] + decode
         used = set()
         for inst in self.views.memo.values():
             used |= inst.labels | ({inst.reduced.id} if inst.reduced else set())
@@ -637,6 +641,11 @@ class Emitter:
         for st in self.spec.stores:
             v = self.ensure(top, st.inst)
             self.store(top, st, v)
+        if self.persistent:
+            # A persistent kernel: each program runs tiles pid, pid + programs, ... (the
+            # launcher starts min(tiles, SMs x resident programs) of them), in grouped order.
+            top.lines = [f"for tile in tl.range({pid}, {n_tiles}, tl.num_programs(0), flatten=True):"] + \
+                ["    " + ln for ln in top.lines]
         bufs = []
         for inst in self.views.memo.values():
             if inst.leaf:

@@ -2,7 +2,10 @@
 tile shape's efficiency, quantised in waves over the SMs), memory time (bytes a
 buffer is re-read beyond its size come from L2; the bandwidth reached is bounded by
 the bytes in flight, Little's law) and a latency per wave of programs. Plans over
-the shared-memory or register budget are rejected."""
+the shared-memory or register budget are rejected. A persistent kernel (a tiled
+MatMul's tile loop) does the same tiles' work as one program per tile: it is costed
+as that, with `programs` the number of tiles. TMA loads are not modelled apart:
+the same bytes move (the scheduler's rule, not the cost, decides where they are used)."""
 from __future__ import annotations
 
 from .kernel_stats import Stats
@@ -22,6 +25,15 @@ THIN_TILE_PENALTY = 1.25
 REGS_PER_SM = 64 * 1024
 
 
+def resident_programs(stats: Stats, num_warps: int, num_stages: int, target) -> int:
+    """Programs one SM holds at once (shared memory, warps, registers): a persistent
+    kernel launches this many per SM."""
+    threads = 32 * num_warps
+    regs = 32 + (stats.acc_elems + 1.5 * stats.tile_elems) / threads
+    return max(1, min(target.smem_per_block // max(stats.smem(num_stages), 1), WARPS_PER_SM // num_warps,
+                      REGS_PER_SM // int(regs * threads)))
+
+
 def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, target) -> float | None:
     """Seconds, or None when the tile does not fit the target."""
     smem = stats.smem(num_stages)
@@ -36,8 +48,7 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
         return None
     if programs == 0:  # an empty output or intermediate: launch skips the kernel
         return 0.0
-    per_sm = max(1, min(target.smem_per_block // max(smem, 1), WARPS_PER_SM // num_warps,
-                        REGS_PER_SM // int(regs * threads)))
+    per_sm = resident_programs(stats, num_warps, num_stages, target)
     slots = target.sms * per_sm
     waves = -(-programs // slots)
     # Tensor cores: each SM's programs share its peak; the last wave may leave SMs idle.

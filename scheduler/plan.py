@@ -28,7 +28,9 @@ class Kernel:
     source; num_warps and num_stages are passed at launch. `descriptors` lists the
     TMA descriptor arguments, [argument, buffer, block shape]: args name them after the
     buffers, and the source then ends with a `TMA` constexpr that the launcher sets
-    (False, with None descriptors, when a call's tensors break TMA's alignment rules)."""
+    (False, with None descriptors, when a call's tensors break TMA's alignment rules).
+    `programs_per_sm` > 0 marks a persistent kernel: `grid` counts its tiles, and the
+    launcher starts min(tiles, SMs x programs_per_sm) programs that loop over them."""
     name: str
     source: str
     grid: list[str]
@@ -36,16 +38,17 @@ class Kernel:
     num_warps: int = 4
     num_stages: int = 2
     descriptors: list = field(default_factory=list)
+    programs_per_sm: int = 0
 
     def to_json(self) -> dict:
         return {"name": self.name, "source": self.source, "grid": list(self.grid), "args": list(self.args),
                 "num_warps": self.num_warps, "num_stages": self.num_stages,
-                "descriptors": [list(d) for d in self.descriptors]}
+                "descriptors": [list(d) for d in self.descriptors], "programs_per_sm": self.programs_per_sm}
 
     @classmethod
     def from_json(cls, d: dict) -> "Kernel":
         return cls(d["name"], d["source"], list(d["grid"]), list(d["args"]), d["num_warps"], d["num_stages"],
-                   [list(x) for x in d.get("descriptors", [])])
+                   [list(x) for x in d.get("descriptors", [])], d.get("programs_per_sm", 0))
 
 
 @dataclass

@@ -99,3 +99,30 @@ def test_decode_sized_grids_keep_pointer_loads():
     plan = schedule(matmul("bf16"), {"s": 37, "k": 56, "n": 40}, top_k=1, target=LOOPS)[0]
     assert plan.kernels[0].descriptors == [] and "TMA" not in plan.kernels[0].source
     assert H200.sms > 1
+
+
+def test_persistent_programs_loop_over_tiles(monkeypatch, descriptors_made):
+    """One program runs all nine tiles (3 x 3 of 64) of a tiled MatMul in turn."""
+    env = {"s": 150, "k": 56, "n": 136}
+    graph = matmul("bf16")
+    plan = schedule(graph, env, top_k=1, target=ONE_SM)[0]
+    (kernel,) = plan.kernels
+    assert kernel.programs_per_sm >= 1 and "tl.range(tl.program_id(0), " in kernel.source
+    kernel.programs_per_sm = 1
+    monkeypatch.setattr(L, "INTERPRETER_SMS", 1)
+    inputs = inputs_for(env, torch.bfloat16)
+    check(graph, plan, env, inputs)
+    (_, grid, _, _), = L.prepare(plan, inputs).kernels
+    assert grid == (1, 1, 1) and descriptors_made
+
+
+def test_persistent_grid_past_the_tiles_and_empty_extents(monkeypatch):
+    """More programs than tiles (the extra ones run no tile), an empty output (nothing
+    is launched) and an empty contraction (zeros; no TMA over an empty dim)."""
+    monkeypatch.setattr(L, "_programs", lambda k, tiles, sms: tiles + 3 if tiles else 0)
+    graph = matmul("f32")
+    plan = schedule(graph, {"s": 37, "k": 56, "n": 40}, dynamic=("s", "k"), top_k=1, target=ONE_SM)[0]
+    assert plan.kernels[0].programs_per_sm and plan.kernels[0].descriptors
+    for s, k in ((37, 56), (0, 56), (37, 0)):
+        env = {"s": s, "k": k, "n": 40}
+        check(graph, plan, env, inputs_for(env, torch.float32))

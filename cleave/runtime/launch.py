@@ -34,6 +34,9 @@ WORKSPACE_ALIGN = 256  # bytes: what cudaMalloc guarantees (the caching allocato
 WORKSPACE_KEPT_BYTES = 64 << 20
 _WORKSPACES: dict = {}  # (device, stream or CPU thread) -> uint8 tensor, grown to the largest need
 LANES_KEPT = 16
+# SMs a persistent kernel's programs are counted against where no GPU says (Triton's
+# CPU interpreter runs programs one after another: a few exercise the tile loop).
+INTERPRETER_SMS = 4
 _MODULES: dict[tuple, object] = {}  # (kernel name, source hash) -> the jitted function
 
 
@@ -101,7 +104,8 @@ class _Prepared:
             self.intermediates.append((b.name, self.workspace_bytes, shape, dtype))
             size = math.prod(shape) * dtype.itemsize
             self.workspace_bytes += -(-size // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
-        self.kernels = [(_kernel_fn(plan, k), (evaluate(k.grid[0], env), 1, 1),
+        sms = _sms(next(iter(inputs.values())).device if inputs else torch.device("cpu"))
+        self.kernels = [(_kernel_fn(plan, k), (_programs(k, evaluate(k.grid[0], env), sms), 1, 1),
                          [(a, None) if a not in env else (None, env[a]) for a in k.args],
                          dict(num_warps=k.num_warps, num_stages=k.num_stages))
                         for k in plan.kernels]
@@ -123,6 +127,18 @@ class _Prepared:
         self.compiled: list = _cached(plan).setdefault("compiled", [None] * len(self.kernels))
         ints = [value for _, _, args, _ in self.kernels for name, value in args if name is None]
         self.direct_ok = all(abs(v) < 2 ** 31 for v in ints)
+
+
+def _programs(k, tiles: int, sms: int) -> int:
+    """Programs to launch: one per tile, or for a persistent kernel at most as many as
+    the GPU holds at once (each loops over tiles)."""
+    return min(tiles, sms * k.programs_per_sm) if k.programs_per_sm else tiles
+
+
+def _sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_SMS
 
 
 def _descriptors(k, shapes: dict) -> tuple[bool, list]:
