@@ -22,7 +22,7 @@ from cleave.ir.ops import COMPARE, per_op
 
 from .bounds import segments
 from .exprs import code
-from .fexpr import Y_NEW, Y_OLD, fcode, parse_rescale
+from .fexpr import EXP, Y_NEW, Y_OLD, fcode, parse_rescale
 from .index_bounds import index_bounds, provable
 from .kernel_stats import Stats, mma_efficiency
 from .partition import KernelSpec, buffer_name, stored_dtype
@@ -38,7 +38,7 @@ NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}, 
 COMBINE = per_op({"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}, "reduce",
                  where="codegen")
 REDUCE_IN_TILE = per_op({"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}, "reduce", where="codegen")
-UNARY = per_op({"exp": "tl.exp({x})", "log": "tl.log({x})", "sqrt": "tl.sqrt({x})", "rsqrt": "tl.rsqrt({x})",
+UNARY = per_op({"exp": EXP, "log": "tl.log({x})", "sqrt": "tl.sqrt({x})", "rsqrt": "tl.rsqrt({x})",
                 "neg": "-{x}", "recip": "1.0 / {x}", "silu": "{x} * tl.sigmoid({x})", "sigmoid": "tl.sigmoid({x})",
                 "tanh": "2.0 * tl.sigmoid(2.0 * {x}) - 1.0", "square": "{x} * {x}", "cos": "tl.cos({x})",
                 "sin": "tl.sin({x})", "abs": "tl.abs({x})", "erf": "tl.erf({x})",

@@ -4,6 +4,8 @@ from __future__ import annotations
 import sympy
 
 Y_OLD, Y_NEW = sympy.Symbol("y_old"), sympy.Symbol("y_new")
+# exp(x) as 2^(x log2 e): the GPU's ex2 instruction is what Triton lowers an fp32 exp to
+EXP = "tl.exp2({x} * 1.4426950408889634)"
 
 
 def parse_rescale(text: str) -> sympy.Expr:
@@ -23,7 +25,7 @@ def fcode(e: sympy.Expr, names: dict) -> str:
     if isinstance(e, sympy.Number):
         return repr(float(e))
     if isinstance(e, sympy.exp):
-        return f"tl.exp({fcode(e.args[0], names)})"
+        return EXP.format(x=fcode(e.args[0], names))
     if isinstance(e, sympy.log):
         return f"tl.log({fcode(e.args[0], names)})"
     if isinstance(e, sympy.Add):

@@ -85,11 +85,13 @@ def test_unaligned_base_takes_the_pointer_path(descriptors_made):
     assert len(descriptors_made) == 2
 
 
-def test_attention_reads_q_k_v_through_descriptors(descriptors_made):
+def test_attention_reads_q_k_v_through_descriptors_and_uses_exp2(descriptors_made):
     w = W.get("mha")
     env = {"b": 1, "h": 2, "s": 37, "d": 16}
     plan = schedule(w.graph, env, top_k=1, target=ONE_SM)[0]
     assert {d[1] for k in plan.kernels for d in k.descriptors} >= {"q", "k", "v"}
+    sources = "".join(k.source for k in plan.kernels)
+    assert "tl.exp2(" in sources and "tl.exp(" not in sources  # softmax's exp as exp2
     check(w.graph, plan, env, w.inputs(env, seed=1))
     assert (1, 2, 37, 16) in descriptors_made
 
