@@ -606,9 +606,12 @@ class Emitter:
             term = f"cdiv({code(self.labels[lid].extent)}, {bx})" if bx > 1 else code(self.labels[lid].extent)
             grid_terms.append(f"max({term}, 1)" if lid in self.one_tile_at_least else term)
         n_tiles = " * ".join(tiles[lid] for lid in order) or "1"
-        self.persistent = len(order) >= 2 and all(self.t.block[i] > 1 for i in order[:2]) and \
+        grouped = len(order) >= 2 and all(self.t.block[i] > 1 for i in order[:2]) and \
             set(order[:2]) <= dot_labels(self.views)
-        if self.persistent:
+        # Persistent: a tiled MatMul whose loops accumulate MatMuls only (a GEMM, SwiGLU's
+        # pair), not attention's softmax loops (flattening those is unmeasured).
+        self.persistent = grouped and all(a.op == "matmul" for a in self.accs)
+        if grouped:
             # Two tiled MatMul sides: GROUP rows of tiles run together so that a wave of
             # programs reuses their A rows and B columns from L2 (grouped program order).
             n_id, m_id = order[:2]
@@ -653,7 +656,8 @@ class Emitter:
         outs = [st.buffer for st in self.spec.stores]
         bufs = list(dict.fromkeys(sorted(set(bufs)) + outs))
         params = [f"{b}_ptr" for b in bufs] + [arg for arg, _, _ in self.descriptor_args()] + \
-            [s if s in dynamic else f"{s}: tl.constexpr" for s in symbols] + (["TMA: tl.constexpr"] if self.descriptors else [])
+            [s if s in dynamic else f"{s}: tl.constexpr" for s in symbols]
+        params += ["TMA: tl.constexpr"] if self.descriptors else []  # the launcher's switch to pointer loads
         dns = f"(do_not_specialize={sorted(s for s in symbols if s in dynamic)!r})" if any(s in dynamic for s in symbols) else ""
         comment = [f"# X{lab.id}: extent {D.fmt(lab.extent)}, {self.t.role[lab.id]}, block {self.t.block[lab.id]}"
                    for lab in self.views.labels]

@@ -76,7 +76,8 @@ def tile_load(em, inst, dims, itemsize: int) -> TileLoad | None:
             order.append(lid)
         else:
             block.append(1)
-        offsets.append(code(e, starts))
+        offset = code(e, starts)  # TMA coordinates are int32 (tile indices are int64 in wide kernels)
+        offsets.append(offset if offset == "0" else f"tl.cast({offset}, tl.int32)")
     if set(axis_of) != set(dims) or block[-1] == 1 or block[-1] * itemsize < MIN_ROW_BYTES \
             or max(block) > MAX_BOX:
         return None

@@ -96,6 +96,16 @@ def test_attention_reads_q_k_v_through_descriptors_and_uses_exp2(descriptors_mad
     assert (1, 2, 37, 16) in descriptors_made
 
 
+def test_dynamic_attention_casts_tile_offsets_to_int32(descriptors_made):
+    """A dynamic extent makes tile indices int64; TMA coordinates are int32."""
+    w = W.get("mha")
+    env = {"b": 1, "h": 2, "s": 37, "d": 16}
+    plan = schedule(w.graph, env, dynamic={"s"}, top_k=1, target=ONE_SM)[0]
+    for s in (21, 37):
+        check(w.graph, plan, {**env, "s": s}, w.inputs({**env, "s": s}, seed=s))
+    assert (1, 2, 21, 16) in descriptors_made
+
+
 def test_decode_sized_grids_keep_pointer_loads():
     """The rule: a grid smaller than the SMs (a decode step) builds no descriptors."""
     plan = schedule(matmul("bf16"), {"s": 37, "k": 56, "n": 40}, top_k=1, target=LOOPS)[0]
@@ -118,7 +128,7 @@ def test_persistent_programs_loop_over_tiles(monkeypatch, descriptors_made):
     assert grid == (1, 1, 1) and descriptors_made
 
 
-def test_persistent_grid_past_the_tiles_and_empty_extents(monkeypatch):
+def test_persistent_grid_past_the_tiles_and_empty_extents(monkeypatch, descriptors_made):
     """More programs than tiles (the extra ones run no tile), an empty output (nothing
     is launched) and an empty contraction (zeros; no TMA over an empty dim)."""
     monkeypatch.setattr(L, "_programs", lambda k, tiles, sms: tiles + 3 if tiles else 0)
@@ -128,3 +138,6 @@ def test_persistent_grid_past_the_tiles_and_empty_extents(monkeypatch):
     for s, k in ((37, 56), (0, 56), (37, 0)):
         env = {"s": s, "k": k, "n": 40}
         check(graph, plan, env, inputs_for(env, torch.float32))
+        if s == 37 and k == 56:  # dynamic extents: int64 tile indices, int32 TMA coordinates
+            assert len(descriptors_made) == 2
+    assert len(descriptors_made) == 2  # none over an empty dim

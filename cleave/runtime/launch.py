@@ -149,8 +149,8 @@ def _descriptors(k, shapes: dict) -> tuple[bool, list]:
     for arg, buffer, block in k.descriptors:
         shape, itemsize = shapes[buffer]
         strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-        ok = ok and all(d > 0 for d in shape) and all(st * itemsize % 16 == 0 for st in strides[:-1]) \
-            and math.prod(shape) * itemsize < 2 ** 40
+        ok = ok and all(0 < d < 2 ** 31 for d in shape) and all(st * itemsize % 16 == 0 for st in strides[:-1]) \
+            and math.prod(shape) * itemsize < 2 ** 40  # int32 coordinates, 40-bit strides
         descs.append((k.args.index(arg), buffer, shape, strides, block))
     return ok, descs
 
