@@ -46,6 +46,7 @@ def report(result, plan=None, candidate_index=None, shapes=None) -> dict:
         out["plan"] = {
             "candidate": candidate_index, "shapes": shapes,
             "kernels": [{"name": k.name, "grid": k.grid, "num_warps": k.num_warps, "num_stages": k.num_stages,
+                         "descriptors": k.descriptors, "programs_per_sm": k.programs_per_sm,
                          "source": k.source} for k in plan.kernels],
             "split": plan.split, "tiles": plan.tiles, "cost": plan.cost,
         }
@@ -108,8 +109,12 @@ def emit(plan, directory: str) -> list[str]:
     for k in plan.kernels:
         path = os.path.join(directory, f"{k.name}.py")
         with open(path, "w") as f:
+            tma = (f"# TMA descriptors [argument, buffer, block]: {k.descriptors}; then TMA=True, or None "
+                   "descriptors and TMA=False\n") if k.descriptors else ""
+            persistent = (f"# persistent: launch min(grid, SMs x {k.programs_per_sm}) programs\n"
+                          if k.programs_per_sm else "")
             f.write(f"# grid: {k.grid}, num_warps={k.num_warps}, num_stages={k.num_stages}\n"
-                    f"# launch arguments, in order: {', '.join(k.args)}\n" + k.source)
+                    f"# launch arguments, in order: {', '.join(k.args)}\n" + tma + persistent + k.source)
         written.append(path)
     with open(os.path.join(directory, "plan.json"), "w") as f:
         json.dump(plan.to_json(), f, indent=1)
