@@ -28,7 +28,9 @@ def matmul(dtype: str):
 
 @pytest.fixture
 def descriptors_made(monkeypatch):
-    """The buffers the launcher built a TensorDescriptor over, in order."""
+    """The buffers the launcher built a TensorDescriptor over, in order. One SM, as the
+    scheduler's target has: the launcher then builds descriptors for these tiny grids."""
+    monkeypatch.setattr(L, "INTERPRETER_SMS", 1)
     made, real = [], L.TensorDescriptor
 
     def spy(base, shape, strides, block):
@@ -64,6 +66,18 @@ def test_matmul_reads_tiles_through_descriptors(dtype, descriptors_made):
     assert "x_desc0.load(" in kernel.source and "TMA: tl.constexpr" in kernel.source
     check(matmul(dtype), plan, env, inputs_for(env, DTYPES[dtype]))
     assert sorted(descriptors_made) == [(37, 56), (56, 40)]
+
+
+def test_a_launch_with_fewer_tiles_than_sms_takes_the_pointer_path(monkeypatch, descriptors_made):
+    """The plan has descriptors, but a call whose grid is under the SMs (a decode step
+    at batch 1) would spend more building them than it saves."""
+    env = {"s": 37, "k": 56, "n": 40}
+    plan = schedule(matmul("bf16"), env, dynamic={"s"}, top_k=1, target=ONE_SM)[0]
+    assert plan.kernels[0].descriptors
+    monkeypatch.setattr(L, "INTERPRETER_SMS", 4)
+    small = {"s": 5, "k": 56, "n": 40}  # too few tiles for four SMs
+    check(matmul("bf16"), plan, small, inputs_for(small, torch.bfloat16))
+    assert descriptors_made == []
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))

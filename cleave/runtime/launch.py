@@ -105,15 +105,18 @@ class _Prepared:
             size = math.prod(shape) * dtype.itemsize
             self.workspace_bytes += -(-size // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
         sms = _sms(next(iter(inputs.values())).device if inputs else torch.device("cpu"))
-        self.kernels = [(_kernel_fn(plan, k), (_programs(k, evaluate(k.grid[0], env), sms), 1, 1),
+        tiles = [evaluate(k.grid[0], env) for k in plan.kernels]
+        self.kernels = [(_kernel_fn(plan, k), (_programs(k, n, sms), 1, 1),
                          [(a, None) if a not in env else (None, env[a]) for a in k.args],
                          dict(num_warps=k.num_warps, num_stages=k.num_stages))
-                        for k in plan.kernels]
+                        for k, n in zip(plan.kernels, tiles)]
         # TMA descriptors per kernel: (ok at these shapes, [(arg position, buffer, shape,
         # strides, block)]), or None for a kernel without any.
         shapes = {b.name: ([evaluate(d, env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)].itemsize)
                   for b in plan.inputs + plan.outputs + plan.intermediates}
-        self.tma = [_descriptors(k, shapes) if k.descriptors else None for k in plan.kernels]
+        # A launch of fewer tiles than SMs (a decode step at batch 1) is too short to
+        # repay building its descriptors: it takes the pointer path.
+        self.tma = [_descriptors(k, shapes, n >= sms) if k.descriptors else None for k, n in zip(plan.kernels, tiles)]
         # Kernels without programs here (an empty output or intermediate) are skipped:
         # Triton does not compile them at this shape.
         self.launches = [grid[0] > 0 for _, grid, _, _ in self.kernels]
@@ -141,11 +144,11 @@ def _sms(device: torch.device) -> int:
     return INTERPRETER_SMS
 
 
-def _descriptors(k, shapes: dict) -> tuple[bool, list]:
+def _descriptors(k, shapes: dict, worth_it: bool) -> tuple[bool, list]:
     """A kernel's TMA descriptors at these shapes (contiguous buffers), and whether TMA
-    takes them: every dim non-empty and every stride but the last 16-byte aligned (the
-    base pointers are checked per call)."""
-    descs, ok = [], True
+    takes them: worth building here, every dim non-empty and every stride but the last
+    16-byte aligned (the base pointers are checked per call)."""
+    descs, ok = [], worth_it
     for arg, buffer, block in k.descriptors:
         shape, itemsize = shapes[buffer]
         strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
