@@ -1,6 +1,7 @@
 """The baselines a user would reach for, per workload: eager PyTorch, torch.compile,
 SDPA on each backend, flex_attention, Hugging Face's RoPE compiled, cuBLAS, and
-torch.compile's max-autotune for the GEMM family. Plain PyTorch only; which one is
+torch.compile's max-autotune for the GEMM family, and for the paged definitions padded
+SDPA and paged flex_attention (benchmarks/paged_baselines.py). Plain PyTorch only; which one is
 strongest is decided by measurement (benchmarks/strongest.py)."""
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from cleave.workloads.attention_variants import SOFTCAP, WINDOW
+from cleave.workloads.flashinfer import DEFINITIONS
 
+from . import paged_baselines
 from .strongest import Baseline, compiles_within
 
 GEMM = {"matmul", "rmsnorm_matmul", "swiglu", "matmul_matmul", "matmul_rowsum"}
@@ -51,14 +54,15 @@ def _sdpa_backends() -> list[tuple[str, object]]:
             ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
 
 
-def _on_each_sdpa_backend(name: str, fn: Callable) -> list[Baseline]:
-    """`fn` (which calls SDPA) once per backend; the math backend only if none of them runs."""
+def _on_each_sdpa_backend(name: str, fn: Callable, **fields) -> list[Baseline]:
+    """`fn` (which calls SDPA) once per backend; the math backend only if none of them runs.
+    `fields`: the Baselines' other fields (prepare, outputs, secondary)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    out = [Baseline(f"{name} {label}", fn, context=functools.partial(sdpa_kernel, [backend]))
+    out = [Baseline(f"{name} {label}", fn, context=functools.partial(sdpa_kernel, [backend]), **fields)
            for label, backend in _sdpa_backends()]
     return out + [Baseline(f"{name} math", fn, context=functools.partial(sdpa_kernel, [SDPBackend.MATH]),
-                           fallback=True)]
+                           fallback=True, **fields)]
 
 
 def _sdpa(variant: Attention) -> Callable:
@@ -165,4 +169,6 @@ def for_workload(name: str, reference: Callable) -> list[Baseline]:
         out.append(Baseline("compiled HF RoPE + flex_attention", _after_rope(rope, _flex(variant))))
     if name == "mla_decode":
         out += _on_each_sdpa_backend("SDPA", _mla_sdpa)
+    if name in DEFINITIONS:
+        out += paged_baselines.for_definition(name, _on_each_sdpa_backend)
     return out
