@@ -1,7 +1,9 @@
 """The benchmark's markdown: one row per preset with cleave's time, the strongest
-baseline (named) and the ratio against it, then why any baseline was not timed."""
+baseline (named) and the ratio against it (and a decode step's share of the copy
+ceiling), then the secondary timings, then why any baseline was not timed."""
 from __future__ import annotations
 
+from .paged_baselines import copy_ceiling_fraction
 from .strongest import NOT_NEEDED
 
 
@@ -13,14 +15,24 @@ def _ratio(baseline_ms, cleave_ms) -> str:
     return f"{baseline_ms / cleave_ms:.2f}" if (baseline_ms and cleave_ms) else "—"
 
 
+def _ceiling(row: dict) -> str:
+    """A decode step's bandwidth as a share of the copy ceiling: cleave / strongest baseline."""
+    nbytes = row.get("decode_bytes")
+    if not nbytes:
+        return "—"
+    strongest = row["strongest"] and row["strongest"]["ms"]
+    shares = [copy_ceiling_fraction(nbytes, ms) for ms in (row["cleave_ms"], strongest)]
+    return " / ".join(f"{s:.0%}" if s is not None else "—" for s in shares)
+
+
 def _timed(row: dict, name: str):
     return next((b["ms"] for b in row["baselines"] if b["name"] == name), None)
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| workload | preset | cleave ms | strongest baseline | its ms | ×strongest "
-             "| eager ms | ×eager | torch.compile ms | ×torch.compile | err |",
-             "|" + "---|" * 11]
+             "| eager ms | ×eager | torch.compile ms | ×torch.compile | err | copy ceiling |",
+             "|" + "---|" * 12]
     for r in rows:
         c = r["cleave_ms"]
         strongest = r["strongest"]
@@ -30,9 +42,16 @@ def table(rows: list[dict]) -> str:
                  strongest["name"] if strongest else "none ran", _ms(strongest and strongest["ms"]),
                  _ratio(strongest and strongest["ms"], c),
                  _ms(eager), _ratio(eager, c), _ms(compiled), _ratio(compiled, c),
-                 f"{min(errs):.1e}" if errs else "—"]
+                 f"{min(errs):.1e}" if errs else "—", _ceiling(r)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def secondary(rows: list[dict]) -> str:
+    """Timings reported beside the table, never the strongest (SDPA on pre-gathered K/V)."""
+    lines = [f"- {r['workload']} {r['preset']}, {b['name']}: {b['ms']:.4f} ms"
+             for r in rows for b in r["baselines"] if b.get("secondary") and b["ms"]]
+    return "\n".join(["Secondary timings (not candidates for the strongest):", ""] + lines) if lines else ""
 
 
 def skipped(rows: list[dict]) -> str:
