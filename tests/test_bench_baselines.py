@@ -213,3 +213,104 @@ def test_every_attention_workload_has_a_flex_baseline_and_gemms_autotune():
     assert got["torch.compile max-autotune"].first_call_budget_s == baselines.AUTOTUNE_BUDGET_S
     assert "cuBLAS" in got and "flex_attention" not in got
     assert "flex_attention" in {b.name for b in baselines.for_workload("gqa_causal", ref)}
+
+
+# The paged definitions' baselines (benchmarks/paged_baselines.py): each computes the
+# definition's fp64 reference on a batch with random, non-contiguous pages and an empty
+# request (the suite's second test batch: kv lengths 4, 0, 9, 2).
+
+def _paged_case(name):
+    from cleave.workloads import flashinfer
+
+    w = workloads.get(name)
+    inputs = w.inputs(w.test_bindings[1], seed=4, dtype=torch.float32)
+    pages = inputs.get("kv_indices", inputs.get("block_tables"))
+    if pages is not None:
+        assert not (pages.flatten()[1:] - pages.flatten()[:-1] == 1).all()  # not one contiguous run
+    as64 = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
+    return inputs, flashinfer.kind_of(name).reference(**as64)
+
+
+def _run_paged(baseline, inputs):
+    return baseline.fn(**baseline.prepare(inputs))
+
+
+@pytest.mark.parametrize("name", list(workloads.flashinfer.DEFINITIONS))
+def test_padded_sdpa_computes_each_paged_definition(name):
+    from benchmarks import paged_baselines
+
+    inputs, (out, lse) = _paged_case(name)
+    assert (paged_baselines.layout(name, inputs).kv_len == 0).any()  # the empty request
+    for folded in (False, True):
+        for pregather in (False, True):
+            prepare = functools.partial(paged_baselines._prepare_padded, name, pregather=pregather)
+            fn = paged_baselines.pregathered_sdpa(folded) if pregather else paged_baselines.padded_sdpa(name, folded)
+            got = _run_paged(Baseline("sdpa", fn, prepare=prepare), inputs)
+            torch.testing.assert_close(got.double(), out, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(workloads.flashinfer.DEFINITIONS))
+def test_paged_flex_attention_computes_each_paged_definition(name):
+    """Eager (unfused) flex_attention on CPU; the GPU run compiles the same call."""
+    from benchmarks import paged_baselines
+
+    inputs, reference = _paged_case(name)
+    baseline = Baseline("flex", paged_baselines.paged_flex(name, compiled=False),
+                        prepare=functools.partial(paged_baselines._prepare_flex, name))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "called without torch.compile", return_lse's deprecation
+        got = _run_paged(baseline, inputs)
+    for g, r in zip(got, reference):
+        torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-5)
+
+
+def test_paged_baselines_are_offered_and_checked_on_what_they_return():
+    """Every definition gets the padded SDPA forms on each backend and paged flex; SDPA is
+    checked on the output alone, its pre-gathered timing is secondary (never the
+    strongest), and an lse of -inf (the empty request) is matched, not an error."""
+    name = "gqa_paged_decode_h32_kv8_d128_ps1"
+    got = {b.name: b for b in baselines.for_workload(name, workloads.get(name).reference)}
+    assert {"padded SDPA (enable_gqa) flash", "padded SDPA (GQA folded) efficient", "paged flex_attention",
+            "pre-gathered SDPA (GQA folded) cuDNN"} <= set(got)
+    assert got["padded SDPA (GQA folded) flash"].outputs == 1 and got["paged flex_attention"].outputs is None
+    assert got["pre-gathered SDPA (GQA folded) flash"].secondary
+    ref = [torch.tensor([1.0, 2.0]), torch.tensor([0.5, -math.inf])]
+    make, timer = _fake({"output only": 1.0, "secondary": 0.1, "both": 2.0})
+    outcomes = measure([Baseline("output only", make("output only", ref[0]), outputs=1),
+                        Baseline("secondary", make("secondary", ref[0]), outputs=1, secondary=True),
+                        Baseline("both", make("both", ref))], {"x": X}, ref, timer)
+    assert [o.rel_err for o in outcomes] == [0.0, 0.0, 0.0]
+    assert best(outcomes).name == "output only"
+    assert "- w p, secondary: 0.1000 ms" in report.secondary([{"workload": "w", "preset": "p",
+                                                         "baselines": [o.__dict__ for o in outcomes]}])
+    wrong = [torch.tensor([1.0, 2.0]), torch.tensor([0.5, 0.0])]
+    assert math.isinf(measure([Baseline("both", make("both", wrong))], {"x": X}, ref, timer)[0].rel_err or math.inf)
+
+
+def test_decode_bytes_count_the_pages_used_q_and_outputs():
+    from benchmarks.paged_baselines import copy_ceiling_fraction, decode_bytes
+
+    bf16, i32 = torch.bfloat16, torch.int32
+    # 3 requests, 4 heads of 8 over 2 kv heads, one-token pages: 12 pages listed of a pool of 20.
+    gqa = {"q": torch.zeros(3, 4, 8, dtype=bf16), "k_cache": torch.zeros(20, 1, 2, 8, dtype=bf16),
+           "v_cache": torch.zeros(20, 1, 2, 8, dtype=bf16), "kv_indptr": torch.tensor([0, 5, 5, 12], dtype=i32),
+           "kv_indices": torch.arange(12, dtype=i32), "sm_scale": torch.tensor(0.3)}
+    # K and V: 12 pages * 2 heads * 8 * 2 B each = 384 + 384; q 3*4*8*2 = 192; output 192; lse 3*4*4 = 48.
+    assert decode_bytes("gqa_paged_decode_h32_kv8_d128_ps1", gqa) == 384 + 384 + 192 + 192 + 48
+    # Block table: seq_lens 5, 0, 17 in 16-token pages use 1 + 0 + 2 pages of 16*2*8*2 = 512 B (K, V each).
+    table = {**gqa, "k_cache": torch.zeros(9, 16, 2, 8, dtype=bf16), "v_cache": torch.zeros(9, 16, 2, 8, dtype=bf16),
+             "block_tables": torch.zeros(3, 4, dtype=i32), "seq_lens": torch.tensor([5, 0, 17], dtype=i32)}
+    assert decode_bytes("block_table_decode_h32_kv8_d128_ps16", table) == 3 * 512 * 2 + 192 + 192 + 48
+    # MLA: 7 latent pages of 16 + 4 values read once (keys and values): 7 * 20 * 2 = 280; q 2*3*20*2 = 240;
+    # output 2*3*16*2 = 192; lse 2*3*4 = 24.
+    mla = {"q_nope": torch.zeros(2, 3, 16, dtype=bf16), "q_pe": torch.zeros(2, 3, 4, dtype=bf16),
+           "ckv_cache": torch.zeros(10, 1, 16, dtype=bf16), "kpe_cache": torch.zeros(10, 1, 4, dtype=bf16),
+           "kv_indptr": torch.tensor([0, 3, 7], dtype=i32), "kv_indices": torch.arange(7, dtype=i32),
+           "sm_scale": torch.tensor(0.1)}
+    assert decode_bytes("mla_paged_decode_h16_ckv512_kpe64_ps1", mla) == 280 + 240 + 192 + 24
+    assert decode_bytes("gqa_ragged_prefill_causal_h32_kv8_d128", {}) is None
+    assert copy_ceiling_fraction(4.3e9, 1.0) == pytest.approx(1.0)  # 4.3 GB in 1 ms: the ceiling
+    assert copy_ceiling_fraction(None, 1.0) is None
+    row = {"workload": "w", "preset": "p", "plans": [{"ms": 2.0}], "cleave_ms": 2.0, "baselines": [],
+           "strongest": {"name": "b", "ms": 4.0}, "decode_bytes": int(4.3e9)}
+    assert report.table([row]).splitlines()[-1].endswith("| 50% / 25% |")
