@@ -197,18 +197,25 @@ def _prepare_flex(name: str, inputs: dict) -> dict:
     dev = store.device
     b, max_kv = lay.tokens.shape
     inside = torch.arange(max_kv, device=dev)[None, :] < lay.kv_len[:, None]
-    owner = torch.full((store.shape[0],), -1, dtype=torch.long, device=dev)
-    logical = torch.zeros(store.shape[0], dtype=torch.long, device=dev)
+    # The tables reach past the sequences to whole blocks of 128 (flex's), in case a kernel
+    # evaluates the mask_mod on a partial block's tail: owner -1 there, row's request -2.
+    owner = torch.full((_whole_blocks(store.shape[0]),), -1, dtype=torch.long, device=dev)
+    logical = torch.zeros_like(owner)
     owner[lay.tokens[inside]] = torch.arange(b, device=dev)[:, None].expand(b, max_kv)[inside]
     logical[lay.tokens[inside]] = torch.arange(max_kv, device=dev)[None, :].expand(b, max_kv)[inside]
-    seg, bound = lay.seg, lay.bound
+    seg = torch.full((_whole_blocks(lay.seg.shape[0]),), -2, dtype=torch.long, device=dev)
+    bound = torch.full_like(seg, -1)
+    seg[:lay.seg.shape[0]], bound[:lay.seg.shape[0]] = lay.seg, lay.bound
 
     def paged(batch, head, q_idx, kv_idx):
         return (owner[kv_idx] == seg[q_idx]) & (logical[kv_idx] <= bound[q_idx])
 
-    rows = seg.shape[0]
-    mask = create_block_mask(paged, None, None, rows, store.shape[0], device=dev)
+    mask = create_block_mask(paged, None, None, lay.seg.shape[0], store.shape[0], device=dev)
     return {"inputs": inputs, "mask": mask, "scale": lay.scale}
+
+
+def _whole_blocks(n: int, block: int = 128) -> int:
+    return -(-max(n, 1) // block) * block
 
 
 def paged_flex(name: str, compiled: bool = True):
