@@ -9,7 +9,8 @@ zero fill provides. The kernel keeps the pointer path too, behind a `TMA` conste
 the launcher takes it when a call's tensors break TMA's alignment rules.
 
 Which kernels: those that accumulate a MatMul over a `loop` label and whose grid fills
-the target's SMs at the scheduled shape (`wants_tma`).
+the target's SMs at the scheduled shape, or may at another shape of a dynamic axis
+(`wants_tma`; the launcher then applies the same rule per call).
 """
 from __future__ import annotations
 
@@ -36,9 +37,13 @@ class TileLoad:
 
 def wants_tma(em, sms: int) -> bool:
     """The rule: descriptors for kernels with a tiled-contraction loop whose grid fills
-    the SMs; a decode-sized launch would spend more building descriptors per call."""
+    the SMs; a decode-sized launch would spend more building descriptors per call. A
+    grid over a dynamic extent may fill the SMs at some shapes: the launcher decides per
+    call (the same rule at the call's shape)."""
     if sms <= 0 or not any(a.op == "matmul" for a in em.accs):
         return False
+    if any(s.name in em.dynamic for lab in em.spec.root_labels for s in lab.extent.free_symbols):
+        return True
     tiles = 1
     for lab in em.spec.root_labels:
         extent = em.eval_extent(lab.extent)
