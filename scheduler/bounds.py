@@ -343,6 +343,9 @@ def _term_bounds(em, x, term, negated, program):
         return None
     le0 = sympy.expand(_LE0[_NOT[term.op] if negated else term.op](lhs, rhs))
     xs = em.labels[x].sym
+    le0 = _undivided(le0, xs, _below(em))
+    if le0 is None:
+        return None
     a = le0.coeff(xs)
     if a not in (1, -1) or sympy.diff(le0, xs, 2) != 0:  # unit steps: bounds need no division
         return None
@@ -366,6 +369,49 @@ def _term_bounds(em, x, term, negated, program):
     if a > 0:  # holds where x <= -rest
         return "hi", code(1 - rmin), code(1 - rmax)
     return "lo", code(rmin), code(rmax)  # holds where x >= rest
+
+
+def _below(em) -> dict:
+    """Index expressions with the extent they stay below on every lane that reaches an
+    accumulator: a label (a loop's lanes past its extent are masked) and a split's merged
+    index (a chunk's lanes past the split axis hold the pad)."""
+    out = {lab.sym: lab.extent for lab in em.views.labels}
+    for inst in em.views.memo.values():
+        if inst.op == "split":
+            axis = inst.node.attrs["axis"]
+            out[sympy.expand(inst.inputs[0].view[axis])] = inst.node.inputs[0].shape[axis]
+    return out
+
+
+def _undivided(le0, xs, below: dict):
+    """le0 (an integer expression that is <= 0 where a compare holds) with a page index
+    floor(u / P) of the loop's token u traded for u itself, so that the bounds need no
+    division: for an integer r, floor(u/P) <= r iff u <= P*r + P - 1, and floor(u/P) >= r
+    iff u >= P*r. A reshape indexes the page as floor(u/P) % m (pages [m, P] flattened
+    into tokens); the % is the identity on the lanes that matter when u stays below P*m
+    there (`below`), else the compare is left unbounded. le0 unchanged when it divides
+    no index of x; None when it does so otherwise."""
+    mods = [f for f in le0.atoms(sympy.Mod) if xs in f.free_symbols]
+    floors = [f for f in le0.atoms(sympy.floor) if xs in f.free_symbols and not any(f in m.args for m in mods)]
+    if not mods and not floors:
+        return le0
+    if len(mods) + len(floors) != 1:
+        return None
+    (f,) = mods + floors
+    page = f.args[0] if mods else f
+    if not isinstance(page, sympy.floor):
+        return None
+    num, den = sympy.fraction(sympy.together(page.args[0]))
+    u = sympy.expand(num)
+    if not (den.is_Integer and den > 0) or sympy.diff(u, xs, 2) != 0:
+        return None
+    if mods and not (u in below and provable(den * f.args[1] - below[u])):
+        return None
+    a = le0.coeff(f)
+    rest = sympy.expand(le0 - a * f)
+    if a not in (1, -1) or xs in rest.free_symbols:
+        return None
+    return sympy.expand(u + den * rest - (den - 1) if a == 1 else den * rest - u)
 
 
 def _nest(fn: str, args: list) -> str:
