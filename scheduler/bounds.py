@@ -12,6 +12,8 @@ CSR range `indptr[b] <= j < indptr[b+1]`, a length `j < seq_lens[b]`), and cond 
 be a conjunction: each compare of it bounds the loop, since c is taken wherever one
 of them fails (a disjunction does not). Several such wheres bound it together (a
 sliding window's start, the causal end): a tile runs where each may keep a lane.
+A compare may also read the page of a token, floor(token / page_size) (64-token
+pages flattened into tokens): it bounds the token loop at page_size times the page.
 """
 from __future__ import annotations
 
@@ -385,9 +387,9 @@ def _below(em) -> dict:
 
 def _undivided(le0, xs, below: dict):
     """le0 (an integer expression that is <= 0 where a compare holds) with a page index
-    floor(u / P) of the loop's token u traded for u itself, so that the bounds need no
-    division: for an integer r, floor(u/P) <= r iff u <= P*r + P - 1, and floor(u/P) >= r
-    iff u >= P*r. A reshape indexes the page as floor(u/P) % m (pages [m, P] flattened
+    floor(u / P) of the loop's token u (P positive, constant per launch) traded for u
+    itself, so that the bounds need no division: for an integer r, floor(u/P) <= r iff
+    u <= P*r + P - 1, and floor(u/P) >= r iff u >= P*r. A reshape indexes the page as floor(u/P) % m (pages [m, P] flattened
     into tokens); the % is the identity on the lanes that matter when u stays below P*m
     there (`below`), else the compare is left unbounded. le0 unchanged when it divides
     no index of x; None when it does so otherwise."""
@@ -403,7 +405,7 @@ def _undivided(le0, xs, below: dict):
         return None
     num, den = sympy.fraction(sympy.together(page.args[0]))
     u = sympy.expand(num)
-    if not (den.is_Integer and den > 0) or sympy.diff(u, xs, 2) != 0:
+    if den.free_symbols & set(below) or not provable(den - 1) or sympy.diff(u, xs, 2) != 0:
         return None
     if mods and not (u in below and provable(den * f.args[1] - below[u])):
         return None

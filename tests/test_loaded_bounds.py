@@ -48,16 +48,32 @@ def _graph(mask: str) -> Graph:
     return g
 
 
+def _paged_graph() -> Graph:
+    """As _graph("csr"), over pages of p tokens: request b keeps the tokens of pages
+    starts[b] <= page < ends[b], a token's page read through the reshape of [m, p]
+    page numbers into m*p tokens (floor(token / p) % m as an index)."""
+    g = Graph("loaded_bounds_pages")
+    q = g.input("q", ("b", "h", "d"), "bf16")
+    k, v = (g.input(name, ("b", "m", "p", "d"), "bf16").reshape("b", "m*p", "d") for name in "kv")
+    starts, ends = (g.input(name, ("b",), "i32") for name in ("starts", "ends"))
+    page = g.iota(("b", "h", "m", "p"), axis=2, dtype="i32").reshape("b", "h", "m*p")
+    lo, hi = (x.reshape("b", 1, 1) for x in (starts, ends))
+    keep = g.add("where", page >= lo, page < hi, g.const(False, "bool"))
+    g.output(_attention(g, q, k, v, keep).cast("bf16"), names=["o"])
+    return g
+
+
 def _inputs(env, starts, ends, seed):
     gen = torch.Generator().manual_seed(seed)
-    b, h, n, d = (env[a] for a in "bhnd")
+    b, h, d = (env[a] for a in "bhd")
+    tokens = (env["n"],) if "n" in env else (env["m"], env["p"])  # a paged graph's kv: [b, m, p, d]
     floats = {name: torch.randn(*shape, generator=gen).to(torch.bfloat16)
-              for name, shape in (("q", (b, h, d)), ("k", (b, n, d)), ("v", (b, n, d)))}
+              for name, shape in (("q", (b, h, d)), ("k", (b, *tokens, d)), ("v", (b, *tokens, d)))}
     return {**floats, "starts": torch.tensor(starts, dtype=torch.int32), "ends": torch.tensor(ends, dtype=torch.int32)}
 
 
 def _run(mask, env, starts, ends, seed):
-    g = _graph(mask)
+    g = _paged_graph() if mask == "pages" else _graph(mask)
     plan = schedule(g, env, target=LOOPS, top_k=1)[0]
     inputs = _inputs(env, starts, ends, seed)
     want = interpret(g, inputs, compute_dtype=torch.float64)
@@ -93,3 +109,18 @@ def test_or_of_compares_keeps_the_whole_loop():
     plan = _run("or", env, [30, 37, 5], [4, 0, 9], seed=3)
     bounds = [b for k in plan.kernels for b in loop_bounds(k.source)]
     assert bounds and all(start in ("0", "whole") or start.startswith("whole") for start, _ in bounds), bounds
+
+
+def test_page_range_bounds_the_token_loop_through_the_page_division():
+    """Tokens are m pages of p: the page of a token is floor(token / p) % m, and the CSR
+    range over pages bounds the loop over tokens at p * starts[b] .. p * ends[b]."""
+    env = {"b": 4, "h": 2, "m": 9, "p": 3, "d": 16}
+    starts, ends = [2, 5, 5, 0], [5, 5, 9, 1]  # an empty request, one of a single page
+    plan = _run("pages", env, starts, ends, seed=4)
+    source = "\n".join(k.source for k in plan.kernels)
+    bounds = loop_bounds(source)
+    assert bounds and all(start != "0" for start, _ in bounds), bounds
+    for side, buffer in (("lo", "starts"), ("hi", "ends")):
+        bound = re.search(rf"^\s*{side}\d+ = (.*)$", source, re.M)
+        assert bound and loaded(source, buffer) & set(re.findall(r"v\d+", bound.group(1))), (side, source)
+        assert re.search(r"v\d+ \* p\b", bound.group(1)), bound.group(1)  # the page's first token
