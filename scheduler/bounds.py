@@ -40,6 +40,7 @@ class Segment:
     fraction: float = 1.0  # mean share of the loop's tiles this segment runs
     defs: list = field(default_factory=list)  # lines defining the bounds, emitted before the loop
     full: bool = False  # every tile lies inside the extent: the loop label needs no mask
+    loaded: dict = field(default_factory=dict)  # "lo"/"hi" -> graph inputs the loop's bound is loaded from
 
 
 def _add(a, b):
@@ -186,6 +187,7 @@ class ProgramValues:
         self.em, self.h, self.x = em, h, x
         self.range: dict = {}  # symbol -> (least, greatest) as code symbols
         self.defs: list = []
+        self.insts: dict = {}  # code name (the value, its least, its greatest) -> instance
 
     def symbol(self, inst):
         em = self.em
@@ -194,6 +196,7 @@ class ProgramValues:
             return None
         val = em.ensure(self.h, inst)
         sym = sympy.Symbol(val.name, integer=True)
+        self.insts.update({name: inst for name in (val.name, f"{val.name}_min", f"{val.name}_max")})
         if sym not in self.range:
             if val.dims:  # a tile of values (a row tile's request starts): its extremes bound them all
                 least, greatest = f"{val.name}_min", f"{val.name}_max"
@@ -202,6 +205,18 @@ class ProgramValues:
             else:
                 self.range[sym] = (sym, sym)
         return sym
+
+    def inputs(self, text: str) -> frozenset:
+        """Names of the graph inputs that the values named in `text` are computed from."""
+        stack = [self.insts[n].node for n in _names(text) if n in self.insts]
+        seen, out = set(), set()
+        while stack:
+            n = stack.pop()
+            if n.id not in seen:
+                seen.add(n.id)
+                out |= {n.attrs["name"]} if n.op == "input" else set()
+                stack.extend(n.inputs)
+        return frozenset(out)
 
 
 def _reads_loop(inst, x) -> bool:
@@ -305,10 +320,23 @@ def segments(em, h, x: int, order, trips: int) -> list[Segment]:
                 keep.update(kept)
                 break
     if not masks:
+        em.stats.loops.append(loop_record(em, x, plain))
         return plain
     segs = _bounds(em, x, masks, keep, program.defs, divides, chunk)
     _fractions(em, segs, trips, bx, program)
+    loaded = {side: program.inputs(line.split(" = ", 1)[1]) for line in segs[0].defs for side in ("lo", "hi")
+              if line.startswith(f"{side}{x} = ")}
+    for seg in segs:
+        seg.loaded = {side: names for side, names in loaded.items() if names}
+    em.stats.loops.append(loop_record(em, x, segs))
     return segs
+
+
+def loop_record(em, x: int, segs: list[Segment]) -> dict:
+    """The loop over label x as plain data (a Kernel's `loops`): its extent, first start and
+    last stop (code), and the graph inputs each side's bound is loaded from."""
+    return {"label": f"X{x}", "extent": code(em.labels[x].extent), "lo": segs[0].lo, "hi": segs[-1].hi,
+            "loaded": {side: sorted(names) for side, names in segs[0].loaded.items()}}
 
 
 def _where_groups(em, x, order) -> list[list]:

@@ -18,6 +18,7 @@ class Stats:
     loop_elems: int = 0  # the same, inside loops only: what is live beside the accumulators
     footprint: dict = field(default_factory=dict)  # buffer -> its size in bytes (L2 reuse bound)
     per_buffer: dict = field(default_factory=dict)  # buffer -> bytes this program moves
+    loops: list = field(default_factory=list)  # each loop over tiles: bounds.loop_record
 
     def smem(self, stages: int) -> int:
         """Triton keeps `stages` copies of each tile loaded in a loop in shared memory."""

@@ -39,16 +39,21 @@ class Kernel:
     num_stages: int = 2
     descriptors: list = field(default_factory=list)
     programs_per_sm: int = 0
+    # Each loop over a label's tiles, as the scheduler bounded it (bounds.loop_record):
+    # {"label", "extent", "lo", "hi", "loaded": {"lo"/"hi": [graph inputs]}}. Plain data, read
+    # by tests and `cleave explain`-style tools; launch does not need it.
+    loops: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"name": self.name, "source": self.source, "grid": list(self.grid), "args": list(self.args),
                 "num_warps": self.num_warps, "num_stages": self.num_stages,
-                "descriptors": [list(d) for d in self.descriptors], "programs_per_sm": self.programs_per_sm}
+                "descriptors": [list(d) for d in self.descriptors], "programs_per_sm": self.programs_per_sm,
+                "loops": list(self.loops)}
 
     @classmethod
     def from_json(cls, d: dict) -> "Kernel":
         return cls(d["name"], d["source"], list(d["grid"]), list(d["args"]), d["num_warps"], d["num_stages"],
-                   [list(x) for x in d.get("descriptors", [])], d.get("programs_per_sm", 0))
+                   [list(x) for x in d.get("descriptors", [])], d.get("programs_per_sm", 0), list(d.get("loops", [])))
 
 
 @dataclass

@@ -8,10 +8,13 @@ The fast test compiles the ps1 decode; every other definition compiles under `sl
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 import cleave
+from cleave import workloads as W
 from cleave.runtime.traces import reference_fn, validate_definition
 from cleave.workloads import flashinfer as F
 from kernel_check import assert_loops_bounded_by, plan_sources
@@ -94,6 +97,26 @@ def compile_and_check(name):
     assert f.stats["failed"] == 0 and f.stats["graph_breaks"] == 0, f.stats
     assert f.stats["operators"] == 1 and f.stats["compiles"] + f.stats["from_cache"] <= 1, f.stats
     return f
+
+
+@pytest.mark.parametrize("name", F.FLASHINFER_BENCH)
+def test_every_kv_loop_is_bounded_by_its_requests_indptr(name):
+    """The bounds the scheduler derives (each kernel's `loops`), for the program as written
+    (captured, not searched: scheduling it takes a second): every loop over the kv tokens
+    starts and stops at bounds loaded from kv_indptr (and, in prefill, from qo_indptr: the
+    causal end), so a program loops over its own request's pages only. The 64-token pages
+    bound it through the page of a token, floor(token / 64)."""
+    w = W.get(name)
+    binding = w.test_bindings[0]
+    (plan,) = cleave.schedule(w.graph, binding, dynamic=set(binding), top_k=1)
+    kv = {"num_kv_indices", "total_kv"}
+    loops = [loop for k in plan.kernels for loop in k.loops if kv & set(re.findall(r"\w+", loop["extent"]))]
+    assert loops, [k.loops for k in plan.kernels]
+    for loop in loops:
+        assert "kv_indptr" in loop["loaded"].get("lo", ()) and "kv_indptr" in loop["loaded"].get("hi", ()), loop
+        assert loop["lo"] != "0" and loop["hi"] != loop["extent"], loop
+        if F.kind_of(name).prefill:
+            assert "qo_indptr" in loop["loaded"]["hi"], loop
 
 
 FAST = ("gqa_paged_decode_h32_kv8_d128_ps1",)  # a prefill takes ~4x as long to schedule and interpret
