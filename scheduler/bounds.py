@@ -323,11 +323,11 @@ def segments(em, h, x: int, order, trips: int) -> list[Segment]:
         em.stats.loops.append(loop_record(em, x, plain))
         return plain
     segs = _bounds(em, x, masks, keep, program.defs, divides, chunk)
-    _fractions(em, segs, trips, bx, program)
     loaded = {side: program.inputs(line.split(" = ", 1)[1]) for line in segs[0].defs for side in ("lo", "hi")
               if line.startswith(f"{side}{x} = ")}
     for seg in segs:
         seg.loaded = {side: names for side, names in loaded.items() if names}
+    _fractions(em, segs, trips, bx, program, _loaded_share(em, segs[0].loaded))
     em.stats.loops.append(loop_record(em, x, segs))
     return segs
 
@@ -373,15 +373,29 @@ def _term_bounds(em, x, term, negated, program):
         return None
     le0 = sympy.expand(_LE0[_NOT[term.op] if negated else term.op](lhs, rhs))
     xs = em.labels[x].sym
-    le0 = _undivided(le0, xs, _below(em))
+    below = _below(em)
+    le0 = _undivided(le0, xs, below)
     if le0 is None:
         return None
     a = le0.coeff(xs)
     if a not in (1, -1) or sympy.diff(le0, xs, 2) != 0:  # unit steps: bounds need no division
         return None
     rest = sympy.expand(le0 - a * xs)
+    # A grid row's request through a division (GQA's rows merged with their heads, row
+    # i = floor(r / group) % rows): the floor is monotone in r, so its least and greatest
+    # over the program's tile are those of r divided (the % dropped as in _undivided).
+    rest = rest.replace(lambda e: isinstance(e, sympy.Mod), lambda e: _unmod(e, below))
+    divided = {}
+    for f in rest.atoms(sympy.floor):
+        num, den = sympy.fraction(sympy.together(f.args[0]))
+        lab = em.views.by_sym().get(num)
+        rng = lab and _label_range(em, lab.id)
+        if not rng or den.free_symbols & set(below) or not provable(den - 1):
+            return None
+        divided[sympy.Dummy(integer=True)] = (f, tuple(sympy.floor(r / den) for r in rng))
+    rest = rest.xreplace({f: d for d, (f, _) in divided.items()})
     ranges = {**{lab.sym: _label_range(em, lab.id) for lab in em.views.labels if lab.sym in rest.free_symbols},
-              **program.range}
+              **program.range, **{d: rng for d, (_, rng) in divided.items()}}
     lo_sub, hi_sub = {}, {}
     for sym in rest.free_symbols:
         if sym not in ranges:  # a graph symbol: a kernel argument, constant per launch
@@ -435,13 +449,24 @@ def _undivided(le0, xs, below: dict):
     u = sympy.expand(num)
     if den.free_symbols & set(below) or not provable(den - 1) or sympy.diff(u, xs, 2) != 0:
         return None
-    if mods and not (u in below and provable(den * f.args[1] - below[u])):
+    if mods and _unmod(f, below) is f:
         return None
     a = le0.coeff(f)
     rest = sympy.expand(le0 - a * f)
     if a not in (1, -1) or xs in rest.free_symbols:
         return None
     return sympy.expand(u + den * rest - (den - 1) if a == 1 else den * rest - u)
+
+
+def _unmod(e, below: dict):
+    """floor(u/P) for e = floor(u/P) % m when u stays below P*m on the lanes that matter
+    (`below`): the % is then the identity; else e itself."""
+    page = e.args[0]
+    if not isinstance(page, sympy.floor):
+        return e
+    num, den = sympy.fraction(sympy.together(page.args[0]))
+    u = sympy.expand(num)
+    return page if u in below and provable(den * e.args[1] - below[u]) else e
 
 
 def _nest(fn: str, args: list) -> str:
@@ -503,14 +528,32 @@ def _bounds(em, x, masks, keep, defs, divides, chunk):
     return segs
 
 
-def _fractions(em, segs, trips, bx, program=None):
+def _loaded_share(em, loaded: dict) -> float:
+    """Expected share of the loop's extent that one program's loaded range covers. A
+    range whose start is loaded is a CSR segment: the R requests of an indptr of R + 1
+    entries partition the extent (packed tokens, or a split chunk of them: summed over
+    the chunks, a request's pieces cover its tokens once), so a range covers 1/R of it
+    on average. A length alone (`pos < seq_lens[b]`) runs against an extent padded to the
+    longest request (a block table's): taken as half of it."""
+    if "lo" in loaded:
+        inputs = em.views.graph.inputs
+        counts = [D.evaluate(inputs[n].shape[0], em.env) - 1 for n in loaded["lo"] if len(inputs[n].shape) == 1]
+        return 1 / max(1, max(counts, default=1))
+    return 0.5 if "hi" in loaded else 1.0
+
+
+def _fractions(em, segs, trips, bx, program=None, share=1.0):
     """Mean share of the full loop's tiles each segment runs, over the programs
-    (evaluated at the scheduled shapes; the cost model reads it). Bounds loaded at run
-    time are unknown here: their masked runs are taken as one tile, the rest as whole."""
+    (evaluated at the scheduled shapes; the cost model reads it: a segment's loads and
+    flops count `fraction` of the loop's trips). Bounds loaded at run time are unknown
+    here: their masked runs are taken as one tile each, the unmasked run as the rest of
+    the expected range (`share` of the extent, _loaded_share), so that a decode program
+    costs its own request's pages, not the whole batch's (which made a split-KV plan look
+    necessary at every batch size)."""
     if program is not None and program.range:
         edges = len(segs) - 1
         for seg in segs:
-            seg.fraction = 1 / max(trips, 1) if not seg.full else max(0.0, 1 - edges / max(trips, 1))
+            seg.fraction = 1 / max(trips, 1) if not seg.full else max(0.0, share - edges / max(trips, 1))
         return
     env = dict(em.env)
     defs = [d for seg in segs for d in seg.defs]
