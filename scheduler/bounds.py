@@ -334,9 +334,11 @@ def segments(em, h, x: int, order, trips: int) -> list[Segment]:
 
 def loop_record(em, x: int, segs: list[Segment]) -> dict:
     """The loop over label x as plain data (a Kernel's `loops`): its extent, first start and
-    last stop (code), and the graph inputs each side's bound is loaded from."""
+    last stop (code), the graph inputs each side's bound is loaded from, and the share of
+    the extent's tiles a program is expected to run (what the cost model counts)."""
     return {"label": f"X{x}", "extent": code(em.labels[x].extent), "lo": segs[0].lo, "hi": segs[-1].hi,
-            "loaded": {side: sorted(names) for side, names in segs[0].loaded.items()}}
+            "loaded": {side: sorted(names) for side, names in segs[0].loaded.items()},
+            "fraction": round(sum(seg.fraction for seg in segs), 4)}
 
 
 def _where_groups(em, x, order) -> list[list]:
@@ -530,14 +532,16 @@ def _bounds(em, x, masks, keep, defs, divides, chunk):
 
 def _loaded_share(em, loaded: dict) -> float:
     """Expected share of the loop's extent that one program's loaded range covers. A
-    range whose start is loaded is a CSR segment: the R requests of an indptr of R + 1
-    entries partition the extent (packed tokens, or a split chunk of them: summed over
-    the chunks, a request's pieces cover its tokens once), so a range covers 1/R of it
-    on average. A length alone (`pos < seq_lens[b]`) runs against an extent padded to the
-    longest request (a block table's): taken as half of it."""
+    range whose start is loaded is a CSR segment: R requests partition the extent (packed
+    tokens, or a split chunk of them: summed over the chunks, a request's pieces cover its
+    tokens once), so a range covers 1/R of it on average; R is the length of the starts'
+    1-d tensor, less one when the same tensor gives the ends (an indptr). A length alone
+    (`pos < seq_lens[b]`) runs against an extent padded to the longest request (a block
+    table's): taken as half of it."""
     if "lo" in loaded:
         inputs = em.views.graph.inputs
-        counts = [D.evaluate(inputs[n].shape[0], em.env) - 1 for n in loaded["lo"] if len(inputs[n].shape) == 1]
+        indptr = bool(loaded["lo"] & loaded.get("hi", frozenset()))
+        counts = [D.evaluate(inputs[n].shape[0], em.env) - indptr for n in loaded["lo"] if len(inputs[n].shape) == 1]
         return 1 / max(1, max(counts, default=1))
     return 0.5 if "hi" in loaded else 1.0
 

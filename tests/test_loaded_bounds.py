@@ -124,3 +124,15 @@ def test_page_range_bounds_the_token_loop_through_the_page_division():
         bound = re.search(rf"^\s*{side}\d+ = (.*)$", source, re.M)
         assert bound and loaded(source, buffer) & set(re.findall(r"v\d+", bound.group(1))), (side, source)
         assert re.search(r"v\d+ \* p\b", bound.group(1)), bound.group(1)  # the page's first token
+
+
+def test_cost_model_counts_a_programs_own_range_not_the_whole_loop():
+    """With loaded bounds a program runs its own request's tiles: a CSR over b requests
+    partitions the extent (1/b of it per program, on average), a length against a padded
+    extent is taken as half of it. The kernel's `loops` carry the share the cost model
+    counts (scheduled only: nothing runs)."""
+    for mask, share in (("csr", 1 / 4), ("len", 1 / 2), ("or", 1.0)):
+        env = {"b": 4, "h": 2, "n": 4096, "d": 16}
+        plan = schedule(_graph(mask), env, target=LOOPS, top_k=1)[0]
+        loops = [loop for k in plan.kernels for loop in k.loops if loop["extent"] == "n"]
+        assert loops and all(abs(loop["fraction"] - share) < 0.02 for loop in loops), (mask, loops)
