@@ -389,6 +389,8 @@ def _term_bounds(em, x, term, negated, program):
     rest = rest.replace(lambda e: isinstance(e, sympy.Mod), lambda e: _unmod(e, below))
     divided = {}
     for f in rest.atoms(sympy.floor):
+        if not f.free_symbols & (set(below) | set(program.range)):  # of kernel arguments only
+            continue
         num, den = sympy.fraction(sympy.together(f.args[0]))
         lab = em.views.by_sym().get(num)
         rng = lab and _label_range(em, lab.id)
