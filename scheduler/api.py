@@ -51,8 +51,8 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
             if seconds is not None:
                 args = bufs + [d[0] for d in descs] + symbols
                 per_sm = resident_programs(stats, warps, stages, target) if persistent else 0
-                found.append((seconds, Kernel(spec.name, source, grid, args, warps, stages, descs, per_sm,
-                                                     loops=stats.loops), tiles))
+                kernel = Kernel(spec.name, source, grid, args, warps, stages, descs, per_sm, loops=stats.loops)
+                found.append((seconds, kernel, tiles))
     if not found:
         raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
                            + (f" ({errors[0]})" if errors else ""))

@@ -435,10 +435,11 @@ def _undivided(le0, xs, below: dict):
     """le0 (an integer expression that is <= 0 where a compare holds) with a page index
     floor(u / P) of the loop's token u (P positive, constant per launch) traded for u
     itself, so that the bounds need no division: for an integer r, floor(u/P) <= r iff
-    u <= P*r + P - 1, and floor(u/P) >= r iff u >= P*r. A reshape indexes the page as floor(u/P) % m (pages [m, P] flattened
-    into tokens); the % is the identity on the lanes that matter when u stays below P*m
-    there (`below`), else the compare is left unbounded. le0 unchanged when it divides
-    no index of x; None when it does so otherwise."""
+    u <= P*r + P - 1, and floor(u/P) >= r iff u >= P*r. A reshape indexes the page as
+    floor(u/P) % m (pages [m, P] flattened into tokens): the % is the identity on the
+    lanes that matter when u stays below P*m there (`below`, _unmod), else the compare
+    is left unbounded. le0 unchanged when it divides no index of x; None when it does
+    so otherwise."""
     mods = [f for f in le0.atoms(sympy.Mod) if xs in f.free_symbols]
     floors = [f for f in le0.atoms(sympy.floor) if xs in f.free_symbols and not any(f in m.args for m in mods)]
     if not mods and not floors:

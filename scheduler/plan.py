@@ -53,7 +53,8 @@ class Kernel:
     @classmethod
     def from_json(cls, d: dict) -> "Kernel":
         return cls(d["name"], d["source"], list(d["grid"]), list(d["args"]), d["num_warps"], d["num_stages"],
-                   [list(x) for x in d.get("descriptors", [])], d.get("programs_per_sm", 0), list(d.get("loops", [])))
+                   [list(x) for x in d.get("descriptors", [])], d.get("programs_per_sm", 0),
+                   loops=list(d.get("loops", [])))
 
 
 @dataclass
