@@ -23,6 +23,7 @@ from cleave.ir.ops import COMPARE, per_op
 from .bounds import segments
 from .exprs import code
 from .fexpr import EXP, Y_NEW, Y_OLD, fcode, parse_rescale
+from . import half_swap
 from .index_bounds import index_bounds, provable
 from .kernel_stats import Stats, mma_efficiency
 from .partition import KernelSpec, buffer_name, stored_dtype
@@ -96,6 +97,12 @@ class Emitter:
         full = [i for i in used if i not in grid and i not in loops]
         self.canon = [i for i in grid if not is_full(t, i)] + sorted(loops) + [i for i in grid if is_full(t, i)] + sorted(full)
         self.accs = [i for i in self.views.memo.values() if i.reduced is not None and t.role[i.reduced.id] == "loop"]
+        # Instances that are another's tile with its halves swapped (RoPE's rotated halves
+        # of a projection): computed from it in registers; what only they read is not computed.
+        self.swaps = half_swap.find_swaps(self)
+        if self.swaps:
+            live = half_swap.live_instances(self, self.swaps)
+            self.accs = [a for a in self.accs if id(a) in live]
         self.keep: dict = {}
         self.whole: int | None = None  # the loop label whose current segment has whole tiles only
         # Lanes of a tiled grid label past its extent compute values that are never stored
@@ -215,6 +222,8 @@ class Emitter:
         found = self.find(block, inst)
         if found is not None:
             return found
+        if id(inst) in self.swaps:
+            return self.rolled(block, inst, self.swaps[id(inst)])
         missing = [i for i in inst.labels if self.t.role[i] == "loop" and i not in block.chain]
         if missing:
             raise ShapeError(f"scheduler: node %{inst.node.id} ({inst.node.op}) varies over loop label "
@@ -231,6 +240,34 @@ class Emitter:
         val = self.compute(h, inst, args)
         h.cache[id(inst)] = val
         return val
+
+    def rolled(self, block: Block, inst, swap) -> Val:
+        """A half-swapped instance: its base's tile with the halves along swap.label
+        exchanged, emitted (and kept) where the base's value is."""
+        base = self.ensure(block, swap.base)
+        key = swap.base
+        while id(key) in self.keep:
+            key = self.keep[id(key)]
+        h = block
+        while h.parent is not None and id(key) not in h.cache:
+            h = h.parent
+        key = ("swap", id(key), swap.label)  # a roll by +c and by -c is the same roll
+        if swap.label not in base.dims:  # constant along the label: nothing to swap
+            out = base
+        elif key in h.cache:
+            out = h.cache[key]
+        else:
+            name = f"v{self.n}"
+            self.n += 1
+            shape = [self.t.block[d] for d in base.dims]
+            h.lines += half_swap.lines(name, base.name, shape, base.dims.index(swap.label), swap.half)
+            self.stats.tile_elems = max(self.stats.tile_elems, _prod(shape))
+            if h.chain:
+                self.stats.loop_elems = max(self.stats.loop_elems, _prod(shape))
+            out = Val(name, base.dims, base.ty, zero=base.zero)  # lanes of other labels stay where they were
+            h.cache[key] = out
+        h.cache[id(inst)] = out
+        return out
 
     def compute(self, b: Block, inst, args) -> Val:
         n, op = inst.node, inst.op

@@ -174,10 +174,13 @@ def remap(views: Views, alias: dict[int, int]) -> Views:
             return done[id(inst)]
         view = tuple(sympy.sympify(e).xreplace(subs) for e in inst.view)
         key = (inst.node.id, view)
+        at = None if inst.at is None else tuple(sympy.sympify(e).xreplace(subs) for e in inst.at)
         if key not in new.memo:
             reduced = views.labels[alias.get(inst.reduced.id, inst.reduced.id)] if inst.reduced else None
             labels = frozenset(alias.get(x, x) for x in inst.labels)
-            new.memo[key] = Instance(inst.node, view, [go(i) for i in inst.inputs], labels, reduced, inst.leaf)
+            new.memo[key] = Instance(inst.node, view, [go(i) for i in inst.inputs], labels, reduced, inst.leaf, at)
+        elif new.memo[key].at != at:  # two own indices read one operand index: neither is known
+            new.memo[key].at = None
         done[id(inst)] = new.memo[key]
         return new.memo[key]
 

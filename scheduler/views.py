@@ -46,6 +46,8 @@ class Instance:
     labels: frozenset  # label ids the value varies over
     reduced: Label | None = None  # the label this instance reduces (reduce, matmul, topk)
     leaf: bool = False  # read from memory: a graph input or a materialised node
+    # its own index over its node's dims (`view` of a re-indexing op is its operand's)
+    at: tuple | None = None
 
     @property
     def op(self) -> str:
@@ -87,6 +89,7 @@ class Views:
         inst = self.memo.get(key)
         if inst is None:
             inst = self._derive(node, view)
+            inst.at = view
             self.memo[key] = inst
         return inst
 
