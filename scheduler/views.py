@@ -8,8 +8,9 @@ from the outputs, each op maps its result's index expressions to its operands'
 label; reduction: a fresh label on the reduced axis; reshape/slice/concat/split:
 affine re-indexing; take: the operand's axis is indexed by the index tensor's
 value, `gathered(index, view)`). A node reached under two different maps becomes two
-instances (it is recomputed, e.g. RoPE's rotated halves); one reached twice under
-the same map is one instance, computed once.
+instances (it is recomputed, unless one is the other's tile with its halves swapped:
+RoPE's rotated halves, half_swap.py); one reached twice under the same map is one
+instance, computed once.
 """
 from __future__ import annotations
 

@@ -70,3 +70,17 @@ def test_without_one_period_per_tile_each_half_is_computed(case):
     plan, source = _kernel(graph, env, **kw)
     assert "tl.split(" not in source and dots_per_step(source) == 3, source
     run_and_check(graph, plan, env, seed=0)
+
+
+def test_rotated_halves_of_loaded_queries_and_keys_are_loaded_once():
+    """RoPE in attention's prologue: q and k are each read once, their rotated halves
+    swapped from that tile."""
+    from cleave import workloads
+    from kernel_check import loaded
+
+    graph = workloads.get("rope_attention_causal").graph
+    env = {"b": 1, "h": 3, "s": 37, "d": 16}
+    (plan,) = cleave.schedule(graph, env, top_k=1)
+    (kernel,) = plan.kernels
+    assert len(loaded(kernel.source, "q")) == 1 and kernel.source.count("tl.split(") >= 2, kernel.source
+    run_and_check(graph, plan, env, seed=0)
