@@ -34,6 +34,7 @@ from .views import gathers
 TL = {d: d.triton_name for d in DType}
 _ITEMSIZE = {d.triton_name: d.itemsize for d in DType}
 LOW = ("tl.bfloat16", "tl.float16")
+VIEW_OPS = ("broadcast", "permute", "reshape", "slice", "take")  # emitted as their operand's value
 GROUP = 8  # row tiles per group in the grouped program order of a tiled MatMul
 NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}, "reduce", where="codegen")
 COMBINE = per_op({"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}, "reduce",
@@ -118,6 +119,13 @@ class Emitter:
         self.one_tile_at_least = {i for i in grid if t.static.get(i, 0) == 0 and any(i not in s for s in stored)}
         self.free_lanes = {i for i in grid if t.block[i] > 1 and i not in reduced} - self.one_tile_at_least
         self.tma = wants_tma(self, sms)
+        self.consumers: dict[int, set] = {}  # id(instance) -> the ops that read its value
+        for inst in self.views.memo.values():
+            for x in inst.inputs:
+                self.consumers.setdefault(id(x), set()).add(inst.op)
+                while x.op in VIEW_OPS and x.inputs:  # a view passes its operand's value on
+                    x = x.inputs[0]
+                    self.consumers.setdefault(id(x), set()).add(inst.op)
         self.persistent = False  # a tile loop in each program (tiled MatMuls): set by program()
         self.descriptors: dict = {}  # (buffer, block) -> descriptor argument name
 
@@ -306,7 +314,7 @@ class Emitter:
             conv = self.f32 if n.dtype.is_float else self.align
             return self.var(b, f"tl.where({self.align(c, dims)}, {conv(x, dims)}, {conv(y, dims)})", dims,
                             "tl.float32" if n.dtype.is_float else TL[n.dtype])
-        if op in ("broadcast", "permute", "reshape", "slice", "take"):  # take: its operand's loads gather
+        if op in VIEW_OPS:  # take: its operand's loads gather
             return args[0]
         if op == "concat":
             axis, e = n.attrs["axis"], code(inst.view[n.attrs["axis"]], self.index_names(b, inst.view, dims))
@@ -377,7 +385,11 @@ class Emitter:
         self.stats.traffic(name, elems * _ITEMSIZE[ty] * b.trips, self.numel(node) * _ITEMSIZE[ty])
         if b.chain:
             self.stats.stage_smem[(node.id, tuple(inst.view))] = elems * _ITEMSIZE[ty]
-        tile = tile_load(self, inst, dims, _ITEMSIZE[ty]) if self.tma else None
+        # In a pipelined loop, a descriptor tile read by anything but tl.dot came out wrong
+        # on the H200 (triton 3.6: RMSNorm->MatMul's x tile squared beside its dot, 27%
+        # relative error; RESULTS.md, session 5): such tiles keep the pointer path.
+        dot_only = not b.chain or self.consumers.get(id(inst), set()) <= {"matmul", *VIEW_OPS}
+        tile = tile_load(self, inst, dims, _ITEMSIZE[ty]) if self.tma and dot_only else None
         if tile is None:
             out = self.var(b, f"tl.load({addr}{m})", dims, ty)
         else:
@@ -682,6 +694,11 @@ class Emitter:
             v = self.ensure(top, st.inst)
             self.store(top, st, v)
         if self.persistent:
+            # The next tile's loads are in flight while this tile's epilogue converts its
+            # f32 accumulators through shared memory: both are live at once (H200: a
+            # 128x256 GEMM at 4 stages needed 192 KiB + 64 KiB, SwiGLU's two 128x128
+            # accumulators 192 + 128 KiB; RESULTS.md, session 5). Counted as f32, to be safe.
+            self.stats.epilogue_smem = 4 * self.stats.acc_elems
             # A persistent kernel: each program runs tiles pid, pid + programs, ... (the
             # launcher starts min(tiles, SMs x resident programs) of them), in grouped order.
             top.lines = [f"for tile in tl.range({pid}, {n_tiles}, tl.num_programs(0), flatten=True):"] + \

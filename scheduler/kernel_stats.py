@@ -19,10 +19,11 @@ class Stats:
     footprint: dict = field(default_factory=dict)  # buffer -> its size in bytes (L2 reuse bound)
     per_buffer: dict = field(default_factory=dict)  # buffer -> bytes this program moves
     loops: list = field(default_factory=list)  # each loop over tiles: bounds.loop_record
+    epilogue_smem: int = 0  # scratch the epilogue needs beside the loop's stages (persistent kernels)
 
     def smem(self, stages: int) -> int:
         """Triton keeps `stages` copies of each tile loaded in a loop in shared memory."""
-        return stages * sum(self.stage_smem.values()) + sum(self.fixed_smem.values())
+        return stages * sum(self.stage_smem.values()) + sum(self.fixed_smem.values()) + self.epilogue_smem
 
     def traffic(self, name: str, nbytes: float, total: int):
         self.bytes += nbytes

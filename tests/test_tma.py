@@ -158,3 +158,35 @@ def test_persistent_grid_past_the_tiles_and_empty_extents(monkeypatch, descripto
         if s == 37 and k == 56:  # dynamic extents: int64 tile indices, int32 TMA coordinates
             assert len(descriptors_made) == 2
     assert len(descriptors_made) == 2  # none over an empty dim
+
+
+def test_a_tile_read_beside_its_dot_keeps_the_pointer_path():
+    """RMSNorm->MatMul squares the x tile its dot reads, in the same pipelined loop: on
+    the H200 (triton 3.6) that descriptor tile came out wrong, so only w, which the dot
+    alone reads, goes through a descriptor; the result still matches fp64."""
+    graph = W.get("rmsnorm_matmul").graph
+    env = {"s": 37, "k": 64, "n": 48}
+    plans = schedule(graph, env, top_k=4, target=ONE_SM)
+    looped = [p for p in plans if any("for start" in k.source and "tl.dot(" in k.source for k in p.kernels)]
+    assert looped
+    for plan in looped:
+        buffers = {d[1] for k in plan.kernels for d in k.descriptors}
+        assert "x" not in buffers and "w" in buffers, buffers
+    gen = torch.Generator().manual_seed(5)
+    inputs = {name: torch.randn(*[env.get(str(d), d) for d in node.shape], generator=gen).to(torch.bfloat16)
+              for name, node in graph.inputs.items()}
+    check(graph, looped[0], env, inputs)
+
+
+def test_persistent_kernels_count_the_epilogue_beside_the_stages():
+    """A persistent GEMM's next-tile loads are in flight during its epilogue: 128x256
+    tiles at 4 stages asked the H200 for 256 KiB (of 227). The model counts the f32
+    accumulators beside the stages, so such a plan is no longer offered."""
+    import re
+
+    env = {"s": 4096, "k": 4096, "n": 4096}
+    for plan in schedule(matmul("bf16"), env, top_k=4):
+        for k in plan.kernels:
+            blocks = [int(b) for b in re.findall(r"# X\d+: extent [sn], grid, block (\d+)", k.source)]
+            if k.programs_per_sm and sorted(blocks) == [128, 256]:
+                assert k.num_stages <= 2, (blocks, k.num_stages)
