@@ -30,7 +30,7 @@ def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
               for s, r in zip(spec.stores, views.roots)]
     spec = KernelSpec(spec.name, views, stores, spec.root_labels)
     with passes.timed("codegen"):
-        em = Emitter(spec, t, facts, env, dynamic, sms=target.sms)
+        em = Emitter(spec, t, facts, env, dynamic, target=target)
         source, bufs, grid = em.program(spec.name, symbols, dynamic)
     return em.stats, evaluate(grid[0], env), source, bufs, grid, em.descriptor_args(), em.persistent
 

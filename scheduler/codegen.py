@@ -82,7 +82,7 @@ class Block:
 
 
 class Emitter:
-    def __init__(self, spec: KernelSpec, t: Tiling, facts: dict, env: dict, dynamic: set, sms: int = 0):
+    def __init__(self, spec: KernelSpec, t: Tiling, facts: dict, env: dict, dynamic: set, target=None):
         self.spec, self.t, self.env, self.dynamic = spec, t, env, dynamic
         self.views = spec.views
         self.chunk_symbols = self.views.graph.split_counts()
@@ -118,7 +118,7 @@ class Emitter:
         stored = [self.views.labels_of(st.view) for st in spec.stores]
         self.one_tile_at_least = {i for i in grid if t.static.get(i, 0) == 0 and any(i not in s for s in stored)}
         self.free_lanes = {i for i in grid if t.block[i] > 1 and i not in reduced} - self.one_tile_at_least
-        self.tma = wants_tma(self, sms)
+        self.tma = target is not None and wants_tma(self, target)
         self.consumers: dict[int, set] = {}  # id(instance) -> the ops that read its value
         for inst in self.views.memo.values():
             for x in inst.inputs:

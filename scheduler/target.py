@@ -24,6 +24,8 @@ class Target:
     # fit; a kernel that none fits is cut as for a longer dim.
     hold_matmul: int = 512
     full_reduce: int = 16384
+    # TMA descriptors only for accumulator tiles this large on both sides (scheduler/tma.py)
+    tma_min_tile: int = 64
 
 
 H200 = Target("H200", sms=132, smem_per_block=227 * 1024, bandwidth=4.3e12, matmul_flops=790e12,

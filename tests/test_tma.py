@@ -14,10 +14,11 @@ from cleave.interpreter import interpret
 from cleave.ir import parse_graph
 from cleave.runtime import launch as L
 from cleave.scheduler import H200, schedule
+from cleave.search import search
 from kernel_check import LOOPS, check_outputs
 
 # One SM: the tiny test grids fill it, so the scheduler's rule gives them descriptors.
-ONE_SM = dataclasses.replace(LOOPS, sms=1)
+ONE_SM = dataclasses.replace(LOOPS, sms=1, tma_min_tile=16)
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 
 
@@ -125,6 +126,11 @@ def test_decode_sized_grids_keep_pointer_loads():
     plan = schedule(matmul("bf16"), {"s": 37, "k": 56, "n": 40}, top_k=1, target=LOOPS)[0]
     assert plan.kernels[0].descriptors == [] and "TMA" not in plan.kernels[0].source
     assert H200.sms > 1
+    # a decode step's 16 padded query rows: too small a tile, at any grid
+    decode = W.get("gqa_decode")
+    split_kv = search(decode.graph, progress=False).best  # split-KV: 1000+ programs at b8
+    plans = schedule(split_kv, decode.presets["b8_L8192"], top_k=2)
+    assert all(p.split for p in plans) and not any(k.descriptors for p in plans for k in p.kernels)
     # over a dynamic axis the grid may fill the SMs at another shape: the launcher decides
     dynamic = schedule(matmul("bf16"), {"s": 37, "k": 56, "n": 40}, dynamic={"s"}, top_k=1, target=LOOPS)[0]
     assert dynamic.kernels[0].descriptors
