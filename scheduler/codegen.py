@@ -697,10 +697,13 @@ class Emitter:
             self.store(top, st, v)
         if self.persistent:
             # The next tile's loads are in flight while this tile's epilogue converts its
-            # f32 accumulators through shared memory: both are live at once (H200: a
-            # 128x256 GEMM at 4 stages needed 192 KiB + 64 KiB, SwiGLU's two 128x128
-            # accumulators 192 + 128 KiB; RESULTS.md, session 5). Counted as f32, to be safe.
-            self.stats.epilogue_smem = 4 * self.stats.acc_elems
+            # result through shared memory: both are live at once. Measured on the H200
+            # (triton 3.6; RESULTS.md, session 5): a 128x256 GEMM at 4 stages fit in 192
+            # KiB with its full tiles stored as they are, asked 192 + 64 KiB (its bf16 tile)
+            # with a masked store (dynamic rows), and SwiGLU's two 128x128 accumulators
+            # asked 192 + 128 KiB (both in f32). Where this is short, the launcher drops a stage.
+            matmuls = sum(a.op == "matmul" for a in self.accs)
+            self.stats.epilogue_smem = 4 * self.stats.acc_elems if matmuls > 1 else self.stats.masked_store_bytes
             # A persistent kernel: each program runs tiles pid, pid + programs, ... (the
             # launcher starts min(tiles, SMs x resident programs) of them), in grouped order.
             top.lines = [f"for tile in tl.range({pid}, {n_tiles}, tl.num_programs(0), flatten=True):"] + \
@@ -762,6 +765,8 @@ class Emitter:
         elif not v.dims and dims:
             value = f"tl.full({[self.t.block[d] for d in dims]}, 0, {v.ty}) + {value}"
         m = self.mask(mask, dims) if mask else ""
+        if mask:
+            self.stats.masked_store_bytes = max(self.stats.masked_store_bytes, elems * _ITEMSIZE[ty])
         b.lines.append(f"tl.store({addr}, {convert(value, ty)}{m})")
 
 

@@ -20,6 +20,7 @@ class Stats:
     per_buffer: dict = field(default_factory=dict)  # buffer -> bytes this program moves
     loops: list = field(default_factory=list)  # each loop over tiles: bounds.loop_record
     epilogue_smem: int = 0  # scratch the epilogue needs beside the loop's stages (persistent kernels)
+    masked_store_bytes: int = 0  # the largest tile stored under a mask
 
     def smem(self, stages: int) -> int:
         """Triton keeps `stages` copies of each tile loaded in a loop in shared memory."""

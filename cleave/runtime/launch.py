@@ -12,11 +12,13 @@ import shutil
 import sys
 import tempfile
 import threading
+import warnings
 
 import torch
 from triton import knobs
 from triton.compiler import CompiledKernel
 from triton.runtime import driver
+from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from cleave.interpreter import TORCH_DTYPES
@@ -104,7 +106,9 @@ class _Prepared:
             self.intermediates.append((b.name, self.workspace_bytes, shape, dtype))
             size = math.prod(shape) * dtype.itemsize
             self.workspace_bytes += -(-size // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
-        sms = _sms(next(iter(inputs.values())).device if inputs else torch.device("cpu"))
+        # a persistent grid fills the GPU's SMs (a CPU scalar input does not name the device)
+        cuda = [t.device for t in inputs.values() if isinstance(t, torch.Tensor) and t.device.type == "cuda"]
+        sms = _sms(cuda[0] if cuda else torch.device("cpu"))
         tiles = [evaluate(k.grid[0], env) for k in plan.kernels]
         self.kernels = [(_kernel_fn(plan, k), (_programs(k, n, sms), 1, 1),
                          [(a, None) if a not in env else (None, env[a]) for a in k.args],
@@ -116,6 +120,7 @@ class _Prepared:
                   for b in plan.inputs + plan.outputs + plan.intermediates}
         # A launch of fewer tiles than SMs (a decode step at batch 1) is too short to
         # repay building its descriptors: it takes the pointer path.
+        self.names = [k.name for k in plan.kernels]
         self.tma = [_descriptors(k, shapes, n >= sms) if k.descriptors else None for k, n in zip(plan.kernels, tiles)]
         # Kernels without programs here (an empty output or intermediate) are skipped:
         # Triton does not compile them at this shape.
@@ -259,13 +264,36 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
                     values = [tensors.get(name) if name is not None else value for name, value in args]
                     if prepared.tma[i] is not None:
                         values = _with_descriptors(prepared.tma[i], values, tensors, bases_ok, typed)
-        kernel = fn[grid](*values, **options)
+        kernel = _jit_launch(fn, grid, values, options, prepared.names[i])
         if isinstance(kernel, CompiledKernel):
             prepared.compiled[i] = kernel
             if aligned:  # specialised like every later aligned call of this shape: same
                 # dtypes, ints unspecialised or equal, pointers 16-byte aligned
                 prepared.direct[i], prepared.direct_on = kernel, device
     return outs
+
+
+class SharedMemoryWarning(UserWarning):
+    """A kernel runs with fewer pipeline stages than its plan asks for: the GPU's shared
+    memory holds fewer (results are the same; it may run slower)."""
+
+
+def _jit_launch(fn, grid, values, options: dict, name: str):
+    """fn[grid](*values) with the plan's options. Where the compiled kernel needs more
+    shared memory than the GPU has (the cost model's estimate is a lead: Triton's
+    epilogue scratch varies), one stage fewer, down to one; `options` keeps the stages
+    that fit, so later calls compile nothing more."""
+    while True:
+        try:
+            return fn[grid](*values, **options)
+        except OutOfResources as err:
+            stages = options.get("num_stages", 1)
+            if stages <= 1 or "shared memory" not in str(err):
+                raise
+            warnings.warn(f"kernel {name}: {stages} pipeline stages need {err.required} bytes of shared memory, "
+                          f"the GPU has {err.limit}: running it with {stages - 1}", SharedMemoryWarning,
+                          stacklevel=3)
+            options["num_stages"] = stages - 1
 
 
 def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
