@@ -660,9 +660,15 @@ class Emitter:
         n_tiles = " * ".join(tiles[lid] for lid in order) or "1"
         grouped = len(order) >= 2 and all(self.t.block[i] > 1 for i in order[:2]) and \
             set(order[:2]) <= dot_labels(self.views)
-        # Persistent: a tiled MatMul whose loops accumulate MatMuls only (a GEMM, SwiGLU's
-        # pair), not attention's softmax loops (flattening those is unmeasured).
-        self.persistent = grouped and all(a.op == "matmul" for a in self.accs)
+        # Persistent: a plain tiled GEMM, one MatMul accumulated in its loop and no tile
+        # read beside it in the epilogue. On the H200 (triton 3.6) a persistent loop with
+        # a residual tile read in its epilogue ran 4-1000x slower (Llama's down projection
+        # 1.6-53 ms against 0.37; RESULTS.md, session 5), and SwiGLU's two accumulators
+        # 2.7 ms against 1.8; attention's softmax loops are not flattened either.
+        epilogue_tiles = any(inst.leaf and self.dims(inst.labels) and
+                             not any(self.t.role[lid] == "loop" for lid in inst.labels)
+                             for inst in self.views.memo.values())
+        self.persistent = grouped and [a.op for a in self.accs] == ["matmul"] and not epilogue_tiles
         if grouped:
             # Two tiled MatMul sides: GROUP rows of tiles run together so that a wave of
             # programs reuses their A rows and B columns from L2 (grouped program order).
@@ -700,11 +706,10 @@ class Emitter:
             # The next tile's loads are in flight while this tile's epilogue converts its
             # result through shared memory: both are live at once. Measured on the H200
             # (triton 3.6; RESULTS.md, session 5): a 128x256 GEMM at 4 stages fit in 192
-            # KiB with its full tiles stored as they are, asked 192 + 64 KiB (its bf16 tile)
-            # with a masked store (dynamic rows), and SwiGLU's two 128x128 accumulators
-            # asked 192 + 128 KiB (both in f32). Where this is short, the launcher drops a stage.
-            matmuls = sum(a.op == "matmul" for a in self.accs)
-            self.stats.epilogue_smem = 4 * self.stats.acc_elems if matmuls > 1 else self.stats.masked_store_bytes
+            # KiB with its full tiles stored as they are, and asked 192 + 64 KiB (its bf16
+            # tile) with a masked store (dynamic rows). Where this is short, the launcher
+            # drops a stage.
+            self.stats.epilogue_smem = self.stats.masked_store_bytes
             # A persistent kernel: each program runs tiles pid, pid + programs, ... (the
             # launcher starts min(tiles, SMs x resident programs) of them), in grouped order.
             top.lines = [f"for tile in tl.range({pid}, {n_tiles}, tl.num_programs(0), flatten=True):"] + \

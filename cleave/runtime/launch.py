@@ -283,17 +283,21 @@ def _jit_launch(fn, grid, values, options: dict, name: str):
     shared memory than the GPU has (the cost model's estimate is a lead: Triton's
     epilogue scratch varies), one stage fewer, down to one; `options` keeps the stages
     that fit, so later calls compile nothing more."""
+    asked, first = options.get("num_stages", 1), None
     while True:
         try:
-            return fn[grid](*values, **options)
+            kernel = fn[grid](*values, **options)
+            break
         except OutOfResources as err:
-            stages = options.get("num_stages", 1)
-            if stages <= 1 or "shared memory" not in str(err):
+            if options.get("num_stages", 1) <= 1 or "shared memory" not in str(err):
                 raise
-            warnings.warn(f"kernel {name}: {stages} pipeline stages need {err.required} bytes of shared memory, "
-                          f"the GPU has {err.limit}: running it with {stages - 1}", SharedMemoryWarning,
-                          stacklevel=3)
-            options["num_stages"] = stages - 1
+            first = first or err
+            options["num_stages"] -= 1
+    if first is not None:
+        warnings.warn(f"kernel {name}: {asked} pipeline stages need {first.required} bytes of shared memory, the "
+                      f"GPU has {first.limit}: running it with {options['num_stages']}", SharedMemoryWarning,
+                      stacklevel=3)
+    return kernel
 
 
 def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
