@@ -398,9 +398,6 @@ class Emitter:
             self.n += 1
             if not b.chain:  # held in registers, as `var` counts a pointer load outside loops
                 self.stats.tile_elems = max(self.stats.tile_elems, elems)
-                # and first landed in shared memory by the copy engine (a dot operand's
-                # entry, under the same name, counts it once)
-                self.stats.fixed_smem[out.name] = elems * _ITEMSIZE[ty]
             out.trans = emit_tma(self, b, out.name, desc, tile, dims, f"tl.load({addr}{m})")
         out.zero = True
         return out
