@@ -139,8 +139,9 @@ DOC_SHAPES = ("--shape", "s=4096", "--shape", "k=4096", "--shape", "n=4096")
 def _loop_and_epilogue(kernel: Path) -> tuple[str, str]:
     """The kernel's k loop and what follows it."""
     lines = kernel.read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("    for start"))
-    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("        "))
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("for start"))
+    indent = len(lines[start]) - len(lines[start].lstrip())  # deeper in a persistent tile loop
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" " * (indent + 4)))
     return "\n".join(lines[start:end]), "\n".join(lines[end:])
 
 
