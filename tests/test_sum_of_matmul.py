@@ -51,15 +51,16 @@ def test_a_mask_fill_is_not_finite_and_keeps_the_rule_off():
 
 
 def test_the_rewritten_form_is_the_cheaper_plan_at_the_preset():
-    """One rewritten candidate beats the GEMM as written and the search's unrewritten
-    (split) form, so `cleave optimize`'s cheapest plan is a rewritten one."""
+    """The rewritten candidates beat the GEMM as written and the search's unrewritten
+    (split) form by a wide margin, so `cleave optimize`'s cheapest plan is a rewritten
+    one (measured on the H200: 5.7x torch.compile's GEMM, RESULTS.md)."""
     wl = W.get("matmul_rowsum")
     cands = searched(wl.graph)
     shapes = wl.presets["s4096"]
-    rewritten = next(c for c in cands if c.derivation == ["sum-of-matmul"])
+    rewritten = [c for c in cands if "sum-of-matmul" in c.derivation]
     plain = [c for c in then_as_written(cands, wl.graph) if "sum-of-matmul" not in c.derivation]
-    assert plain and len(plain[-1].derivation) == 0  # the graph as written is among them
-    cost = schedule(rewritten, shapes, top_k=1)[0].cost
+    assert rewritten and plain and len(plain[-1].derivation) == 0  # the graph as written is among them
+    cost = min(schedule(c, shapes, top_k=1)[0].cost for c in rewritten)
     assert all(cost * 3 < schedule(c, shapes, top_k=1)[0].cost for c in plain)
 
 
