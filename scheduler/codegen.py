@@ -20,10 +20,10 @@ from cleave.ir import dims as D
 from cleave.ir.dtypes import DType
 from cleave.ir.ops import COMPARE, per_op
 
+from . import half_swap
 from .bounds import segments
 from .exprs import code
 from .fexpr import EXP, Y_NEW, Y_OLD, fcode, parse_rescale
-from . import half_swap
 from .index_bounds import index_bounds, provable
 from .kernel_stats import Stats, mma_efficiency
 from .partition import KernelSpec, buffer_name, stored_dtype
@@ -387,7 +387,7 @@ class Emitter:
             self.stats.stage_smem[(node.id, tuple(inst.view))] = elems * _ITEMSIZE[ty]
         # In a pipelined loop, a descriptor tile read by anything but tl.dot came out wrong
         # on the H200 (triton 3.6: RMSNorm->MatMul's x tile squared beside its dot, 27%
-        # relative error; RESULTS.md, session 5): such tiles keep the pointer path.
+        # relative error; RESULTS.md, 2026-12-01 session 3): such tiles keep the pointer path.
         dot_only = not b.chain or self.consumers.get(id(inst), set()) <= {"matmul", *VIEW_OPS}
         tile = tile_load(self, inst, dims, _ITEMSIZE[ty]) if self.tma and dot_only else None
         if tile is None:
@@ -660,8 +660,8 @@ class Emitter:
         # Persistent: a plain tiled GEMM, one MatMul accumulated in its loop and no tile
         # read beside it in the epilogue. On the H200 (triton 3.6) a persistent loop with
         # a residual tile read in its epilogue ran 4-1000x slower (Llama's down projection
-        # 1.6-53 ms against 0.37; RESULTS.md, session 5), and SwiGLU's two accumulators
-        # 2.7 ms against 1.8; attention's softmax loops are not flattened either.
+        # 1.6-53 ms against 0.37; RESULTS.md, 2026-12-01 session 3), and SwiGLU's two
+        # accumulators 2.7 ms against 1.8; attention's softmax loops are not flattened either.
         epilogue_tiles = any(inst.leaf and self.dims(inst.labels) and
                              not any(self.t.role[lid] == "loop" for lid in inst.labels)
                              for inst in self.views.memo.values())
@@ -702,7 +702,7 @@ class Emitter:
         if self.persistent:
             # The next tile's loads are in flight while this tile's epilogue converts its
             # result through shared memory: both are live at once. Measured on the H200
-            # (triton 3.6; RESULTS.md, session 5): a 128x256 GEMM at 4 stages fit in 192
+            # (triton 3.6; RESULTS.md, 2026-12-01 session 3): a 128x256 GEMM at 4 stages fit in 192
             # KiB with its full tiles stored as they are, and asked 192 + 64 KiB (its bf16
             # tile) with a masked store (dynamic rows). Where this is short, the launcher
             # drops a stage.

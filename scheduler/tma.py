@@ -53,9 +53,9 @@ def wants_tma(em, target) -> bool:
 
 def _large_tile(em, acc, target) -> bool:
     """An accumulator tile of target.tma_min_tile (64) or more on both sides (prefill,
-    GEMMs). A decode step's 16
-    padded query rows stream K/V as fast through pointers, and its short launch pays
-    for the descriptors (H200: GQA decode at b8 went from 0.081 to 0.104 ms with one)."""
+    GEMMs). A decode step's 16 padded query rows stream K/V as fast through pointers,
+    and its short launch pays for the descriptors (H200: GQA decode at b8 went from
+    0.081 to 0.104 ms with one)."""
     blocks = sorted(em.t.block[lid] for lid in acc.labels)
     return len(blocks) >= 2 and blocks[-2] >= target.tma_min_tile
 

@@ -232,3 +232,17 @@ def test_a_kernel_over_the_gpus_shared_memory_runs_with_fewer_stages():
     with pytest.warns(L.SharedMemoryWarning, match="running it with 2"):
         assert L._jit_launch(Fn(), (1, 1, 1), [], options, "k0") == "compiled"
     assert tried == [4, 3, 2] and options["num_stages"] == 2
+
+
+def test_an_intermediate_passed_as_an_address_gets_its_typed_view(descriptors_made):
+    """On the GPU's direct launch path intermediates are workspace addresses; a
+    descriptor over one is built on that intermediate's typed view alone."""
+    from types import SimpleNamespace
+
+    workspace = torch.zeros(1024, dtype=torch.uint8)
+    prepared = SimpleNamespace(intermediates=[("t1", 0, [4, 8], torch.float32), ("t2", 256, [16, 16], torch.bfloat16)])
+    tma = (True, [(0, "t2", [16, 16], [16, 1], [16, 16])])
+    values = L._with_descriptors(tma, [None], {"t2": workspace.data_ptr() + 256}, True, prepared, workspace)
+    desc, use = values
+    assert use and descriptors_made == [(16, 16)]
+    assert desc.base.dtype == torch.bfloat16 and desc.base.data_ptr() == workspace.data_ptr() + 256

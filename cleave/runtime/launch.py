@@ -163,7 +163,7 @@ def _descriptors(k, shapes: dict, worth_it: bool) -> tuple[bool, list]:
     return ok, descs
 
 
-def _with_descriptors(tma, values: list, tensors: dict, bases_ok: bool, typed) -> list:
+def _with_descriptors(tma, values: list, tensors: dict, bases_ok: bool, prepared, workspace) -> list:
     """values with each descriptor argument filled in and the TMA switch appended: host
     TensorDescriptors when TMA takes this call's tensors, else None and the pointer path."""
     ok, descs = tma
@@ -171,7 +171,8 @@ def _with_descriptors(tma, values: list, tensors: dict, bases_ok: bool, typed) -
     for pos, buffer, shape, strides, block in descs:
         if use:
             t = tensors[buffer]
-            t = typed(buffer) if isinstance(t, int) else t  # an intermediate passed as an address
+            if isinstance(t, int):  # an intermediate passed as an address: its typed view
+                t = _view(prepared, workspace, buffer)
             values[pos] = TensorDescriptor(t, shape, strides, block)
         else:
             values[pos] = None
@@ -232,6 +233,7 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
         outs.append(t)
     aligned = prepared.direct_ok and bases_ok
     direct_now = aligned and prepared.direct_on in (None, device) and not _hooked()
+    workspace = None
     if prepared.intermediates:
         workspace = _workspace(prepared.workspace_bytes, device)
         if direct_now and None not in prepared.direct:  # compiled kernels take plain addresses
@@ -239,15 +241,13 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
             tensors.update((name, base + offset) for name, offset, _, _ in prepared.intermediates)
         else:  # the JIT reads each buffer's dtype off a tensor
             tensors.update(_views(prepared, workspace))
-    stream, typed = None, None
+    stream = None
     for i, (fn, grid, args, options) in enumerate(prepared.kernels):
         if not prepared.launches[i]:  # nothing to compute, and a GPU rejects an empty grid
             continue
         values = [tensors.get(name) if name is not None else value for name, value in args]
         if prepared.tma[i] is not None:
-            if typed is None and prepared.intermediates:
-                typed = dict(_views(prepared, workspace)).__getitem__
-            values = _with_descriptors(prepared.tma[i], values, tensors, bases_ok, typed)
+            values = _with_descriptors(prepared.tma[i], values, tensors, bases_ok, prepared, workspace)
         direct = prepared.direct[i]
         if direct is not None and direct_now:
             try:
@@ -263,7 +263,7 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
                     tensors.update(_views(prepared, workspace))
                     values = [tensors.get(name) if name is not None else value for name, value in args]
                     if prepared.tma[i] is not None:
-                        values = _with_descriptors(prepared.tma[i], values, tensors, bases_ok, typed)
+                        values = _with_descriptors(prepared.tma[i], values, tensors, bases_ok, prepared, workspace)
         kernel = _jit_launch(fn, grid, values, options, prepared.names[i])
         if isinstance(kernel, CompiledKernel):
             prepared.compiled[i] = kernel
@@ -320,8 +320,17 @@ def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
 def _views(prepared: _Prepared, workspace: torch.Tensor):
     """The intermediates as typed tensors over the workspace."""
     for name, offset, shape, dtype in prepared.intermediates:
-        size = math.prod(shape) * dtype.itemsize
-        yield name, workspace[offset:offset + size].view(dtype).view(shape)
+        yield name, _typed(workspace, offset, shape, dtype)
+
+
+def _view(prepared: _Prepared, workspace: torch.Tensor, name: str) -> torch.Tensor:
+    """One intermediate as a typed tensor over the workspace."""
+    _, offset, shape, dtype = next(x for x in prepared.intermediates if x[0] == name)
+    return _typed(workspace, offset, shape, dtype)
+
+
+def _typed(workspace: torch.Tensor, offset: int, shape, dtype) -> torch.Tensor:
+    return workspace[offset:offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
 
 
 def _hooked() -> bool:
