@@ -26,8 +26,6 @@ from dataclasses import dataclass
 
 import sympy
 
-REINDEX = ("reshape", "permute", "slice")  # whose `view` is their operand's, not their own
-
 
 @dataclass(frozen=True)
 class Swap:
