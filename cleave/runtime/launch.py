@@ -1,6 +1,17 @@
-"""Run a Plan: bind symbols from the tensors, allocate outputs and intermediates,
-load each kernel's module once per plan, launch. Imports torch and triton only
-(plus the IR's binder), never egglog, z3, cleave.search or cleave.verify."""
+"""Run a Plan: bind symbols from the tensors, find memory for outputs and
+intermediates, load each kernel's module once per plan, launch. Imports torch and
+triton only (plus the IR's binder), never egglog, z3, cleave.search or cleave.verify.
+
+Memory kept between calls. An allocation costs the host about 8 us (H200, measured),
+a decode step's kernels 5-150 us, so the hot path allocates nothing once warm:
+- intermediates share one workspace per lane (`_workspace`);
+- an output is written into memory an earlier call of the same shape returned, once
+  nothing outside cleave can reach it any more (`_Kept.free`); a result the caller
+  still holds, through any tensor, view or storage, is never written again.
+A lane is a device, its current stream and the calling thread: kept memory serves
+only the lane it was last used on (the caching allocator's rule: the stream's order
+puts the new call's kernels after every earlier use). While a CUDA graph is captured
+nothing kept is used: the graph's own pool serves the capture."""
 from __future__ import annotations
 
 import atexit
@@ -29,13 +40,20 @@ from ..scheduler.exprs import evaluate
 from ..scheduler.plan import Plan
 
 WORKSPACE_ALIGN = 256  # bytes: what cudaMalloc guarantees (the caching allocator gives 512)
-# Workspaces up to this size are kept between calls, one per stream: an allocation costs
-# the host about 8 us (H200, measured), a decode step's kernels 5-150 us. Larger ones
-# (a prefill layer's activations) come from the caching allocator each call, so the
-# memory is not pinned while other work needs it.
+# Workspaces and outputs up to this size are kept between calls. Larger ones (a prefill
+# layer's activations) come from the caching allocator each call, so the memory is not
+# pinned while other work needs it.
 WORKSPACE_KEPT_BYTES = 64 << 20
-_WORKSPACES: dict = {}  # (device, stream or CPU thread) -> uint8 tensor, grown to the largest need
+OUTPUT_KEPT_BYTES = 64 << 20
+_WORKSPACES: dict = {}  # lane -> uint8 tensor, grown to the largest need
 LANES_KEPT = 16
+# Copies kept per output of a prepared shape and lane: a result the caller still holds
+# (the previous layer's, an input of this call) is skipped for a free one.
+OUTPUT_COPIES_KEPT = 4
+OUTPUTS_KEPT_BYTES = 256 << 20  # all kept outputs together; past it they are all forgotten
+_OUTPUTS: dict = {}  # (prepared, lane, inference mode) -> one list of _Kept per output
+_OUTPUTS_LOCK = threading.Lock()  # guards _outputs_bytes (allocations only, off the hot path)
+_outputs_bytes = 0
 # SMs a persistent kernel's programs are counted against where no GPU says (Triton's
 # CPU interpreter runs programs one after another: a few exercise the tile loop).
 INTERPRETER_SMS = 4
@@ -211,7 +229,9 @@ def prepare(plan: Plan, inputs: dict[str, torch.Tensor]) -> _Prepared:
 
 
 def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None = None) -> list[torch.Tensor]:
-    """Launch a prepared plan on inputs of the shapes it was prepared for."""
+    """Launch a prepared plan on inputs of the shapes it was prepared for. The results
+    are written into `out` where given, else into memory no tensor outside cleave can
+    reach (`_outputs`): kept from an earlier call the caller let go of, or fresh."""
     tensors = {}
     # Fresh allocations are aligned (the caching allocator's blocks are): inputs and
     # caller-given outputs are checked.
@@ -221,21 +241,20 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
         tensors[name] = t = (t if t.dtype == want else t.to(want)).contiguous()
         bases_ok = bases_ok and t.data_ptr() % 16 == 0
     device = t.device
-    outs = []
-    for i, (name, shape, dtype) in enumerate(prepared.outputs):
-        t = out[i] if out is not None else torch.empty(shape, dtype=dtype, device=device)
+    lane = _lane(device)
+    outs = _outputs(prepared, device, lane) if out is None else [out[i] for i in range(len(prepared.outputs))]
+    for (name, shape, _), t in zip(prepared.outputs, outs):
         if out is not None:
             if list(t.shape) != shape or not t.is_contiguous():
                 raise BindingError(f"output {name!r}: expected a contiguous tensor of shape {shape}, "
                                    f"got {list(t.shape)}")
             bases_ok = bases_ok and t.data_ptr() % 16 == 0
         tensors[name] = t
-        outs.append(t)
     aligned = prepared.direct_ok and bases_ok
     direct_now = aligned and prepared.direct_on in (None, device) and not _hooked()
     workspace = None
     if prepared.intermediates:
-        workspace = _workspace(prepared.workspace_bytes, device)
+        workspace = _workspace(prepared.workspace_bytes, device, lane)
         if direct_now and None not in prepared.direct:  # compiled kernels take plain addresses
             base = workspace.data_ptr()
             tensors.update((name, base + offset) for name, offset, _, _ in prepared.intermediates)
@@ -300,21 +319,110 @@ def _jit_launch(fn, grid, values, options: dict, name: str):
     return kernel
 
 
-def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
+def _lane(device: torch.device) -> tuple | None:
+    """Where memory kept between calls may serve this call: (device, current stream,
+    thread); the stream is None on the CPU, where the interpreter runs kernels in the
+    calling thread. None while the current stream captures a CUDA graph: the graph's own
+    pool serves the capture (its replays must not share memory with calls outside it)."""
+    if device.type != "cuda":
+        return device, None, threading.get_ident()
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    return device, torch._C._cuda_getCurrentRawStream(device.index), threading.get_ident()
+
+
+def _workspace(nbytes: int, device: torch.device, lane: tuple | None) -> torch.Tensor:
     """Memory for a call's intermediates. A kept workspace is reused by the next call on
-    the same stream, which runs after this call's kernels: no two calls' intermediates
-    meet, and results (outputs) are always fresh. While a CUDA graph is captured, the
-    graph's own pool serves it (replays on other streams must not share one)."""
-    if nbytes > WORKSPACE_KEPT_BYTES or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    its lane, which runs after this call's kernels: no two calls' intermediates meet,
+    and no result lies in it."""
+    if nbytes > WORKSPACE_KEPT_BYTES or lane is None:
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    # on the CPU (the interpreter) kernels run in the calling thread: one per thread
-    lane = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else threading.get_ident()
-    kept = _WORKSPACES.get((device, lane))
+    kept = _WORKSPACES.get(lane)
     if kept is None or kept.numel() < nbytes:
         if len(_WORKSPACES) >= LANES_KEPT:  # short-lived threads or streams: forget the old lanes
             _WORKSPACES.clear()
-        kept = _WORKSPACES[(device, lane)] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        kept = _WORKSPACES[lane] = torch.empty(nbytes, dtype=torch.uint8, device=device)
     return kept
+
+
+class _Kept:
+    """An output's memory kept between calls: a tensor cleave never hands out, and its
+    storage's Python object, which every tensor over that memory gives back from
+    untyped_storage(). Callers get detached aliases of `tensor`: each its own tensor
+    (autograd state, version counter, metadata), over this one storage."""
+
+    __slots__ = ("tensor", "storage", "cdata", "ptr", "nbytes", "cuda", "refs")
+
+    def __init__(self, shape, dtype, device: torch.device):
+        self.tensor = torch.empty(shape, dtype=dtype, device=device)
+        self.storage = self.tensor.untyped_storage()
+        self.cdata, self.ptr, self.nbytes = self.storage._cdata, self.storage.data_ptr(), self.storage.nbytes()
+        self.cuda = device.type == "cuda"
+        self.refs = self._refs()  # nothing but cleave holds it yet
+
+    def _refs(self) -> tuple[int, int]:
+        """The StorageImpl's strong count (one per tensor over the memory, C++ holders
+        included, and one for its Python object) and the Python object's refcount."""
+        return torch._C._storage_Use_Count(self.cdata), sys.getrefcount(self.storage)
+
+    def free(self) -> bool:
+        """Whether nothing outside cleave can reach the memory: no tensor, view or
+        storage object beyond cleave's own (both counts as when it was made), the
+        storage still on the memory it was made with (resize_ and CPU share_memory_
+        move it), and on the GPU still the caching allocator's (CUDA IPC hands it to
+        another process)."""
+        return self._refs() == self.refs and self.storage.data_ptr() == self.ptr \
+            and (not self.cuda or torch._C._has_Standard_Deleter(self.cdata))
+
+
+def _outputs(prepared: _Prepared, device: torch.device, lane: tuple | None) -> list[torch.Tensor]:
+    """A call's output tensors: per output, a copy kept on this lane that is free again,
+    else a new allocation, kept too (past OUTPUT_COPIES_KEPT in place of the oldest
+    copy, which callers still hold). Outputs over OUTPUT_KEPT_BYTES, and every output
+    during a capture, are allocated and not kept."""
+    if lane is None:
+        return [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in prepared.outputs]
+    # an inference tensor is only made in inference mode: a copy serves one mode
+    key = (prepared, lane, torch.is_inference_mode_enabled())
+    copies = _OUTPUTS.get(key)
+    if copies is None:
+        copies = [[] for _ in prepared.outputs]
+    outs = []
+    for kept, (_, shape, dtype) in zip(copies, prepared.outputs):
+        for k in kept:
+            if k.free():
+                outs.append(k.tensor.detach())
+                break
+        else:
+            outs.append(_allocate(key, copies, kept, shape, dtype, device))
+    return outs
+
+
+def _allocate(key: tuple, copies: list, kept: list, shape, dtype, device: torch.device) -> torch.Tensor:
+    """A new output, kept as one of `kept` (one output's copies in the pool `copies`)
+    within the bounds. Only the pool's own lane changes its lists; another thread may
+    forget the pool meanwhile, and then it is counted in again, emptied."""
+    global _outputs_bytes
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > OUTPUT_KEPT_BYTES:
+        return torch.empty(shape, dtype=dtype, device=device)
+    with _OUTPUTS_LOCK:
+        if _OUTPUTS.get(key) is not copies:  # new, or forgotten since this call looked it up
+            for c in copies:
+                c.clear()
+            _OUTPUTS[key] = copies
+        elif len(kept) >= OUTPUT_COPIES_KEPT:  # callers hold every copy: the oldest becomes theirs alone
+            _outputs_bytes -= kept.pop(0).nbytes
+        if _outputs_bytes + nbytes > OUTPUTS_KEPT_BYTES or len(_OUTPUTS) > SHAPES_KEPT:
+            for c in copies:  # shape churn: forget every copy (those callers hold stay theirs)
+                c.clear()
+            _OUTPUTS.clear()
+            _OUTPUTS[key] = copies
+            _outputs_bytes = 0
+        k = _Kept(shape, dtype, device)
+        kept.append(k)
+        _outputs_bytes += k.nbytes
+    return k.tensor.detach()
 
 
 def _views(prepared: _Prepared, workspace: torch.Tensor):
