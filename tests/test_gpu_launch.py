@@ -1,6 +1,8 @@
 """On a CUDA device (`pytest -m gpu`): the second launch of a shape calls Triton's
 compiled kernel directly, skipping the JIT's per-call binding; it must compute what
-the JIT launch computes, and fall back to the JIT for an unaligned input."""
+the JIT launch computes, and fall back to the JIT for an unaligned input. Output
+memory a caller let go of is reused on its own stream only, never in a capture, and
+never once shared with another process."""
 import pytest
 import torch
 
@@ -51,3 +53,50 @@ def test_a_registered_launch_hook_sees_every_launch():
         knobs.runtime.launch_enter_hook.remove(seen.append)
     assert torch.equal(first, again)
     assert [m.get()["name"] for m in seen] == [k.name for k in plan.kernels]
+
+
+def _decode(seed: int):
+    env = {"b": 2, "hkv": 1, "g": 3, "L": 45, "d": 16}
+    plan = schedule(CANDIDATES["gqa_decode"](), env, dynamic={"b", "L"}, top_k=1)[0]
+    return plan, {k: v.cuda() for k, v in W.get("gqa_decode").inputs(env, seed=seed).items()}
+
+
+def test_outputs_are_reused_on_their_stream_and_never_in_a_capture():
+    """A dropped result's memory serves the next call on its stream; a call on another
+    stream gets its own, and a CUDA graph capture on that stream uses none of it."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    plan, inputs = _decode(3)
+    first = launch(plan, inputs)[0]
+    address, want = first.data_ptr(), first.clone()
+    del first
+    again = launch(plan, inputs)[0]
+    assert again.data_ptr() == address and torch.equal(again, want)
+    del again
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        other = launch(plan, inputs)[0]
+        side_address = other.data_ptr()
+        del other
+        assert side_address != address
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            captured = launch(plan, inputs)[0]
+        assert captured.data_ptr() not in (address, side_address)
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, want)
+    assert launch(plan, inputs)[0].data_ptr() == address
+
+
+def test_an_output_shared_through_cuda_ipc_is_not_reused():
+    """Another process may map it: the storage's deleter is no longer the allocator's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    plan, inputs = _decode(4)
+    out = launch(plan, inputs)[0]
+    address = out.data_ptr()
+    out.untyped_storage()._share_cuda_()
+    del out
+    assert launch(plan, inputs)[0].data_ptr() != address
