@@ -11,7 +11,10 @@ a decode step's kernels 5-150 us, so the hot path allocates nothing once warm:
 A lane is a device, its current stream and the calling thread: kept memory serves
 only the lane it was last used on (the caching allocator's rule: the stream's order
 puts the new call's kernels after every earlier use). While a CUDA graph is captured
-nothing kept is used: the graph's own pool serves the capture."""
+nothing kept is used: the graph's own pool serves the capture. A result's
+`record_stream` marks the allocator's block, which no PyTorch API reads back: a caller
+using a result on another stream joins that stream back before dropping it, as
+PyTorch asks of any tensor used on another stream without `record_stream`."""
 from __future__ import annotations
 
 import atexit
