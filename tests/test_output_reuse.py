@@ -45,11 +45,15 @@ def plan(graph):
 
 @pytest.fixture(autouse=True)
 def fresh_pools():
-    L._OUTPUTS.clear()
-    L._outputs_bytes = 0
+    L._forget_outputs()
     yield
-    L._OUTPUTS.clear()
-    L._outputs_bytes = 0
+    L._forget_outputs()
+
+
+def _pool(plan, shape=SHAPE) -> list[list]:
+    """The kept copies of each output of `plan` at `shape` on this thread's lane."""
+    pool = L.prepare(plan, _inputs(0, shape)).kept.get((L._lane(torch.device("cpu")), False))
+    return pool.copies if pool else [[], []]
 
 
 def _inputs(seed: int, shape=SHAPE) -> dict[str, torch.Tensor]:
@@ -122,8 +126,8 @@ def test_anything_reaching_the_memory_keeps_it_from_reuse(graph, plan, name):
 
 def _kept(address: int) -> torch.Tensor:
     """cleave's own tensor over the kept output memory at `address`."""
-    for copies in L._OUTPUTS.values():
-        for kept in copies:
+    for pool in L._POOLS:
+        for kept in pool.copies:
             for k in kept:
                 if k.ptr == address:
                     return k.tensor
@@ -255,10 +259,12 @@ def test_memory_serves_only_its_lane(graph, plan):
 def test_caller_given_outputs_and_captures_keep_nothing(plan, monkeypatch):
     out = [torch.full(SHAPE, float("nan")), torch.full(SHAPE[:1], float("nan"))]
     got = L.launch(plan, _inputs(1), out=out)
-    assert all(g is o for g, o in zip(got, out)) and not L._OUTPUTS
+    assert all(g is o for g, o in zip(got, out)) and not any(_pool(plan))
+    lane = L._lane
     monkeypatch.setattr(L, "_lane", lambda device: None)  # what a CUDA graph capture gives
     L.launch(plan, _inputs(2))
-    assert not L._OUTPUTS and not L._outputs_bytes
+    monkeypatch.setattr(L, "_lane", lane)
+    assert not any(_pool(plan)) and not L._outputs_bytes
 
 
 def test_kept_memory_is_bounded(plan, monkeypatch):
@@ -266,25 +272,35 @@ def test_kept_memory_is_bounded(plan, monkeypatch):
     past OUTPUTS_KEPT_BYTES everything is forgotten; an output over OUTPUT_KEPT_BYTES is
     not kept."""
     held = [L.launch(plan, _inputs(seed)) for seed in range(L.OUTPUT_COPIES_KEPT + 2)]
-    (copies,) = L._OUTPUTS.values()
+    copies = _pool(plan)
     assert [len(c) for c in copies] == [L.OUTPUT_COPIES_KEPT] * 2
     assert [k.ptr for k in copies[0]] == [y.data_ptr() for y, _ in held[-L.OUTPUT_COPIES_KEPT:]]
     per_call = (SHAPE[0] * SHAPE[1] + SHAPE[0]) * 4
     assert L._outputs_bytes == L.OUTPUT_COPIES_KEPT * per_call
     monkeypatch.setattr(L, "OUTPUTS_KEPT_BYTES", 3 * per_call)
-    L._OUTPUTS.clear()
-    L._outputs_bytes = 0
+    L._forget_outputs()
     held = [L.launch(plan, _inputs(seed)) for seed in range(4)]
-    (copies,) = L._OUTPUTS.values()
-    assert [len(c) for c in copies] == [1, 1] and L._outputs_bytes == per_call  # forgotten at the fourth
+    assert [len(c) for c in _pool(plan)] == [1, 1] and L._outputs_bytes == per_call  # forgotten at the fourth
     L.launch(plan, _inputs(1, (5, 9)))  # another shape: a pool of its own
-    assert len(L._OUTPUTS) == 2
+    assert [len(c) for c in _pool(plan, (5, 9))] == [1, 1] and L._outputs_bytes == per_call + (5 * 9 + 5) * 4
     monkeypatch.setattr(L, "OUTPUT_KEPT_BYTES", SHAPE[0] * 4)  # the row sums fit, tanh's output does not
-    L._OUTPUTS.clear()
-    L._outputs_bytes = 0
+    L._forget_outputs()
     L.launch(plan, _inputs(1))
-    (copies,) = L._OUTPUTS.values()
-    assert [len(c) for c in copies] == [0, 1] and L._outputs_bytes == SHAPE[0] * 4
+    assert [len(c) for c in _pool(plan)] == [0, 1] and L._outputs_bytes == SHAPE[0] * 4
+
+
+def test_kept_memory_goes_with_its_plan(graph):
+    """A plan's kept outputs live on its prepared shapes: dropping the plan frees them
+    and takes their bytes out of the count."""
+    before = L._outputs_bytes
+    other = schedule(graph, {"s": 37, "n": 45}, dynamic={"s", "n"}, top_k=1)[0]
+    y, r = L.launch(other, _inputs(1))
+    storage = y.untyped_storage()._weak_ref()
+    assert L._outputs_bytes == before + (SHAPE[0] * SHAPE[1] + SHAPE[0]) * 4
+    del y, r, other
+    gc.collect()
+    assert L._outputs_bytes == before and torch.UntypedStorage._expired(storage)
+    torch.UntypedStorage._free_weak_ref(storage)
 
 
 @pytest.mark.parametrize("change", ["resize", "share_memory"])

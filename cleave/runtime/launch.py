@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import warnings
+import weakref
 
 import torch
 from triton import knobs
@@ -54,9 +55,11 @@ LANES_KEPT = 16
 # (the previous layer's, an input of this call) is skipped for a free one.
 OUTPUT_COPIES_KEPT = 4
 OUTPUTS_KEPT_BYTES = 256 << 20  # all kept outputs together; past it they are all forgotten
-_OUTPUTS: dict = {}  # (prepared, lane, inference mode) -> one list of _Kept per output
-_OUTPUTS_LOCK = threading.Lock()  # guards _outputs_bytes (allocations only, off the hot path)
-_outputs_bytes = 0
+# Kept outputs live on their prepared shape (`_Prepared.kept`) and go with it.
+_POOLS: weakref.WeakSet = weakref.WeakSet()  # every live _Pool, to forget them all
+_OUTPUTS_LOCK = threading.RLock()  # allocations only (off the hot path); reentrant: a
+# pool's finalizer may run inside an allocation, when the garbage collector does
+_outputs_bytes = 0  # over the kept outputs of every live pool
 # SMs a persistent kernel's programs are counted against where no GPU says (Triton's
 # CPU interpreter runs programs one after another: a few exercise the tile loop).
 INTERPRETER_SMS = 4
@@ -156,6 +159,7 @@ class _Prepared:
         self.compiled: list = _cached(plan).setdefault("compiled", [None] * len(self.kernels))
         ints = [value for _, _, args, _ in self.kernels for name, value in args if name is None]
         self.direct_ok = all(abs(v) < 2 ** 31 for v in ints)
+        self.kept: dict[tuple, _Pool] = {}  # (lane, inference mode) -> this shape's kept outputs
 
 
 def _programs(k, tiles: int, sms: int) -> int:
@@ -378,6 +382,36 @@ class _Kept:
             and (not self.cuda or torch._C._has_Standard_Deleter(self.cdata))
 
 
+class _Pool:
+    """One prepared shape's kept outputs on one lane: a list of _Kept per output. Its
+    bytes leave the count when it goes, with its prepared shape."""
+
+    __slots__ = ("copies", "__weakref__")
+
+    def __init__(self, outputs: int):
+        self.copies = [[] for _ in range(outputs)]
+        with _OUTPUTS_LOCK:
+            _POOLS.add(self)
+        weakref.finalize(self, _uncount, self.copies)
+
+
+def _uncount(copies: list) -> None:
+    global _outputs_bytes
+    with _OUTPUTS_LOCK:
+        _outputs_bytes -= sum(k.nbytes for kept in copies for k in kept)
+
+
+def _forget_outputs() -> None:
+    """Forget every kept output (those callers hold stay theirs). A lane's hot path
+    iterating a list emptied here finds no copy and allocates."""
+    global _outputs_bytes
+    with _OUTPUTS_LOCK:
+        for pool in list(_POOLS):
+            for kept in pool.copies:
+                kept.clear()
+        _outputs_bytes = 0
+
+
 def _outputs(prepared: _Prepared, device: torch.device, lane: tuple | None) -> list[torch.Tensor]:
     """A call's output tensors: per output, a copy kept on this lane that is free again,
     else a new allocation, kept too (past OUTPUT_COPIES_KEPT in place of the oldest
@@ -386,45 +420,37 @@ def _outputs(prepared: _Prepared, device: torch.device, lane: tuple | None) -> l
     if lane is None:
         return [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in prepared.outputs]
     # an inference tensor is only made in inference mode: a copy serves one mode
-    key = (prepared, lane, torch.is_inference_mode_enabled())
-    copies = _OUTPUTS.get(key)
-    if copies is None:
-        copies = [[] for _ in prepared.outputs]
+    key = (lane, torch.is_inference_mode_enabled())
+    pool = prepared.kept.get(key)
+    if pool is None:
+        if len(prepared.kept) >= LANES_KEPT:  # short-lived threads or streams: forget the old lanes
+            prepared.kept.clear()
+        pool = prepared.kept[key] = _Pool(len(prepared.outputs))
     outs = []
-    for kept, (_, shape, dtype) in zip(copies, prepared.outputs):
+    for kept, (_, shape, dtype) in zip(pool.copies, prepared.outputs):
         for k in kept:
             if k.free():
                 outs.append(k.tensor.detach())
                 break
         else:
-            outs.append(_allocate(key, copies, kept, shape, dtype, device))
+            outs.append(_allocate(kept, shape, dtype, device))
     return outs
 
 
-def _allocate(key: tuple, copies: list, kept: list, shape, dtype, device: torch.device) -> torch.Tensor:
-    """A new output, kept as one of `kept` (one output's copies in the pool `copies`)
-    within the bounds. Only the pool's own lane changes its lists; another thread may
-    forget the pool meanwhile, and then it is counted in again, emptied."""
+def _allocate(kept: list, shape, dtype, device: torch.device) -> torch.Tensor:
+    """A new output, kept as one of `kept` (one output's copies) within the bounds."""
     global _outputs_bytes
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > OUTPUT_KEPT_BYTES:
         return torch.empty(shape, dtype=dtype, device=device)
+    k = _Kept(shape, dtype, device)
     with _OUTPUTS_LOCK:
-        if _OUTPUTS.get(key) is not copies:  # new, or forgotten since this call looked it up
-            for c in copies:
-                c.clear()
-            _OUTPUTS[key] = copies
-        elif len(kept) >= OUTPUT_COPIES_KEPT:  # callers hold every copy: the oldest becomes theirs alone
+        if len(kept) >= OUTPUT_COPIES_KEPT:  # callers hold every copy: the oldest becomes theirs alone
             _outputs_bytes -= kept.pop(0).nbytes
-        if _outputs_bytes + nbytes > OUTPUTS_KEPT_BYTES or len(_OUTPUTS) > SHAPES_KEPT:
-            for c in copies:  # shape churn: forget every copy (those callers hold stay theirs)
-                c.clear()
-            _OUTPUTS.clear()
-            _OUTPUTS[key] = copies
-            _outputs_bytes = 0
-        k = _Kept(shape, dtype, device)
+        if _outputs_bytes + nbytes > OUTPUTS_KEPT_BYTES:  # shape churn
+            _forget_outputs()
         kept.append(k)
-        _outputs_bytes += k.nbytes
+        _outputs_bytes += nbytes
     return k.tensor.detach()
 
 
