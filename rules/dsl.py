@@ -94,8 +94,33 @@ class Term:
     def __hash__(self) -> int:
         return _cached_hash(self, (self.op, self.args))
 
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Term) or hash(self) != hash(other):
+            return False
+        return _same_dag(self, other)
+
     def __str__(self) -> str:
         return f"{self.op}({', '.join(str(a) for a in self.args)})"
+
+
+def _same_dag(a: Term, b: Term) -> bool:
+    """Structural equality compared as DAGs: each pair of shared subterms once (a
+    recursive compare walks the tree, exponentially larger for a stack of layers)."""
+    seen, stack = set(), [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if x is y or (id(x), id(y)) in seen:
+            continue
+        seen.add((id(x), id(y)))
+        if isinstance(x, Term) and isinstance(y, Term):
+            if hash(x) != hash(y) or x.op != y.op or len(x.args) != len(y.args):
+                return False
+            stack.extend(zip(x.args, y.args))
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,10 @@ class Encoded:
     lowp: object = None
     reducible: set = field(default_factory=set)  # symbols absent from every output
 
-    def decode(self, roots: list, name: str | None = None) -> tuple[Graph, Lowering]:
-        """An ordinary IR graph computing `roots` (one term per output)."""
+    def decode(self, roots: list, name: str | None = None, region: bool = False) -> tuple[Graph, Lowering]:
+        """An ordinary IR graph computing `roots` (one term per output); with `region`,
+        roots are values inside the program (one region of its extraction), output as
+        they are."""
         src = self.graph
         g = Graph(name or src.name)
         for n in src.inputs.values():
@@ -48,6 +50,9 @@ class Encoded:
             return g.add(n.op, *operands, loc=n.loc, **n.attrs)
 
         low = Lowering(g, leaf=leaf, lowp=self.lowp, what=f"candidate of {src.name}")
+        if region:
+            g.output(*(low(t) for t in roots))
+            return g, low
         outs = []
         for term, orig in zip(roots, src.outputs):
             out = low(term)

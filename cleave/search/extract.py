@@ -20,6 +20,7 @@ from cleave.ir.contracts import Candidate, Separable
 from cleave.rules.dsl import Axis, Leaf, RuleError, Term, Var
 
 from . import extraction_cost as C
+from . import regions
 from .egraph import CONSTRUCTORS, enode_of, from_node
 from .encode import Encoded
 from .saturate import BudgetWarning
@@ -60,16 +61,22 @@ class Index:
     def __init__(self, classes):
         self.classes = classes
         self.nodes = {(n.op, tuple(n.args)): cls for cls, ns in classes.items() for n in ns}
+        # id(term) -> (term, class): by identity, each object resolved once from its
+        # children's classes. Keyed by the term itself, every lookup of an equal but
+        # distinct term (a candidate's against the input's) compared the two whole DAGs.
+        # The term is held so that its id is not reused.
         self.memo: dict = {}
 
     def find(self, t) -> str | None:
-        if t not in self.memo:
+        hit = self.memo.get(id(t))
+        if hit is None:
             try:
                 op, args = enode_of(t, self._child, _OFFSET)
-                self.memo[t] = self.nodes.get((op, tuple(args)))
+                cls = self.nodes.get((op, tuple(args)))
             except LookupError:
-                self.memo[t] = None
-        return self.memo[t]
+                cls = None
+            hit = self.memo[id(t)] = (t, cls)
+        return hit[1]
 
     def _child(self, t) -> tuple:
         cls = self.find(t)
@@ -139,8 +146,8 @@ def _used(roots, choice) -> set:
 class Extractor:
     """Decodes and ranks extractions; each distinct DAG of choices once."""
 
-    def __init__(self, enc: Encoded, classes, roots, env):
-        self.enc, self.classes, self.roots, self.env = enc, classes, roots, env
+    def __init__(self, enc: Encoded, classes, roots, env, region: bool = False):
+        self.enc, self.classes, self.roots, self.env, self.region = enc, classes, roots, env, region
         self.by_dag: dict[frozenset, Realized | None] = {}
         self.unshifted = _unshifted_exps(enc.graph)
 
@@ -164,7 +171,7 @@ class Extractor:
         memo: dict = {}
         terms = [build_term(r, choice, memo) for r in self.roots]
         try:
-            g, _ = self.enc.decode(terms)
+            g, _ = self.enc.decode(terms, region=self.region)
         except (RuleError, ShapeError):  # a combination whose shapes do not fit
             return None
         if _unshifted_exps(g) > self.unshifted:  # exp(x)*exp(-m) proves separability; computing it overflows
@@ -186,8 +193,14 @@ def _unshifted_exps(g) -> int:
 
 
 def enumerate_dags(classes, roots, limit: int):
-    """Every acyclic choice of one e-node per reachable e-class, or None past `limit`."""
+    """Every acyclic choice of one e-node per reachable e-class, or None past `limit`.
+    Classes left with one possible e-node are assigned in a loop: recursion is as deep
+    as the choice points, not the classes (a model of many layers has thousands)."""
     out: list[dict] = []
+    cycles = regions.cyclic_components(regions.successors(classes, roots))
+
+    def closes_cycle(assign, node, c) -> bool:
+        return c in cycles and any(cycles.get(k) == cycles[c] and reaches(assign, k, c) for k in kids(node))
 
     def reaches(assign, start, target) -> bool:
         stack, seen = [start], set()
@@ -200,24 +213,36 @@ def enumerate_dags(classes, roots, limit: int):
                 stack.extend(a[1] for a in assign[c].args if isinstance(a, tuple))
         return False
 
-    def go(assign, todo) -> bool:
-        todo = [c for c in todo if c not in assign]
-        if not todo:
+    def kids(node) -> list:
+        return [a[1] for a in node.args if isinstance(a, tuple)]
+
+    def go(assign, todo: list) -> bool:
+        forced = []
+        try:
+            while todo:
+                c = todo.pop()
+                if c in assign:
+                    continue
+                nodes = [n for n in classes[c] if not closes_cycle(assign, n, c)]
+                if len(nodes) == 1:
+                    assign[c] = nodes[0]
+                    forced.append(c)
+                    todo.extend(reversed(kids(nodes[0])))
+                    continue
+                for node in nodes:  # none: every e-node closes a cycle, a dead end
+                    assign[c] = node
+                    ok = go(assign, todo + list(reversed(kids(node))))
+                    del assign[c]
+                    if not ok:
+                        return False
+                return True
             out.append(dict(assign))
             return len(out) <= limit
-        c = todo[0]
-        for node in classes[c]:
-            kids = [a[1] for a in node.args if isinstance(a, tuple)]
-            if any(reaches(assign, k, c) for k in kids):
-                continue
-            assign[c] = node
-            ok = go(assign, todo[1:] + kids)
-            del assign[c]
-            if not ok:
-                return False
-        return True
+        finally:
+            for c in forced:
+                del assign[c]
 
-    return out if go({}, list(roots)) else None
+    return out if go({}, list(reversed(roots))) else None
 
 
 def explore(enc: Encoded, classes, roots, env, exhaustive: int = 2000, beam: int = 16,
@@ -227,25 +252,45 @@ def explore(enc: Encoded, classes, roots, env, exhaustive: int = 2000, beam: int
     When the e-graph holds at most `exhaustive` acyclic extractions (every suite workload
     but the largest), all are ranked: the best is the optimum of the cost, however many
     coordinated choices it takes (FlashDecoding needs a split max, sum and MatMul at once).
-    Otherwise a beam search over the choice points: a state forces some e-classes to one
-    e-node (the rest extracted as smallest trees) and expands by deciding its candidate's
-    next open choice every way; the `beam` cheapest states survive each round."""
+    Larger programs (a model of several layers) are first split at dominating e-classes
+    (regions.py): each region below one, such as the layers under a hidden state, is
+    ranked on its own and keeps its best choice, until the rest enumerates. Otherwise a
+    beam search over the choice points: a state forces some e-classes to one e-node (the
+    rest extracted as smallest trees) and expands by deciding its candidate's next open
+    choice every way; the `beam` cheapest states survive each round."""
     start = time.perf_counter()
-    ex = Extractor(enc, classes, roots, env)
+    deadline = start + seconds
+
+    def enumerable(narrowed, tops) -> bool:
+        return enumerate_dags(narrowed, tops, exhaustive) is not None
+
+    def region_best(narrowed, cls, owned) -> Realized | None:
+        # What the region reads but does not own (the rope tables every layer reads) is
+        # pinned to its smallest tree: its choice is made above, not once per region.
+        _, smallest = best_choice(narrowed, frozenset())
+        pinned = {c: nodes if c in owned or c not in smallest else [smallest[c]] for c, nodes in narrowed.items()}
+        found = _ranked(Extractor(enc, pinned, [cls], env, region=True), pinned, [cls], exhaustive, beam, deadline)
+        return found[0] if found else None
+
+    classes = regions.settle(classes, roots, enumerable, region_best)
+    found = _ranked(Extractor(enc, classes, roots, env), classes, roots, exhaustive, beam, deadline)
+    if not found:
+        raise CleaveError(f"search of {enc.graph.name}: no candidate could be extracted")
+    return found
+
+
+def _ranked(ex: Extractor, classes, roots, exhaustive: int, beam: int, deadline: float) -> list[Realized]:
     dags = enumerate_dags(classes, roots, exhaustive)
     if dags is not None:
         for choice in dags:
             ex.dag(choice)
-            if time.perf_counter() - start > seconds:
-                warnings.warn(BudgetWarning(f"search of {enc.graph.name}: the time budget ended the ranking of "
+            if time.perf_counter() > deadline:
+                warnings.warn(BudgetWarning(f"search of {ex.enc.graph.name}: the time budget ended the ranking of "
                                             f"candidates early; the best found so far is returned"))
                 break
     else:
-        _beam(ex, classes, roots, beam, start + seconds)
-    found = ex.ranked()
-    if not found:
-        raise CleaveError(f"search of {enc.graph.name}: no candidate could be extracted")
-    return found
+        _beam(ex, classes, roots, beam, deadline)
+    return ex.ranked()
 
 
 def _beam(ex: Extractor, classes, roots, width: int, deadline: float) -> None:

@@ -1,0 +1,214 @@
+"""Dominating e-classes: where the extraction of a large program splits into regions.
+
+Extraction ranks whole DAGs, and their number is the product of the choices of every
+part of the program: a model of L identical layers, each with a few choices, has
+(choices per layer)^L of them. In a stack of layers the hidden state between two
+layers *dominates* everything computed before it: every path from the outputs down
+to those e-classes passes through its e-class. The region under a dominating class
+can then be extracted on its own (its value is all that the rest of the program
+sees), its best choice kept, and the rest extracted above it: the work is a sum over
+regions, not a product.
+
+A program small enough to rank whole is never split, so its optimum is unchanged.
+A larger one is settled bottom-up, the largest region first, into regions of a few
+dozen extractions (about one layer each); the outputs' own region stays open, and
+the candidates differ there.
+"""
+from __future__ import annotations
+
+import math
+
+ROOT = None  # the virtual class above the program's outputs
+
+
+def successors(classes, roots) -> dict:
+    """Each e-class reachable from `roots` -> the classes its e-nodes read."""
+    succ, stack = {}, list(roots)
+    while stack:
+        c = stack.pop()
+        if c in succ:
+            continue
+        succ[c] = kids = {a[1] for n in classes[c] for a in n.args if isinstance(a, tuple)}
+        stack.extend(kids)
+    return succ
+
+
+def cyclic_components(succ: dict) -> dict:
+    """Each class on a cycle of the class graph -> its strongly connected component's
+    id (Tarjan's algorithm, iteratively); classes on no cycle are left out. An
+    extraction can only close a cycle among classes of one component."""
+    index, low, on_stack, stack, comp = {}, {}, set(), [], {}
+    counter = 0
+    for start in succ:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(succ[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            c, it = work[-1]
+            k = next(it, None)
+            if k is not None:
+                if k not in index:
+                    index[k] = low[k] = counter
+                    counter += 1
+                    stack.append(k)
+                    on_stack.add(k)
+                    work.append((k, iter(sorted(succ[k]))))
+                elif k in on_stack:
+                    low[c] = min(low[c], index[k])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[c])
+            if low[c] == index[c]:
+                members = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    members.append(m)
+                    if m == c:
+                        break
+                if len(members) > 1 or c in succ[c]:
+                    comp.update((m, c) for m in members)
+    return comp
+
+
+def immediate_dominators(succ: dict, roots) -> dict:
+    """Each reachable class -> its immediate dominator (ROOT for the outputs' level), by
+    the iterative algorithm of Cooper, Harvey and Kennedy over reverse postorder; the
+    class graph may have cycles (an e-class can reach itself)."""
+    order, seen = [], set()
+    for r in roots:  # iterative postorder from each root
+        if r in seen:
+            continue
+        seen.add(r)
+        stack = [(r, iter(sorted(succ[r])))]
+        while stack:
+            c, it = stack[-1]
+            nxt = next((k for k in it if k not in seen), None)
+            if nxt is None:
+                order.append(c)
+                stack.pop()
+            else:
+                seen.add(nxt)
+                stack.append((nxt, iter(sorted(succ[nxt]))))
+    rpo = list(reversed(order))
+    number = {c: i for i, c in enumerate(rpo)}
+    preds: dict = {c: set() for c in rpo}
+    for c, kids in succ.items():
+        for k in kids:
+            preds[k].add(c)
+    for r in roots:
+        preds[r].add(ROOT)
+    number[ROOT] = -1
+    idom = {ROOT: ROOT}
+
+    def meet(a, b):
+        while a != b:
+            while number[a] > number[b]:
+                a = idom[a]
+            while number[b] > number[a]:
+                b = idom[b]
+        return a
+
+    changed = True
+    while changed:
+        changed = False
+        for c in rpo:
+            done = [p for p in preds[c] if p in idom]
+            new = done[0]
+            for p in done[1:]:
+                new = meet(new, p)
+            if c not in idom or idom[c] != new:
+                idom[c], changed = new, True
+    del idom[ROOT]
+    return idom
+
+
+def dominated(idom: dict) -> dict:
+    """Each class -> the classes it dominates, itself included."""
+    below = {c: {c} for c in idom}
+    for c in idom:
+        d = idom[c]
+        while d is not ROOT:
+            below[d].add(c)
+            d = idom[d]
+    return below
+
+
+def choices(classes, region) -> float:
+    """log of the product of the e-node counts of a region's classes: an upper bound on
+    its extractions (all of them when no choice excludes another)."""
+    return sum(math.log(len(classes[c])) for c in region)
+
+
+# Once a program is split, its regions are kept this small (in extractions, bounded
+# as `choices` bounds them): ranking decodes every extraction (10-20 ms for a layer),
+# and a region of two layers holds the square of one's.
+REGION_EXTRACTIONS = 64
+
+
+def settle(classes, roots, enumerable, best, region_extractions: int = REGION_EXTRACTIONS) -> dict:
+    """`classes` as they are when `enumerable(classes, roots)`; else with regions under
+    dominating classes narrowed to their best choice until each region left, the
+    outputs' own included, is bounded by `region_extractions`. `best(classes, cls,
+    owned)` extracts the region under cls, whose own classes are `owned` (the cheapest
+    realized choice, or None)."""
+    log_limit = math.log(region_extractions)
+    if enumerable(classes, roots):
+        return classes
+    classes = dict(classes)
+    idom = immediate_dominators(successors(classes, roots), roots)
+    below = dominated(idom)
+    children: dict = {}
+    for c, d in idom.items():
+        children.setdefault(d, []).append(c)
+
+    failed: set = set()  # regions that decode to no candidate on their own
+    narrowed: set = set()  # regions settled inside already
+
+    def reaches(a, b) -> bool:
+        stack, seen = [a], set()
+        while stack:
+            c = stack.pop()
+            if c == b:
+                return True
+            if c not in seen:
+                seen.add(c)
+                stack.extend(k for n in classes[c] for k in (x[1] for x in n.args if isinstance(x, tuple)))
+        return False
+
+    def open_weight(c) -> float:
+        return 0.0 if c in failed else choices(classes, below[c])
+
+    def narrow(top) -> None:
+        """Settle regions under `top` until its bound is within the regions' size."""
+        while choices(classes, below[top]) > log_limit:
+            kids = [k for k in children.get(top, ()) if open_weight(k) > 0]
+            if not kids:
+                return  # this region alone is too large: the caller's beam search takes it
+            # Lowest first: a region that reads another open one (a layer reads the one
+            # before it through the residual stream) waits for it to settle.
+            lowest = [k for k in kids if not any(o is not k and reaches(k, o) for o in kids)] or kids
+            kid = max(lowest, key=lambda k: (open_weight(k), k))
+            if kid not in narrowed:  # settle inside it first: the part nearest the top stays open
+                narrowed.add(kid)
+                narrow(kid)
+                continue
+            chosen = best(classes, kid, below[kid])
+            if chosen is None:
+                failed.add(kid)
+                continue
+            # Only what the region owns is fixed: classes it shares with the rest of the
+            # program stay open for the extraction above it. Those it owns but no longer
+            # reaches are unreachable from anywhere.
+            for c in below[kid]:
+                classes[c] = [chosen.choice[c]] if c in chosen.choice else classes[c][:1]
+
+    # The outputs' own region stays open: the candidates differ there.
+    for r in dict.fromkeys(roots):
+        narrow(r)
+    return classes
