@@ -145,10 +145,20 @@ class TinyModel(nn.Module):
         return self.head(self.norm(x)).float()
 
 
+# Small whole models at real widths: (layer config, layers, vocabulary); Llama-3's
+# vocabulary, so the LM head is the real one.
+MODELS = {"llama3-8b-2l": ("llama3-8b", 2, 128256)}
+
+
 def make_layer(name: str, naive: bool, tiny: bool = False, dtype=torch.bfloat16, device="cpu", seed: int = 0):
-    """A layer with seeded weights (scaled so activations stay O(1)), inference only."""
+    """A layer (or a model of MODELS) with seeded weights (scaled so activations stay
+    O(1)), inference only."""
     torch.manual_seed(seed)
-    layer = Layer(config(name, tiny), naive)
+    if name in MODELS:
+        base, layers, vocab = MODELS[name]
+        layer = TinyModel(config(base, tiny), layers, vocab, naive)
+    else:
+        layer = Layer(config(name, tiny), naive)
     for p in layer.parameters():
         if p.dim() == 2:
             nn.init.normal_(p, std=1 / math.sqrt(p.shape[1]))
@@ -157,10 +167,16 @@ def make_layer(name: str, naive: bool, tiny: bool = False, dtype=torch.bfloat16,
 
 def layer_inputs(name: str, batch: int, seq: int, tiny: bool = False, dtype=torch.bfloat16, device="cpu",
                  seed: int = 0) -> tuple:
-    """(x,) for GPT-2, (x, cos, sin) for the RoPE models."""
-    cfg = config(name, tiny)
+    """(x,) for GPT-2, (x, cos, sin) for the RoPE models; token ids in place of x for a
+    model of MODELS."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    x = torch.randn(batch, seq, cfg.dim, generator=gen).to(dtype=dtype, device=device)
+    if name in MODELS:
+        base, _, vocab = MODELS[name]
+        cfg = config(base, tiny)
+        x = torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
+    else:
+        cfg = config(name, tiny)
+        x = torch.randn(batch, seq, cfg.dim, generator=gen).to(dtype=dtype, device=device)
     if cfg.style == "gpt2":
         return (x,)
     return (x, *rope(seq, cfg.head_dim, dtype, device))
