@@ -22,13 +22,19 @@ def split_symbols(graph: Graph) -> list[str]:
     return sorted(s.name for s in graph.split_counts())
 
 
-def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
+def fuse_labels(spec: KernelSpec, t) -> KernelSpec:
+    """spec with the labels that tiling t lets share an index variable aliased
+    (tiles.aliases): loop labels of one axis then share one loop."""
     alias = aliases(spec.views, t)
     views = remap(spec.views, alias)
     subs = {views.labels[a].sym: views.labels[b].sym for a, b in alias.items()}
     stores = [Store(r, s.buffer, tuple(e.xreplace(subs) for e in s.view), s.node)
               for s, r in zip(spec.stores, views.roots)]
-    spec = KernelSpec(spec.name, views, stores, spec.root_labels)
+    return KernelSpec(spec.name, views, stores, spec.root_labels)
+
+
+def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
+    spec = fuse_labels(spec, t)
     with passes.timed("codegen"):
         em = Emitter(spec, t, facts, env, dynamic, target=target)
         source, bufs, grid = em.program(spec.name, symbols, dynamic)

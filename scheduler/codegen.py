@@ -1,13 +1,13 @@
-"""Triton codegen from a kernel's instances and its tiling (the intra-block pass).
+"""Triton codegen from a kernel's instances, its tiling and its loop nest.
 
-The program is a tree of blocks: the top block (the program's output tile) and one
-`for` loop per group of reductions over a loop label. Each value is emitted in its
+The program is a tree of blocks: the top block (the program's output tile) and the
+body of each `for` loop over a label's tiles. Which reductions share which loop is
+decided before any code is emitted (loops.py: horizontal fusion, passes, Separable
+rescaling); the Emitter renders that nest. Values are emitted on demand, each in its
 *home*: the innermost enclosing block whose loop labels it varies over (so the q
-tile is loaded before the kv loop: loop-invariant hoisting). Reductions over one
-loop label whose results do not feed each other share a loop (horizontal fusion);
-one that consumes another's result over the same label joins its loop only through
-a proven Separable fact (the running y, and the accumulators rescaled by
-H(y_new)/H(y_old) each step); otherwise it runs in a later loop (another pass).
+tile is loaded before the kv loop: loop-invariant hoisting). A loop is rendered where
+one of its accumulators is first needed, as one `for` per segment of its tiles
+(bounds.py: tiles skipped by masks, whole tiles run unmasked).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from .exprs import code
 from .fexpr import EXP, Y_NEW, Y_OLD, fcode, parse_rescale
 from .index_bounds import index_bounds, provable
 from .kernel_stats import Stats, mma_efficiency
+from .loops import Loop, accumulators, loop_nest
 from .partition import KernelSpec, buffer_name, stored_dtype
 from .tiles import Tiling, dot_labels, is_full
 from .tma import emit as emit_tma, tile_load, wants_tma
@@ -87,7 +88,6 @@ class Emitter:
         self.views = spec.views
         self.chunk_symbols = self.views.graph.split_counts()
         self.labels = {lab.id: lab for lab in self.views.labels}
-        self.facts = facts  # node id of F -> (factor node id, rescale expr)
         self.n = 0
         self.stats = Stats()
         used = set()
@@ -97,13 +97,14 @@ class Emitter:
         loops = [i for i in used if t.role[i] == "loop"]
         full = [i for i in used if i not in grid and i not in loops]
         self.canon = [i for i in grid if not is_full(t, i)] + sorted(loops) + [i for i in grid if is_full(t, i)] + sorted(full)
-        self.accs = [i for i in self.views.memo.values() if i.reduced is not None and t.role[i.reduced.id] == "loop"]
+        self.accs = accumulators(self.views, t.role)
         # Instances that are another's tile with its halves swapped (RoPE's rotated halves
         # of a projection): computed from it in registers; what only they read is not computed.
         self.swaps = half_swap.find_swaps(self)
         if self.swaps:
             live = half_swap.live_instances(self, self.swaps)
             self.accs = [a for a in self.accs if id(a) in live]
+        self.nest = loop_nest(self.accs, t.role, facts)  # facts: F node id -> (factor node id, rescale)
         self.keep: dict = {}
         self.whole: int | None = None  # the loop label whose current segment has whole tiles only
         # Lanes of a tiled grid label past its extent compute values that are never stored
@@ -238,7 +239,7 @@ class Emitter:
                              f"X{missing[0]} outside its loop")
         h = self.home(block, inst.labels)
         if self.is_acc(inst):
-            self.group(h, inst)
+            self.emit_loop(h, self.nest.loop(h.chain, inst))
             return self.find(h, inst)
         # A value of a running accumulator that this loop body holds (the guarded max of a
         # separated exp(x - g(m))) is computed in the body: outside, it would wait for the loop.
@@ -537,49 +538,11 @@ class Emitter:
         return vals if node.attrs["which"] == "values" else idxs
 
     # -- loops ------------------------------------------------------------
-    def depends(self, a, b_inst, stop_factor: bool) -> bool:
-        """Whether a's inputs reach b; with stop_factor, paths through a Separable node
-        whose factor is b's node do not count."""
-        seen, stack = set(), list(a.inputs)
-        while stack:
-            i = stack.pop()
-            if id(i) in seen:
-                continue
-            seen.add(id(i))
-            if i is b_inst:
-                return True
-            if stop_factor and self.facts.get(i.node.id, (None,))[0] == b_inst.node.id:
-                continue
-            stack.extend(i.inputs)
-        return False
-
-    def covered(self, a, b_inst) -> bool:
-        sum_like = a.op == "matmul" or (a.op == "reduce" and a.node.attrs["op"] == "sum")
-        return sum_like and b_inst.op == "reduce" and not self.depends(a, b_inst, stop_factor=True)
-
-    def group(self, h: Block, inst):
-        x = inst.reduced.id
-        pool = [a for a in self.accs if a.reduced.id == x and self.find(h, a) is None
-                and self.home(h, a.labels) is h and all(i in h.chain for i in a.labels if self.t.role[i] == "loop")]
-        wave: dict = {}
-
-        def w(a):
-            if id(a) not in wave:
-                wave[id(a)] = 0
-                wave[id(a)] = max([w(c) + (0 if self.covered(a, c) else 1) for c in pool
-                                   if c is not a and self.depends(a, c, False)], default=0)
-            return wave[id(a)]
-
-        members = [a for a in pool if w(a) == w(inst)]
-        order = []
-        for a in sorted(members, key=lambda a: sum(self.depends(a, c, False) for c in members)):
-            order.append(a)
-        factors = {id(c) for a in order for c in order if c is not a and self.depends(a, c, False)}
-        self.emit_loop(h, x, order, factors)
-
-    def emit_loop(self, h: Block, x: int, order, factors):
+    def emit_loop(self, h: Block, loop: Loop):
+        """Loop `loop` (decided by loops.py) rendered in block h, its accumulators cached there."""
+        x = loop.label
         accs = {}
-        for a in order:
+        for a in loop.accs:
             dims = self.dims(a.labels)
             kind = "sum" if a.op == "matmul" else a.node.attrs["op"]
             shape = [self.t.block[d] for d in dims]
@@ -590,23 +553,24 @@ class Emitter:
         trips = -(-D.evaluate(self.labels[x].extent, self.env) // bx)
         # Each segment is one `for` over a range of tiles with the same body, except that
         # a mask known to hold on all its tiles is left out (tiles skipping: bounds.py).
-        for seg in segments(self, h, x, order, trips):
+        for seg in segments(self, h, x, loop.accs, trips):
             body = Block(h, h.chain + (x,), trips=h.trips * trips * seg.fraction)
             self.keep, self.whole = seg.keep, (x if seg.full else None)
-            self.loop_body(body, x, order, factors, accs)
+            self.loop_body(body, loop, accs)
             self.keep, self.whole = {}, None
             h.lines += seg.defs
             h.lines.append(f"for start{x} in range({seg.lo}, {seg.hi}, {bx}):")
             h.lines += ["    " + line for line in body.lines]
-        for a in order:
+        for a in loop.accs:
             h.cache[id(a)] = accs[id(a)]
 
-    def loop_body(self, body: Block, x: int, order, factors, accs):
+    def loop_body(self, body: Block, loop: Loop, accs):
+        x = loop.label
         body.lines.append(f"idx{x} = start{x} + tl.arange(0, {self.t.block[x]})")
         alphas = {}
-        for a in order:
+        for a in loop.accs:
             acc = accs[id(a)]
-            scale = [alphas[id(c)] for c in order if id(c) in alphas and self.depends(a, c, False)]
+            scale = [alphas[c] for c in loop.scaled[a]]
             if scale:
                 factor = " * ".join(self.align(s, acc.dims) for s in scale)
                 body.lines.append(f"{acc.name} = {acc.name} * {factor}")
@@ -617,14 +581,13 @@ class Emitter:
                 continue
             kind = a.node.attrs["op"]
             part = self.partial_reduce(body, a, self.ensure(body, a.inputs[0]))
-            if id(a) in factors:
+            if a in loop.factors:
                 old = self.var(body, acc.name, acc.dims, acc.ty, prefix="old")
                 body.lines.append(f"{acc.name} = " + COMBINE[kind].format(a=acc.name, b=self.align(part, acc.dims)))
-                fact = self.rescale_for(a, order)
-                if fact is not None:
-                    r = fcode(fact, {Y_OLD: old.name, Y_NEW: acc.name})
-                    alphas[id(a)] = self.var(body, f"tl.where({old.name} == {acc.name}, 1.0, {r})", acc.dims,
-                                             "tl.float32", prefix="alpha")
+                if a in loop.rescale:
+                    r = fcode(loop.rescale[a], {Y_OLD: old.name, Y_NEW: acc.name})
+                    alphas[a] = self.var(body, f"tl.where({old.name} == {acc.name}, 1.0, {r})", acc.dims,
+                                         "tl.float32", prefix="alpha")
                 if kind in ("max", "min"):  # an empty prefix leaves +-inf: read it as 0 in the separated node
                     body.cache[id(a)] = self.var(body, f"tl.where(tl.abs({acc.name}) == float(\"inf\"), 0.0, {acc.name})",
                                                  acc.dims, "tl.float32", prefix="run")
@@ -632,15 +595,6 @@ class Emitter:
                     body.cache[id(a)] = acc
             else:
                 body.lines.append(f"{acc.name} = " + COMBINE[kind].format(a=acc.name, b=self.align(part, acc.dims)))
-
-    def rescale_for(self, factor, order):
-        for a in order:
-            if a is factor or not self.depends(a, factor, False):
-                continue
-            for node_id, (fid, expr) in self.facts.items():
-                if fid == factor.node.id:
-                    return expr
-        return None
 
     # -- the kernel -------------------------------------------------------
     def program(self, name: str, symbols: list, dynamic: list) -> tuple[str, list, list]:
