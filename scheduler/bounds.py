@@ -18,15 +18,14 @@ pages flattened into tokens): it bounds the token loop at page_size times the pa
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 import sympy
 
 from cleave.ir import dims as D
 
-from .exprs import code
 from .index_bounds import provable
+from .loop_bounds import Call, Tiles, free_symbols, maximum, minimum, nest, render, symbol, tid, value as bound_value
 
 FIN = "finite"  # any finite value
 _UNKNOWN = None
@@ -34,11 +33,11 @@ _UNKNOWN = None
 
 @dataclass
 class Segment:
-    lo: str  # first start of the loop (code)
-    hi: str  # bound of the loop (code)
+    lo: object  # first start of the loop (a bound: loop_bounds.py)
+    hi: object  # bound of the loop
     keep: dict = field(default_factory=dict)  # id(where instance) -> the branch taken everywhere
     fraction: float = 1.0  # mean share of the loop's tiles this segment runs
-    defs: list = field(default_factory=list)  # lines defining the bounds, emitted before the loop
+    defs: list = field(default_factory=list)  # (symbol, bound): the bounds defined before the loop, in order
     full: bool = False  # every tile lies inside the extent: the loop label needs no mask
     loaded: dict = field(default_factory=dict)  # "lo"/"hi" -> graph inputs the loop's bound is loaded from
 
@@ -185,9 +184,9 @@ class ProgramValues:
 
     def __init__(self, em, h, x: int):
         self.em, self.h, self.x = em, h, x
-        self.range: dict = {}  # symbol -> (least, greatest) as code symbols
-        self.defs: list = []
-        self.insts: dict = {}  # code name (the value, its least, its greatest) -> instance
+        self.range: dict = {}  # symbol -> (least, greatest) symbols
+        self.defs: list = []  # (symbol, bound): the least and greatest of tiles of values
+        self.insts: dict = {}  # symbol (the value, its least, its greatest) -> instance
 
     def symbol(self, inst):
         em = self.em
@@ -195,20 +194,20 @@ class ProgramValues:
                 em.t.role[i] == "loop" and i not in self.h.chain for i in inst.labels):
             return None
         val = em.ensure(self.h, inst)
-        sym = sympy.Symbol(val.name, integer=True)
-        self.insts.update({name: inst for name in (val.name, f"{val.name}_min", f"{val.name}_max")})
+        sym = symbol(val.name)
         if sym not in self.range:
             if val.dims:  # a tile of values (a row tile's request starts): its extremes bound them all
-                least, greatest = f"{val.name}_min", f"{val.name}_max"
-                self.defs += [f"{least} = tl.min({val.name})", f"{greatest} = tl.max({val.name})"]
-                self.range[sym] = (sympy.Symbol(least, integer=True), sympy.Symbol(greatest, integer=True))
+                least, greatest = symbol(f"{val.name}_min"), symbol(f"{val.name}_max")
+                self.defs += [(least, Call("min", (sym,))), (greatest, Call("max", (sym,)))]
+                self.range[sym] = (least, greatest)
             else:
                 self.range[sym] = (sym, sym)
+        self.insts.update({s: inst for s in (sym, *self.range[sym])})
         return sym
 
-    def inputs(self, text: str) -> frozenset:
-        """Names of the graph inputs that the values named in `text` are computed from."""
-        stack = [self.insts[n].node for n in _names(text) if n in self.insts]
+    def inputs(self, symbols) -> frozenset:
+        """Names of the graph inputs that the values among `symbols` are computed from."""
+        stack = [self.insts[s].node for s in symbols if s in self.insts]
         seen, out = set(), set()
         while stack:
             n = stack.pop()
@@ -282,17 +281,17 @@ def segments(em, h, x: int, order, trips: int) -> list[Segment]:
     unmasked ones separated from masked ones. Without a qualifying mask, the whole tiles
     and the ragged last one (when the extent is not a known multiple of the tile)."""
     bx = em.t.block[x]
-    extent = code(em.labels[x].extent)
+    extent = em.labels[x].extent
     static = em.t.static.get(x)
     divides = static is not None and static % bx == 0
     # A split's chunk keeps its tail mask (merged index < N) on whole tiles too:
     # peeling it only doubled the loop (measured no faster on the H200).
     chunk = bool(em.labels[x].extent.free_symbols & em.views.graph.split_counts())
     if divides or chunk:
-        plain = [Segment("0", extent)]
+        plain = [Segment(sympy.Integer(0), extent)]
     else:  # peeled: the body over whole tiles carries no bounds mask for x
-        whole = f"whole{x}"
-        plain = [Segment("0", whole, defs=[f"{whole} = {extent} // {bx} * {bx}"], full=True),
+        whole = symbol(f"whole{x}")
+        plain = [Segment(sympy.Integer(0), whole, defs=[(whole, Tiles(extent, bx))], full=True),
                  Segment(whole, extent)]
         _fractions(em, plain, trips, bx)
     program = ProgramValues(em, h, x)
@@ -322,9 +321,8 @@ def segments(em, h, x: int, order, trips: int) -> list[Segment]:
     if not masks:
         em.stats.loops.append(loop_record(em, x, plain))
         return plain
-    segs = _bounds(em, x, masks, keep, program.defs, divides, chunk)
-    loaded = {side: program.inputs(line.split(" = ", 1)[1]) for line in segs[0].defs for side in ("lo", "hi")
-              if line.startswith(f"{side}{x} = ")}
+    segs, edges = _bounds(em, x, masks, keep, program.defs, divides, chunk)
+    loaded = {side: program.inputs(free_symbols(edge)) for side, edge in edges.items()}
     for seg in segs:
         seg.loaded = {side: names for side, names in loaded.items() if names}
     _fractions(em, segs, trips, bx, program, _loaded_share(em, segs[0].loaded))
@@ -336,7 +334,8 @@ def loop_record(em, x: int, segs: list[Segment]) -> dict:
     """The loop over label x as plain data (a Kernel's `loops`): its extent, first start and
     last stop (code), the graph inputs each side's bound is loaded from, and the share of
     the extent's tiles a program is expected to run (what the cost model counts)."""
-    return {"label": f"X{x}", "extent": code(em.labels[x].extent), "lo": segs[0].lo, "hi": segs[-1].hi,
+    return {"label": f"X{x}", "extent": render(em.labels[x].extent), "lo": render(segs[0].lo),
+            "hi": render(segs[-1].hi),
             "loaded": {side: sorted(names) for side, names in segs[0].loaded.items()},
             "fraction": round(sum(seg.fraction for seg in segs), 4)}
 
@@ -354,11 +353,11 @@ def _where_groups(em, x, order) -> list[list]:
 
 
 def _label_range(em, lid: int):
-    """Least and greatest index of label lid within one program (code symbols)."""
+    """Least and greatest index of label lid within one program."""
     b = em.t.block[lid]
     if em.t.role[lid] == "grid":
-        tid = sympy.Symbol(f"tid{lid}", integer=True, nonnegative=True)
-        return (tid, tid) if b == 1 else (tid * b, tid * b + b - 1)
+        t = tid(lid)
+        return (t, t) if b == 1 else (t * b, t * b + b - 1)
     if em.t.role[lid] == "full":
         return sympy.Integer(0), sympy.Integer(b - 1)
     return None
@@ -367,7 +366,7 @@ def _label_range(em, lid: int):
 def _term_bounds(em, x, term, negated, program):
     """For a compare that is linear in x with a unit step: ("lo", first index where it
     holds on some lane of the program's tile, first where it holds on all), or ("hi",
-    end of where it holds on some lane, end of where on all), as code."""
+    end of where it holds on some lane, end of where on all), as sympy expressions."""
     if term.op not in _LE0 or term.node.inputs[0].dtype.is_float:
         return None
     lhs, rhs = (index_expr(i, program) for i in term.inputs)
@@ -415,8 +414,8 @@ def _term_bounds(em, x, term, negated, program):
             return None
     rmin, rmax = rest.xreplace(lo_sub), rest.xreplace(hi_sub)
     if a > 0:  # holds where x <= -rest
-        return "hi", code(1 - rmin), code(1 - rmax)
-    return "lo", code(rmin), code(rmax)  # holds where x >= rest
+        return "hi", 1 - rmin, 1 - rmax
+    return "lo", rmin, rmax  # holds where x >= rest
 
 
 def _below(em) -> dict:
@@ -474,63 +473,58 @@ def _unmod(e, below: dict):
     return page if u in below and provable(den * e.args[1] - below[u]) else e
 
 
-def _nest(fn: str, args: list) -> str:
-    out = args[0]
-    for a in args[1:]:
-        out = f"tl.{fn}({out}, {a})"
-    return out
-
-
 def _bounds(em, x, masks, keep, defs, divides, chunk):
     """Segments from the masks' bounds: [lo, full_lo) masked, [full_lo, full_hi) whole
     tiles on which every mask holds everywhere (run without them), [full_hi, hi) masked.
     Each mask (a where node: per instance, its conjuncts' (side, any, all) bounds) may
     keep a lane of a tile between its instances' least start and greatest end; a tile
-    runs where every mask may (a sliding window's start and the causal end)."""
-    bx, extent = em.t.block[x], code(em.labels[x].extent)
+    runs where every mask may (a sliding window's start and the causal end). Also the
+    loop's own bounds, lo and hi, by side, where a mask gives one."""
+    bx, extent = em.t.block[x], em.labels[x].extent
     sides = {side: [[[(a, b) for s, a, b in span if s == side] for span in spans] for spans in masks]
              for side in ("lo", "hi")}
     defs = list(defs)
 
-    def starts(side, outer, inner):
-        """Per mask whose every instance has a bound on this side, its outer limit."""
-        return [_nest(outer, [_nest(inner, [a for a, _ in w]) for w in m]) for m in sides[side] if all(m)]
+    def define(name: str, bound):
+        sym = symbol(f"{name}{x}")
+        defs.append((sym, bound))
+        return sym
+
+    def reach(side, loose, tight):
+        """Per mask whose every instance has a bound on this side, the bound of the lanes
+        it may keep: `tight` over an instance's conjuncts, `loose` over the instances."""
+        return [nest(loose, [nest(tight, [a for a, _ in w]) for w in m]) for m in sides[side] if all(m)]
 
     def alls(side):
         return [b for m in sides[side] for w in m for _, b in w]
 
-    lo = full_lo = "0"
-    hi, full_hi = extent, None
-    if alls("lo"):
-        full_lo = f"full_lo{x}"
-        if starts("lo", "minimum", "maximum"):
-            lo = f"lo{x}"
-            # clamped at 0 before dividing: Triton's integer // truncates toward 0
-            defs.append(f"{lo} = tl.maximum({_nest('maximum', starts('lo', 'minimum', 'maximum'))}, 0) // {bx} * {bx}")
-        defs.append(f"{full_lo} = tl.maximum((tl.maximum({_nest('maximum', alls('lo'))}, 0) + {bx - 1})"
-                    f" // {bx} * {bx}, {lo})")
-    if alls("hi"):
-        full_hi = f"full_hi{x}"
-        if starts("hi", "maximum", "minimum"):
-            hi = f"hi{x}"
-            defs.append(f"{hi} = tl.minimum({extent}, {_nest('minimum', starts('hi', 'maximum', 'minimum'))})")
-        defs.append(f"{full_hi} = tl.maximum(tl.minimum(tl.maximum({_nest('minimum', alls('hi'))}, 0) // {bx} * {bx}, "
-                    f"tl.maximum({hi}, 0) // {bx} * {bx}), {full_lo})")
-    elif divides or chunk:  # no upper bound: the unmasked run ends at the extent
-        full_hi = extent
-    else:
-        full_hi = f"full_hi{x}"
-        defs.append(f"{full_hi} = tl.maximum({extent} // {bx} * {bx}, {full_lo})")
+    def down(e):  # clamped at 0 before dividing: Triton's integer // truncates toward 0
+        return Tiles(maximum(e, 0), bx)
+
+    # Per side, the loop's bound (lo: the first tile that may keep a lane, rounded down;
+    # hi: the end of what may be kept) and the edge of the whole tiles on which every
+    # lane holds (lo: rounded up; hi: rounded down, inside the loop).
+    bound, full, edges = {"lo": sympy.Integer(0), "hi": extent}, {"lo": sympy.Integer(0)}, {}
+    edge = {"lo": down, "hi": lambda t: minimum(extent, t)}
+    run = {"lo": lambda t: maximum(Tiles(maximum(t, 0), bx, up=True), bound["lo"]),
+           "hi": lambda t: maximum(minimum(down(t), down(bound["hi"])), full["lo"])}
+    for side, tight, loose in (("lo", "maximum", "minimum"), ("hi", "minimum", "maximum")):
+        if not alls(side):
+            continue
+        if reach(side, loose, tight):
+            edges[side] = edge[side](nest(tight, reach(side, loose, tight)))
+            bound[side] = define(side, edges[side])
+        full[side] = define(f"full_{side}", run[side](nest(tight, alls(side))))
+    if "hi" not in full:  # no upper bound: the unmasked run ends at the extent, or at its last whole tile
+        full["hi"] = extent if divides or chunk else define("full_hi", maximum(Tiles(extent, bx), full["lo"]))
     segs = []
     if alls("lo"):  # a masked run, cut at hi, past which nothing is kept (full_lo may lie beyond it)
-        first = f"first_hi{x}"
-        defs.append(f"{first} = tl.minimum({full_lo}, {hi})")
-        segs.append(Segment(lo, first))
-    segs.append(Segment(full_lo, full_hi, keep, full=not (chunk and not alls("hi"))))
-    if full_hi != extent:
-        segs.append(Segment(full_hi, hi))
+        segs.append(Segment(bound["lo"], define("first_hi", minimum(full["lo"], bound["hi"]))))
+    segs.append(Segment(full["lo"], full["hi"], keep, full=not (chunk and not alls("hi"))))
+    if full["hi"] != extent:
+        segs.append(Segment(full["hi"], bound["hi"]))
     segs[0].defs = defs
-    return segs
+    return segs, edges
 
 
 def _loaded_share(em, loaded: dict) -> float:
@@ -562,34 +556,24 @@ def _fractions(em, segs, trips, bx, program=None, share=1.0):
         for seg in segs:
             seg.fraction = 1 / max(trips, 1) if not seg.full else max(0.0, share - edges / max(trips, 1))
         return
-    env = dict(em.env)
     defs = [d for seg in segs for d in seg.defs]
-    tids = sorted({int(s[3:]) for s in _names(" ".join(defs)) if re.fullmatch(r"tid\d+", s)})
-    counts = [-(-D.evaluate(em.labels[t].extent, env) // em.t.block[t]) for t in tids]
+    read = set().union(*(free_symbols(b) for _, b in defs))
+    tids = [lid for lid in sorted(em.labels) if tid(lid) in read]
+    counts = [-(-D.evaluate(em.labels[t].extent, em.env) // em.t.block[t]) for t in tids]
     total = math.prod(counts) if counts else 1
     stride = max(1, total // 512)
     sums, n = [0.0] * len(segs), 0
-    scope = {"tl": _Scalar, **env}
+    scope = dict(em.env)
     for k in range(0, total, stride):
         rem = k
         for t, c in zip(tids, counts):
             scope[f"tid{t}"] = rem % c
             rem //= c
-        for line in defs:
-            name, expr = line.split(" = ", 1)
-            scope[name] = eval(expr, {}, scope)
-        bounds = [(eval(s.lo, {}, scope), eval(s.hi, {}, scope)) for s in segs]
+        for sym, b in defs:
+            scope[sym.name] = bound_value(b, scope)
+        bounds = [(bound_value(s.lo, scope), bound_value(s.hi, scope)) for s in segs]
         for i, (lo, hi) in enumerate(bounds):
             sums[i] += max(0, -(-(hi - lo) // bx))
         n += 1
     for seg, s in zip(segs, sums):
         seg.fraction = s / max(n, 1) / max(trips, 1)
-
-
-def _names(text: str) -> set:
-    return set(re.findall(r"[A-Za-z_]\w*", text))
-
-
-class _Scalar:
-    minimum = staticmethod(min)
-    maximum = staticmethod(max)

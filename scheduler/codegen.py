@@ -26,6 +26,7 @@ from .exprs import code
 from .fexpr import EXP, Y_NEW, Y_OLD, fcode, parse_rescale
 from .index_bounds import index_bounds, provable
 from .kernel_stats import Stats, mma_efficiency
+from .loop_bounds import render
 from .loops import Loop, accumulators, loop_nest
 from .partition import KernelSpec, buffer_name, stored_dtype
 from .tiles import Tiling, dot_labels, is_full
@@ -558,8 +559,8 @@ class Emitter:
             self.keep, self.whole = seg.keep, (x if seg.full else None)
             self.loop_body(body, loop, accs)
             self.keep, self.whole = {}, None
-            h.lines += seg.defs
-            h.lines.append(f"for start{x} in range({seg.lo}, {seg.hi}, {bx}):")
+            h.lines += [f"{sym} = {render(b)}" for sym, b in seg.defs]
+            h.lines.append(f"for start{x} in range({render(seg.lo)}, {render(seg.hi)}, {bx}):")
             h.lines += ["    " + line for line in body.lines]
         for a in loop.accs:
             h.cache[id(a)] = accs[id(a)]

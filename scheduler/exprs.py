@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import sympy
 
@@ -49,6 +50,51 @@ def _fraction(e) -> tuple:
     """Numerator and denominator of a quotient: sympy's together() is slow, and codegen
     prints the same index expressions over and over."""
     return sympy.fraction(sympy.together(e))
+
+
+def value(expr, env: dict) -> int:
+    """The integer that `expr`'s printed code computes, with env giving each symbol's
+    value by name (a loop bound evaluated at schedule time, as the kernel will)."""
+    return _evaluator(sympy.sympify(expr))(env)
+
+
+@functools.lru_cache(maxsize=4096)
+def _evaluator(e):
+    """expr as a function of the symbols' values, case by case as _p prints it (a
+    quotient is a floor division there, not a rational)."""
+    if isinstance(e, sympy.Symbol):
+        name = e.name
+        return lambda env: env[name]
+    if isinstance(e, sympy.Integer):
+        n = int(e)
+        return lambda env: n
+    if isinstance(e, sympy.Rational):
+        raise ValueError(f"index expression {e} is not an integer")
+    if isinstance(e, sympy.Add):
+        terms = [_evaluator(a) for a in e.args]
+        return lambda env: sum(t(env) for t in terms)
+    if isinstance(e, sympy.Mul):
+        num, den = sympy.fraction(e)
+        if den != 1:
+            return _floordiv(_evaluator(num), _evaluator(den))
+        factors = [_evaluator(a) for a in e.args]
+        return lambda env: math.prod(f(env) for f in factors)
+    if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and e.exp > 0:
+        base, k = _evaluator(e.base), int(e.exp)
+        return lambda env: base(env) ** k
+    if isinstance(e, sympy.ceiling):
+        num, den = (_evaluator(x) for x in _fraction(e.args[0]))
+        return lambda env: (num(env) + den(env) - 1) // den(env)
+    if isinstance(e, sympy.floor):
+        return _floordiv(*(_evaluator(x) for x in _fraction(e.args[0])))
+    if isinstance(e, sympy.Mod):
+        a, m = _evaluator(e.args[0]), _evaluator(e.args[1])
+        return lambda env: a(env) % m(env)
+    raise ValueError(f"cannot evaluate index expression {e}")
+
+
+def _floordiv(num, den):
+    return lambda env: num(env) // den(env)
 
 
 def evaluate(text: str, env: dict[str, int]) -> int:
