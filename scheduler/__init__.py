@@ -2,9 +2,10 @@
 
 Pipeline, one pass per module: views (tile maps derived backwards from the
 outputs) -> partition (kernel boundaries: a parallel Split's per-chunk results are
-materialised) -> tiles (roles and block sizes) -> codegen (loop nest: hoisting,
-horizontal fusion, incremental cascades; Triton source) -> cost -> api.schedule
-ranks plans. Running a plan (launch, profile) is the runtime's job.
+materialised) -> tiles (roles and block sizes) -> loops (the loop nest: horizontal
+fusion, incremental cascades) -> codegen (renders the nest: hoisting, each loop's
+tiles bounded by masks in bounds; Triton source) -> cost -> api.schedule ranks
+plans. Running a plan (launch, profile) is the runtime's job.
 """
 from .api import schedule
 from .plan import Buffer, Kernel, Plan
