@@ -136,3 +136,25 @@ def test_cost_model_counts_a_programs_own_range_not_the_whole_loop():
         plan = schedule(_graph(mask), env, target=LOOPS, top_k=1)[0]
         loops = [loop for k in plan.kernels for loop in k.loops if loop["extent"] == "n"]
         assert loops and all(abs(loop["fraction"] - share) < 0.02 for loop in loops), (mask, loops)
+
+
+def test_a_bound_is_worth_what_its_printed_code_computes():
+    """Bounds stay values until codegen prints them (scheduler/loop_bounds.py), and the
+    cost model evaluates them at the scheduled shapes: each value must be what the
+    printed line computes, for starts below 0 too (clamped before rounding to a tile)."""
+    import types
+
+    import sympy
+
+    from cleave.scheduler.loop_bounds import Tiles, maximum, minimum, nest, render, symbol, tid, value
+
+    row, n = tid(0), sympy.Symbol("n", integer=True, positive=True)
+    lo = Tiles(maximum(nest("minimum", [16 * row - 40, sympy.floor(row / 3) * 5]), 0), 16)
+    full_lo = maximum(Tiles(maximum(16 * row + 15 - 40, 0), 16, up=True), symbol("lo1"))
+    hi = minimum(n, 16 * row + 16)
+    assert render(Tiles(maximum(symbol("hi1"), 0), 16)) == "tl.maximum(hi1, 0) // 16 * 16"
+    tl = types.SimpleNamespace(maximum=max, minimum=min)
+    for t in range(6):
+        env = {"tid0": t, "n": 45, "lo1": value(lo, {"tid0": t})}
+        for bound in (lo, full_lo, hi):
+            assert value(bound, env) == eval(render(bound), {"tl": tl}, env), (render(bound), env)
