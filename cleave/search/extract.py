@@ -260,27 +260,28 @@ def explore(enc: Encoded, classes, roots, env, exhaustive: int = 2000, beam: int
     choice every way; the `beam` cheapest states survive each round."""
     start = time.perf_counter()
     deadline = start + seconds
-
-    def enumerable(narrowed, tops) -> bool:
-        return enumerate_dags(narrowed, tops, exhaustive) is not None
+    dags = enumerate_dags(classes, roots, exhaustive)  # once: settle's check and the ranking share it
 
     def region_best(narrowed, cls, owned) -> Realized | None:
         # What the region reads but does not own (the rope tables every layer reads) is
         # pinned to its smallest tree: its choice is made above, not once per region.
         _, smallest = best_choice(narrowed, frozenset())
         pinned = {c: nodes if c in owned or c not in smallest else [smallest[c]] for c, nodes in narrowed.items()}
-        found = _ranked(Extractor(enc, pinned, [cls], env, region=True), pinned, [cls], exhaustive, beam, deadline)
+        found = _ranked(Extractor(enc, pinned, [cls], env, region=True), pinned, [cls],
+                        enumerate_dags(pinned, [cls], exhaustive), beam, deadline)
         return found[0] if found else None
 
-    classes = regions.settle(classes, roots, enumerable, region_best)
-    found = _ranked(Extractor(enc, classes, roots, env), classes, roots, exhaustive, beam, deadline)
+    if dags is None:
+        classes = regions.settle(classes, roots, lambda *_: False, region_best)  # known too large whole
+        dags = enumerate_dags(classes, roots, exhaustive)
+    found = _ranked(Extractor(enc, classes, roots, env), classes, roots, dags, beam, deadline)
     if not found:
         raise CleaveError(f"search of {enc.graph.name}: no candidate could be extracted")
     return found
 
 
-def _ranked(ex: Extractor, classes, roots, exhaustive: int, beam: int, deadline: float) -> list[Realized]:
-    dags = enumerate_dags(classes, roots, exhaustive)
+def _ranked(ex: Extractor, classes, roots, dags: list | None, beam: int, deadline: float) -> list[Realized]:
+    """Every extraction in `dags` ranked, or (None: too many) the beam search's."""
     if dags is not None:
         for choice in dags:
             ex.dag(choice)
