@@ -30,6 +30,7 @@ residual adds, casts) are recomputed by the kernel that reads their producer's o
 from __future__ import annotations
 
 import functools
+import math
 import re
 from dataclasses import dataclass
 
@@ -38,10 +39,15 @@ import sympy
 from cleave.ir import BindingError, Graph, Node, ShapeError
 from cleave.ir.dtypes import DType
 from cleave.ir import dims as D
+from cleave.ir.dominators import dominated, immediate_dominators
 
 from .recompute import operand_cuts
 from .target import H200
-from .views import Instance, Views, forward_view, store_chain
+from .views import ELEMENTWISE, Instance, TooManyInstances, Views, forward_view, store_chain
+
+# Tile instances one kernel may derive: a transformer layer's largest kernel derives
+# about 2,600 (Qwen3-32B); past this, recomputation compounds (a walk that would not end).
+MAX_INSTANCES = 20_000
 
 
 @dataclass
@@ -108,9 +114,10 @@ def _stored(graph: Graph, out: Node, buffer: str, peel: bool = True) -> tuple[No
     return inner, chain, keys
 
 
-def _build(graph: Graph, roots: list[tuple[Node, str]], leaves: set, peel: bool = True) -> KernelSpec:
+def _build(graph: Graph, roots: list[tuple[Node, str]], leaves: set, peel: bool = True,
+           budget: int | None = None) -> KernelSpec:
     """One kernel storing each root node into its buffer."""
-    views = Views(graph, set(leaves))
+    views = Views(graph, set(leaves), budget=budget)
     by_pos: dict = {}
     stores, root_labels = [], []
     for out, buffer in roots:
@@ -159,21 +166,35 @@ def _per_chunk(views: Views, chunk_labels: set) -> list[Node]:
 
 
 def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
-              dynamic=frozenset(), target=H200, hold_extent: int = 0) -> list[tuple[KernelSpec, object]]:
+              dynamic=frozenset(), target=H200, hold_extent: int = 0,
+              max_instances: int | None = None) -> list[tuple[KernelSpec, object]]:
     """Kernels in launch order (producers first), each with what `tile(spec)` returned
     for it (None without `tile`). `tile` raises BindingError or ShapeError when no
     tiling fits; the kernel is then cut (see the module's doc) and the graph partitioned
     again. A reduction is long when its extent at env exceeds `long_extent`, or is
     dynamic: the kernels serve every length, a short first shape included. A nested
-    one up to `hold_extent` is first tried whole, and cut only when no tiling fits."""
-    cuts: set[int] = set()
+    one up to `hold_extent` is first tried whole, and cut only when no tiling fits.
+    A stack of layers is first cut between them (`segment_cuts`). A kernel whose walk
+    still derives more than `max_instances` (MAX_INSTANCES) instances is cut at every
+    segment boundary and partitioned again (else a ShapeError says so)."""
+    max_instances = MAX_INSTANCES if max_instances is None else max_instances
+    cuts: set[int] = set(segment_cuts(graph))
+    segmented = False
     tried: dict = {}  # (roots, the leaves they read) -> tile's result: re-partitioning reuses it
     first = functools.partial(_first_cuts, env=env, long_extent=long_extent, hold_extent=max(hold_extent, long_extent),
                               dynamic=set(dynamic), target=target)
     nested = functools.partial(_nested, env=env, long_extent=long_extent, dynamic=set(dynamic))
     while True:
         try:
-            return _kernels(graph, env, cuts, tile, tried, first)
+            return _kernels(graph, env, cuts, tile, tried, first, max_instances)
+        except TooManyInstances:
+            more = set() if segmented else segment_cuts(graph, nested_only=False) - cuts
+            if not more:
+                raise ShapeError(f"scheduler: a kernel of {graph.name} derives more than {max_instances} "
+                                 f"tile instances even when cut between its layers; raise max_instances "
+                                 f"or materialise intermediate values") from None
+            segmented = True
+            cuts |= more
         except _Rejected as rejected:
             more = _cuts(rejected.spec, cuts, first, nested)
             if not more:
@@ -189,18 +210,18 @@ class _Rejected(Exception):
         self.spec, self.error = spec, error
 
 
-def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first) -> list:
+def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first, budget: int | None = None) -> list:
     kernels: list = []
     stem = identifier(graph.name)
 
     def visit(roots, leaves, peel=True):
-        spec = _build(graph, roots, leaves, peel)
+        spec = _build(graph, roots, leaves, peel, budget)
         # a chunk label that is a grid label here already runs in parallel
         chunk = _split_labels(spec.views, env) - {lab.id for lab in spec.root_labels}
         produced = _per_chunk(spec.views, chunk) if chunk else []
         if produced:
             visit([(n, buffer_name(graph, n)) for n in produced], leaves)
-            spec = _build(graph, roots, leaves | {n.id for n in produced}, peel)
+            spec = _build(graph, roots, leaves | {n.id for n in produced}, peel, budget)
         spec.name = f"{stem}_k{len(kernels)}"
         options = None
         if tile is not None and first(spec, cuts):
@@ -225,6 +246,72 @@ def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first) 
     for roots in _grid_groups(graph, list(zip(graph.outputs, graph.output_names))):
         visit(roots, cuts - {n.id for n, _ in roots})
     return kernels
+
+
+def segment_cuts(graph: Graph, nested_only: bool = True) -> set[int]:
+    """The values between a layer stack's segments: the residual stream. Such a value is
+    read more than once, carries a projection (a MatMul by a parameter, through
+    elementwise and layout ops that keep its size: the o- or down projection plus the
+    stream below it), and dominates (every path from the outputs to them passes through
+    it) two reductions or more. A projection's output alone dominates only its own
+    MatMul and stays fusable with what follows (RoPE, an activation); attention's scores
+    carry no projection. With `nested_only`, only those whose stream carries another
+    one (the hidden state a layer adds to): a single layer is left to the cost-based
+    cuts, while in a stack each segment recomputes what one layer does instead of
+    compounding below it (each layer reads the one below under 4 tile maps:
+    4^layers instances)."""
+    reach = _reachable(graph)
+    succ = {i: {x.id for x in graph.nodes[i].inputs} for i in reach}
+    readers: dict[int, int] = {}
+    for i in reach:
+        for x in succ[i]:
+            readers[x] = readers.get(x, 0) + 1
+    below = dominated(immediate_dominators(succ, [n.id for n in graph.outputs]))
+
+    def reduction(n: Node) -> bool:
+        if n.op == "matmul":
+            return not D.is_one(n.inputs[0].shape[-1])
+        return n.op == "reduce" and not D.is_one(n.inputs[0].shape[n.attrs["axis"]])
+
+    def parameter(n: Node) -> bool:
+        while n.op in ("cast", "reshape", "permute", "broadcast"):
+            n = n.inputs[0]
+        return n.op == "input" and not D.free_symbols(n.shape)
+
+    def stream(n: Node) -> tuple[set[int], bool]:
+        """What n carries on elementwise and layout ops of its size, and whether that
+        includes a projection."""
+        size, stack, seen, projection = math.prod(n.shape), [n], set(), False
+        while stack:
+            x = stack.pop()
+            if x.id in seen or not D.equal(math.prod(x.shape), size):
+                continue
+            seen.add(x.id)
+            projection |= x.op == "matmul" and any(parameter(y) for y in x.inputs)
+            if x.op in ELEMENTWISE or x.op in ("reshape", "permute"):
+                stack.extend(x.inputs)
+        return seen - {n.id}, projection
+
+    reductions = {i for i in reach if reduction(graph.nodes[i])}
+    outputs = {n.id for n in graph.outputs}
+    found = {}
+    for i in reach:
+        if readers.get(i, 0) >= 2 and i not in outputs and len((below[i] - {i}) & reductions) >= 2:
+            carried, projection = stream(graph.nodes[i])
+            if projection:
+                found[i] = carried
+    # nested: the stream below it carries another one (the hidden state a layer adds to)
+    return {i for i, carried in found.items() if not nested_only or carried & found.keys()}
+
+
+def _reachable(graph: Graph) -> set[int]:
+    found, stack = set(), [n.id for n in graph.outputs]
+    while stack:
+        i = stack.pop()
+        if i not in found:
+            found.add(i)
+            stack.extend(x.id for x in graph.nodes[i].inputs)
+    return found
 
 
 def _upstream(roots, leaves: set) -> set[int]:

@@ -55,6 +55,10 @@ class Instance:
         return "load" if self.leaf else self.node.op
 
 
+class TooManyInstances(Exception):
+    """A kernel's walk derived more than its budget of instances."""
+
+
 @dataclass
 class Views:
     """The instances of one kernel, built from its roots."""
@@ -64,18 +68,23 @@ class Views:
     memo: dict = field(default_factory=dict)
     roots: list = field(default_factory=list)  # (instance, store view over the stored node's dims)
     gathers: dict = field(default_factory=dict)  # gathered(index, view) -> the index's instance there
+    # most instances one kernel may derive: a node read under k maps is k instances, and
+    # below a stack of layers that compounds (k^layers) before any cut is made
+    budget: int | None = None
+    _by_sym: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        self._by_sym.update((lab.sym, lab) for lab in self.labels)
 
     def label(self, extent, origin) -> Label:
         lab = Label(len(self.labels), D.dim(extent), origin)
         self.labels.append(lab)
+        self._by_sym[lab.sym] = lab
         return lab
 
     def by_sym(self) -> dict:
-        """symbol -> label, rebuilt only when a label was added since."""
-        cached = self.__dict__.get("_by_sym")
-        if cached is None or len(cached) != len(self.labels):
-            cached = self.__dict__["_by_sym"] = {lab.sym: lab for lab in self.labels}
-        return cached
+        """symbol -> label."""
+        return self._by_sym
 
     def labels_of(self, exprs) -> frozenset:
         table = self.by_sym()
@@ -89,6 +98,8 @@ class Views:
         key = (node.id, view)
         inst = self.memo.get(key)
         if inst is None:
+            if self.budget is not None and len(self.memo) >= self.budget:
+                raise TooManyInstances(self.budget)
             inst = self._derive(node, view)
             inst.at = view
             self.memo[key] = inst
@@ -246,6 +257,17 @@ def _eq(a, b) -> bool:
 
 def reshape_groups(src, dst, node) -> list[tuple[list[int], list[int]]]:
     """Pair contiguous groups of non-unit dims of equal product (symbolically)."""
+    groups = _reshape_groups(tuple(src), tuple(dst))
+    if groups is None:
+        raise ShapeError(f"scheduler: reshape %{node.id} from {D.fmt_shape(src)} to {D.fmt_shape(dst)} "
+                         f"does not split into groups of equal size")
+    return groups
+
+
+@functools.lru_cache(maxsize=4096)
+def _reshape_groups(src: tuple, dst: tuple):
+    """reshape_groups by shapes (None when they do not pair): a layer's views reshape
+    the same few shapes thousands of times, and each pairing cancels products in sympy."""
     a = [i for i, d in enumerate(src) if not D.is_one(d)]
     b = [i for i, d in enumerate(dst) if not D.is_one(d)]
     groups, i, j = [], 0, 0
@@ -265,8 +287,7 @@ def reshape_groups(src, dst, node) -> list[tuple[list[int], list[int]]]:
             break
         groups.append((ga, gb))
     if i != len(a) or j != len(b):
-        raise ShapeError(f"scheduler: reshape %{node.id} from {D.fmt_shape(src)} to {D.fmt_shape(dst)} "
-                         f"does not split into groups of equal size")
+        return None
     return groups
 
 

@@ -113,6 +113,57 @@ def test_tiny_model_logits_match_eager_fp32_and_explain_reports_passes(ctx, tmp_
     assert "compile time per pass: decompose" in text and "against eager fp32: max abs diff" in text
 
 
+def test_a_stack_of_layers_is_cut_at_its_residual_stream_and_matches_eager_fp32(ctx, tmp_path, monkeypatch):
+    """Three Llama layers and the LM head: uncut, each layer would be recomputed under
+    the four tile maps the one above reads it with (4^3 copies of the lowest). The
+    partitioner cuts the residual stream between the layers first, each layer then
+    schedules as a single one does, and the logits match eager fp32 at two lengths."""
+    from cleave.scheduler import partition as part
+
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    layers = 3
+    torch.manual_seed(0)
+    cfg = config("llama3-8b", tiny=True)
+    model = TinyModel(cfg, layers=layers).requires_grad_(False).eval()
+    found = []
+    cut = part.segment_cuts
+
+    def spy(graph, *args, **kwargs):
+        found.append((graph, frozenset(cut(graph, *args, **kwargs))))
+        return set(found[-1][1])
+
+    monkeypatch.setattr(part, "segment_cuts", spy)
+    compiled = torch.compile(model, backend="cleave", dynamic=True)
+    with torch.no_grad():
+        for seq in (7, 12):
+            tokens = torch.randint(0, 96, (2, seq))
+            got, want = compiled(tokens, *rope(seq, cfg.head_dim)), model.double()(tokens, *(
+                t.double() for t in rope(seq, cfg.head_dim)))
+            model.float()
+            assert _rel_err(got, want) < 1e-4, seq
+    stats = ctx.stats()
+    assert stats["graph_breaks"] == 0 and stats["failed"] == 0 and stats["compiles"] == 1, stats
+    graph, cuts = found[0]
+    # the hidden state after every layer and between attention and MLP, but the lowest
+    # layer's middle one, which nothing below compounds under
+    assert len(cuts) == 2 * layers - 1 and all(graph.nodes[i].op == "add" for i in cuts), cuts
+    assert _kernels(ctx) and all(n <= layers * KERNEL_BUDGET + 2 for n in _kernels(ctx)), _kernels(ctx)
+
+
+def test_a_kernel_past_its_instance_budget_is_cut_between_layers_or_named_in_the_error(monkeypatch):
+    """MAX_INSTANCES bounds one kernel's walk: past it, the partitioner cuts every segment
+    boundary (the lowest layer's too) and tries again; a graph with none says which
+    graph and which budget, instead of walking on."""
+    from cleave import workloads
+    from cleave.ir import CleaveError
+    from cleave.scheduler import partition as part
+
+    graph = workloads.get("rmsnorm_matmul").graph  # no residual stream to cut
+    monkeypatch.setattr(part, "MAX_INSTANCES", 3)
+    with pytest.raises(CleaveError, match=r"rmsnorm_matmul derives more than 3 tile instances"):
+        cleave.schedule(graph, {"s": 64, "k": 96, "n": 80}, top_k=1)
+
+
 def test_projection_back_to_batch_and_sequence_tiles_its_rows_as_a_gemm():
     """x + (h.view(b*s, k) @ w).view(b, s, n), a layer's residual projection: the output
     kernel indexes rows as b*s + s', which tiles s' (a tl.dot over 16+ rows), not one
