@@ -11,6 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import cleave
 from cleave.ir import Graph
@@ -76,7 +77,8 @@ def test_matmul_constant_along_k_runs_compiled():
 
 # -- pow with a scalar exponent ---------------------------------------------------
 def powers(x, y):
-    return torch.pow(x, 3), torch.pow(x, 3.0), x ** 2, x ** 0.5, x ** -1, torch.pow(x, y), torch.pow(x, 0)
+    return (torch.pow(x, 3), torch.pow(x, 3.0), x ** 2, x ** 0.5, x ** -1, x ** -2, torch.pow(x, y),
+            torch.pow(x, 0))
 
 
 def test_pow_scalar_exponents_follow_torch():
@@ -88,6 +90,21 @@ def test_pow_scalar_exponents_follow_torch():
     _check(f, powers, x, y)
     _check(f, powers, x[:5], y[:5])
     torch.testing.assert_close(f(torch.linspace(-2, 2, 5), y[:5])[0], torch.tensor([-8.0, -1.0, 0.0, 1.0, 8.0]))
+
+
+def tanh_gelu_cubed(x):
+    return F.gelu(x, approximate="tanh") + x ** -2
+
+
+def test_integer_powers_are_products_as_torch_computes_them():
+    """x**3 (GPT-2's tanh GELU) and x**-2 are x*x*x and 1/(x*x), as PyTorch computes
+    them, not exp(3 log|x|) with its sign selects: the GELU epilogue of a GEMM."""
+    f = cleave.compile(tanh_gelu_cubed, dynamic={"x": {0: "n"}})
+    x = torch.tensor([-2.0, -1.5, -1.0, -0.5, 0.25, 0.5, 1.0, 2.0, 3.0])
+    _check(f, tanh_gelu_cubed, x)
+    (op,) = f.operators
+    sources = [k.source for spec in op.specs.values() for k in spec.plans[0].kernels]
+    assert sources and not any("tl.log(" in s for s in sources), sources
 
 
 # -- outputs over unrelated dims ----------------------------------------------------

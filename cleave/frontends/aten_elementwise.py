@@ -69,7 +69,13 @@ def _pow(t, node, a):
             return base
         if exp in _POW_SPECIAL:
             return t.add(_POW_SPECIAL[exp], base)
+        if exp in (3, -2):  # as PyTorch computes them: x*x*x and 1/(x*x), not exp(3 log|x|)
+            return _cube(t, base) if exp == 3 else t.add("recip", t.add("square", base))
     return binary(t, "pow", base, exp)
+
+
+def _cube(t, x):
+    return t.add("mul", x, t.add("square", x))
 
 
 @rule("relu")
@@ -83,7 +89,7 @@ def _gelu(t, node, a):
     0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"""
     x = a["self"]
     if a.get("approximate") == "tanh":
-        inner = binary(t, "mul", t.add("add", x, binary(t, "mul", t.add("pow", x, t.lift(3, x)), 0.044715)),
+        inner = binary(t, "mul", t.add("add", x, binary(t, "mul", _cube(t, x), 0.044715)),
                        math.sqrt(2 / math.pi))
         return binary(t, "mul", t.add("mul", x, binary(t, "add", t.add("tanh", inner), 1.0)), 0.5)
     return binary(t, "mul", t.add("mul", x, binary(t, "add", t.add("erf", binary(t, "mul", x, math.sqrt(0.5))), 1.0)),
