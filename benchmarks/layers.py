@@ -315,9 +315,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="capture, search and schedule the layers (needs egglog and z3)")
     b.add_argument("--out", default=".gpu_layers")
-    # the small whole models are built on request (`--only llama3-8b-2l`): scheduling a
-    # two-layer graph at real widths takes longer than all the layers together
-    b.add_argument("--only", nargs="*", default=[n for n in SHAPES if n not in MODELS])
+    b.add_argument("--only", nargs="*", default=list(SHAPES))
     b.add_argument("--forms", nargs="*", default=["sdpa", "naive"])
     b.add_argument("--top-plans", type=int, default=4)
     r = sub.add_parser("run", help="time the built plans, eager and torch.compile (needs a GPU)")
