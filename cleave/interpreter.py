@@ -21,7 +21,7 @@ TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in DType}
 IR_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
 
 _UNARY = per_op({
-    "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "neg": torch.neg,
+    "exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "neg": torch.neg,
     "recip": torch.reciprocal, "silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid,
     "tanh": torch.tanh, "square": torch.square, "cos": torch.cos, "sin": torch.sin, "abs": torch.abs,
     "erf": torch.erf, "log1p": torch.log1p, "expm1": torch.expm1,

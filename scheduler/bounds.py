@@ -68,10 +68,10 @@ def _mul(a, b):
     return _UNKNOWN if math.isnan(p) else p
 
 
-def _exp(a):
+def _exp(a, base=math.e):
     if a in (FIN, _UNKNOWN):
         return a
-    return 0.0 if a == -math.inf else math.exp(min(a, 700.0))
+    return 0.0 if a == -math.inf else base ** min(a, 700.0)
 
 
 _SAME = {"cast", "broadcast", "permute", "reshape", "slice"}
@@ -105,7 +105,7 @@ def value(inst, consts: dict, memo) -> object:
     elif inst.op == "split":  # a chunk's padding lanes hold the pad
         v, pad = value(inst.inputs[0], consts, memo), inst.node.attrs["pad"]
         out = v if pad is None else _either(v, pad)
-    elif inst.op in ("add", "sub", "mul", "max", "min", "neg", "exp", "where"):
+    elif inst.op in ("add", "sub", "mul", "max", "min", "neg", "exp", "exp2", "where"):
         args = [value(i, consts, memo) for i in inst.inputs]
         if inst.op == "add":
             out = _add(*args)
@@ -115,8 +115,8 @@ def value(inst, consts: dict, memo) -> object:
             out = _mul(*args)
         elif inst.op == "neg":
             out = _neg(args[0])
-        elif inst.op == "exp":
-            out = _exp(args[0])
+        elif inst.op in ("exp", "exp2"):
+            out = _exp(args[0], math.e if inst.op == "exp" else 2.0)
         elif inst.op == "where":
             out = _either(args[1], args[2])
         else:  # max / min with the op's own identity passes the other side through

@@ -42,8 +42,9 @@ NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}, 
 COMBINE = per_op({"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}, "reduce",
                  where="codegen")
 REDUCE_IN_TILE = per_op({"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}, "reduce", where="codegen")
-UNARY = per_op({"exp": EXP, "log": "tl.log({x})", "sqrt": "tl.sqrt({x})", "rsqrt": "tl.rsqrt({x})",
-                "neg": "-{x}", "recip": "1.0 / {x}", "silu": "{x} * tl.sigmoid({x})", "sigmoid": "tl.sigmoid({x})",
+UNARY = per_op({"exp": EXP, "exp2": "tl.exp2({x})", "log": "tl.log({x})", "sqrt": "tl.sqrt({x})",
+                "rsqrt": "tl.rsqrt({x})", "neg": "-{x}", "recip": "1.0 / {x}", "silu": "{x} * tl.sigmoid({x})",
+                "sigmoid": "tl.sigmoid({x})",
                 "tanh": "2.0 * tl.sigmoid(2.0 * {x}) - 1.0", "square": "{x} * {x}", "cos": "tl.cos({x})",
                 "sin": "tl.sin({x})", "abs": "tl.abs({x})", "erf": "tl.erf({x})",
                 "inf_to_zero": "tl.where(tl.abs({x}) == float(\"inf\"), 0.0, {x})",

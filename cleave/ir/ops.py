@@ -22,11 +22,13 @@ from .dtypes import DType, promote
 from .errors import ShapeError
 
 # The elementwise vocabulary, by kind; the structural ops are registered at the end.
-UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh",
+UNARY = ("exp", "exp2", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh",
          "square", "cos", "sin", "abs", "erf", "log1p", "expm1", "inf_to_zero")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 REDUCE_OPS = ("sum", "max", "min")  # the `op` attribute of `reduce`
+# log2(e) as the float the rules write and the kernels use: exp(x) = exp2(x * LOG2E).
+LOG2E = 1 / math.log(2.0)
 KINDS = {"unary": UNARY, "binary": BINARY, "compare": COMPARE, "reduce": REDUCE_OPS}
 
 # Attribute kinds, used by the text form to print and parse values.

@@ -46,6 +46,7 @@ class TensorOps:
 
     # unary
     def exp(self): return self._op("exp")
+    def exp2(self): return self._op("exp2")
     def log(self): return self._op("log")
     def sqrt(self): return self._op("sqrt")
     def rsqrt(self): return self._op("rsqrt")

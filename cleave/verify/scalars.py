@@ -15,7 +15,7 @@ import math
 import operator
 from fractions import Fraction
 
-from ..ir.ops import per_op
+from ..ir.ops import LOG2E, per_op
 
 INF, NINF, NAN = math.inf, -math.inf, math.nan
 
@@ -192,6 +192,8 @@ class Algebra:
         """The ops defined by the others, or uninterpreted."""
         if op == "exp":
             return self.exp(x)
+        if op == "exp2":  # 2^x = e^(x / LOG2E), LOG2E the float the rules multiply by (exact here)
+            return self.exp(self.mul(x, 1 / Fraction(LOG2E)))
         if op == "log":
             return self.log(x)
         if op == "sqrt":
