@@ -15,7 +15,9 @@ A rule file holds blocks like
 (`phase rewrite, cleanup`); the library's families have theirs in cleave.rules.
 
 Patterns use the search's tensor terms (see OPS): IR ops, plus `squeeze`,
-`unsqueeze` and `swap` for the axis bookkeeping a split needs. Axes count from
+`unsqueeze` and `swap` for the axis bookkeeping a split needs, and `const(v)`, an f32
+scalar: a number, `inf`, `-inf` or `log2e` (cleave.ir.ops.LOG2E). A variable used
+as a `where`'s condition stands for a bool tensor. Axes count from
 the right (-1 is the last axis), so broadcasting never shifts them. Lower-case
 names are pattern variables; `a`, `b` in axis positions are axis variables and
 may carry an offset (`a-1`). Conditions:
@@ -35,19 +37,26 @@ rule must fire on each `rewrites:` term and must not on each `keeps:` term
 from __future__ import annotations
 
 import ast
+import math
 import re
 from dataclasses import dataclass, field
 
 from cleave.ir import CleaveError, RuleInstance
-from cleave.ir.ops import BINARY, REDUCE_OPS, UNARY
+from cleave.ir.ops import BINARY, LOG2E, REDUCE_OPS, UNARY
 
 REDUCE = {"r" + op: op for op in REDUCE_OPS}  # rsum: a reduce with op=sum
-# name -> argument kinds: t tensor, a axis, k int, p pad
+# name -> argument kinds: t tensor, a axis, k int, p pad, c a constant's value
 OPS = {**{u: "t" for u in UNARY}, **{b: "tt" for b in BINARY}, **{r: "ta" for r in REDUCE},
        "where": "ttt", "matmul": "tt", "split": "tap", "squeeze": "ta", "unsqueeze": "ta", "swap": "t",
-       "topk_values": "tka", "topk_indices": "tka"}
+       "topk_values": "tka", "topk_indices": "tka", "const": "c"}
 CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta", "finite": "t"}
 PADS = {"-inf": float("-inf"), "0": 0.0}
+CONSTANTS = {"inf": math.inf, "log2e": LOG2E}  # names a `const(...)` may use
+
+
+def const_value(value: float) -> str:
+    """A constant's value as a `const` term holds it: the float's repr, one spelling per value."""
+    return repr(float(value))
 
 
 class RuleError(CleaveError):
@@ -233,6 +242,8 @@ def _parse_arg(kind: str, node, where: str):
         return _parse_term(node, where)
     if kind == "a":
         return _parse_axis(node, where)
+    if kind == "c":
+        return const_value(_constant(node, where))
     if kind == "k":
         if isinstance(node, ast.Name):
             return Var(node.id)
@@ -243,6 +254,17 @@ def _parse_arg(kind: str, node, where: str):
     if text not in PADS:
         raise RuleError(f"{where}: a split pad is one of {', '.join(PADS)}, not {text!r}")
     return text
+
+
+def _constant(node, where: str) -> float:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_constant(node.operand, where)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return float(node.value)
+    if isinstance(node, ast.Name) and node.id in CONSTANTS:
+        return CONSTANTS[node.id]
+    raise RuleError(f"{where}: a constant is a number or one of {', '.join(CONSTANTS)} (or its negation), "
+                    f"not {ast.unparse(node)!r}")
 
 
 def _parse_term(node, where: str):

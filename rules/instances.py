@@ -15,7 +15,7 @@ from cleave.ir import Graph, RuleInstance
 from cleave.ir import dims as D
 
 from .dsl import REDUCE, Rule, RuleError, Var
-from .lower import Lowering, split_count
+from .lower import Lowering, condition_vars, split_count
 
 M, N, P, B = (D.symbol(n) for n in ("M", "N", "P", "B"))
 TOPK = 3
@@ -48,9 +48,10 @@ def _build(rule: Rule, side, shapes: dict, axes: dict) -> tuple[Graph, dict]:
     g = Graph(f"{rule.name}.{side}")
     nodes = {}
     sizes = {c.args[0].name: c for c in rule.conditions if c.kind == "extent"}
+    conds = condition_vars(rule.lhs)
     for name, shape in shapes.items():
         if name not in sizes:
-            nodes[name] = g.input(name, shape, "f32")
+            nodes[name] = g.input(name, shape, "bool" if name in conds else "f32")
     for name, cond in sizes.items():
         x = nodes[cond.args[1].name]
         nodes[name] = g.add("size", value=x.shape[cond.args[2].value(axes)], dtype="f32")

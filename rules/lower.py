@@ -71,6 +71,8 @@ class Lowering:
         op, args = t.op, t.args
         g = self.g
         try:
+            if op == "const":
+                return g.add("const", value=float(args[0]), dtype="f32")
             if op == "matmul":
                 return g.add("matmul", *(self(a) if _accumulated(a) else self._mm(self(a)) for a in args))
             x = self(args[0])
@@ -115,11 +117,26 @@ def _accumulated(term) -> bool:
     return getattr(term, "op", None) == "rsum"
 
 
+def condition_vars(term) -> set[str]:
+    """The variables a pattern uses as a `where`'s condition: bool inputs (a mask) in
+    the rule's instances and examples, where the others are f32."""
+    out, stack = set(), [term]
+    while stack:
+        t = stack.pop()
+        if hasattr(t, "op"):
+            if t.op == "where" and isinstance(t.args[0], Var):
+                out.add(t.args[0].name)
+            stack.extend(t.args)
+    return out
+
+
 def lower_example(example) -> tuple[Graph, dict]:
-    """An example (dsl.Example) as an IR graph: its tensors f32 inputs, its sizes scalars
-    equal to an extent; also each of its subterms' node."""
+    """An example (dsl.Example) as an IR graph: its tensors f32 inputs (bool where they
+    are a `where`'s condition), its sizes scalars equal to an extent; also each of its
+    subterms' node."""
     g = Graph(f"example at {example.source}")
-    nodes = {name: g.input(name, dims, "f32") for name, dims in example.tensors}
+    conds = condition_vars(example.term)
+    nodes = {name: g.input(name, dims, "bool" if name in conds else "f32") for name, dims in example.tensors}
     nodes.update({name: g.add("size", value=dim, dtype="f32") for name, dim in example.sizes})
     low = Lowering(g, nodes, what=f"{example.source}: {example.kind} example")
     g.output(low(example.term), names=["out"])

@@ -41,6 +41,10 @@ def Op3(key: i64Like, x: Tn, y: Tn, z: Tn) -> Tn: ...
 
 
 @function
+def Const(value: StringLike) -> Tn: ...
+
+
+@function
 def Un(op: StringLike, x: Tn) -> Tn: ...
 
 
@@ -91,7 +95,8 @@ finite = relation("finite", Tn)
 AxisId = relation("AxisId", i64)
 
 LEAVES = ("LeafT", "Op1", "Op2", "Op3")  # by operand count
-CONSTRUCTORS = {str(f): f for f in (LeafT, Op1, Op2, Op3, Un, Bin, Where, MatMul, Red, Split, Sq, Unsq, Swap, TopK)}
+CONSTRUCTORS = {str(f): f for f in (LeafT, Op1, Op2, Op3, Const, Un, Bin, Where, MatMul, Red, Split, Sq, Unsq, Swap,
+                                    TopK)}
 
 
 # -- terms <-> egglog ---------------------------------------------------------
@@ -118,6 +123,7 @@ ENCODINGS = {
     "unsqueeze": Encoding("Unsq", (1, 0)),
     "swap": Encoding("Swap", (0,)),
     **{op: Encoding("TopK", (OP, 1, 2, 0), prefix="topk_") for op in ("topk_values", "topk_indices")},
+    "const": Encoding("Const", (0,)),
 }
 if set(ENCODINGS) != set(OPS):
     raise RuleError(f"search/egraph.py: ENCODINGS and rules/dsl.OPS differ in {sorted(set(OPS) ^ set(ENCODINGS))}")
@@ -229,6 +235,7 @@ def analysis_ruleset():
     rx_f = eq(rx).to(rank(x))
     ry_f = eq(ry).to(rank(y))
     rz_f = eq(rz).to(rank(z))
+    rank_rule(Const(op), [], i64(0))
     rank_rule(Un(op, x), [rx_f], rx)
     rank_rule(Bin(op, x, y), [rx_f, ry_f], rx.max(ry))
     rank_rule(Where(x, y, z), [rx_f, ry_f, rz_f], rx.max(ry).max(rz))

@@ -4,9 +4,10 @@ Widening float casts are value identities and are dropped; decoding re-applies
 the graph's precision policy (rules/lower.py). A cast that rounds (to bf16, say)
 is kept: as an opaque leaf, so no rule can move or delete it, except where it is
 a MatMul's operand precision (every consumer a MatMul, every MatMul of the graph
-in that precision), which the policy re-applies to each MatMul operand. Ops
-outside the rewritable vocabulary (layout, compare, gather, ...) become opaque
-leaves keyed by their IR node, so they decode to themselves.
+in that precision), which the policy re-applies to each MatMul operand. An f32
+constant is a `const` term, by value, as rules write constants. Ops outside the
+rewritable vocabulary (layout, compare, gather, ...) become opaque leaves keyed by
+their IR node, so they decode to themselves.
 """
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import sympy
 
 from cleave.ir import Graph, Node
 from cleave.ir import dims as D
-from cleave.ir.dtypes import rounds
+from cleave.ir.dtypes import DType, rounds
 from cleave.ir.ops import BINARY, UNARY
-from cleave.rules.dsl import REDUCE, Axis, Leaf, Term
+from cleave.rules.dsl import REDUCE, Axis, Leaf, Term, const_value
 from cleave.rules.lower import LOW, Lowering
 
 from .finite import finite_nodes
@@ -108,6 +109,8 @@ def _term(n: Node, args: list):
     op, a = n.op, n.attrs
     if _is_float_cast(n) and not rounds(n.inputs[0].dtype, n.dtype):
         return args[0]
+    if op == "const" and n.dtype is DType.f32:
+        return Term("const", (const_value(a["value"]),))
     if op in UNARY or op in BINARY or op in ("where", "matmul"):  # the same op in both vocabularies
         return Term(op, tuple(args))
     if op == "reduce":

@@ -5,10 +5,12 @@ so a z3 model may satisfy the laws yet not be real arithmetic: every model is
 re-checked in fp64 by the interpreter, and only a confirmed one is a counterexample.
 The proof holds on the real-valued domain (divisors non-zero, log arguments
 positive, sqrt arguments non-negative); IEEE specials coming from pads and
-constants are exact (scalars.py). Unknown is never proven.
+constants are exact (scalars.py), and so are those a mask selects: bool inputs are
+enumerated. Unknown is never proven.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -29,6 +31,8 @@ from .scalars import Algebra, Unsupported, is_num, is_special
 
 # The first z3 attempt: what z3 proves, it mostly proves fast; sympy gets its turn next.
 SHORT_MS = 500
+# Bool inputs are enumerated (bool_cases): at most 8 elements, within the provers' 12.
+MAX_CASES = 256
 
 
 @dataclass
@@ -38,9 +42,31 @@ class ProofResult:
     detail: str = ""
 
 
-def _scalarise_both(inst: RuleInstance, env, backend):
+def bool_cases(inst: RuleInstance, env) -> list[dict] | None:
+    """Each assignment of the bool input elements (a where's condition: a mask), as
+    {input: array of Python bools}; [{}] without bool inputs, None past MAX_CASES.
+    Proven case by case, a where that chooses an infinity (a mask's -inf fill) folds
+    exactly instead of meeting a symbolic condition."""
+    shapes = {name: inst.lhs.concrete_shape(node, env) for name, node in inst.lhs.inputs.items()
+              if str(node.dtype) == "bool"}
+    sizes = {name: int(np.prod(shape, dtype=np.int64)) for name, shape in shapes.items()}
+    total = sum(sizes.values())
+    if 2 ** total > MAX_CASES:
+        return None
+    cases = []
+    for bits in itertools.product((False, True), repeat=total):
+        case, at = {}, 0
+        for name, shape in shapes.items():
+            arr = np.empty(shape, dtype=object)
+            arr.reshape(-1)[:] = bits[at:at + sizes[name]]
+            case[name], at = arr, at + sizes[name]
+        cases.append(case)
+    return cases
+
+
+def _scalarise_both(inst: RuleInstance, env, backend, fixed: dict):
     alg = Algebra(backend)
-    inputs = input_arrays(inst.lhs, env, alg)
+    inputs = {**input_arrays(inst.lhs, env, alg), **fixed}
     lhs = scalarise(inst.lhs, env, inputs, alg)
     rhs = scalarise(inst.rhs, env, {k: v for k, v in inputs.items() if k in inst.rhs.inputs}, alg)
     return inputs, lhs, rhs
@@ -65,11 +91,23 @@ def prove_z3(inst: RuleInstance, binding: Binding, timeout_ms: int) -> ProofResu
     """One query per set of output elements over the same input elements, each with
     only the laws over those inputs (dropping premises keeps a proof valid), within 4
     timeouts in all: the rows of a top-k network are independent, so their case splits
-    need not multiply."""
+    need not multiply. With bool inputs, each of their assignments in turn (bool_cases)."""
+    cases = bool_cases(inst, binding.dict)
+    if cases is None:
+        return ProofResult("unknown", "", f"z3: over {MAX_CASES} assignments of the bool inputs at {binding}")
+    deadline = time.perf_counter() + 4 * timeout_ms / 1000
+    for fixed in cases:
+        result = _prove_z3_case(inst, binding, timeout_ms, fixed, deadline)
+        if result.status != "proven":
+            return result
+    return ProofResult("proven", "z3")
+
+
+def _prove_z3_case(inst: RuleInstance, binding: Binding, timeout_ms: int, fixed: dict, deadline: float) -> ProofResult:
     env = binding.dict
     backend = Z3Backend()
     try:
-        inputs, lhs, rhs = _scalarise_both(inst, env, backend)
+        inputs, lhs, rhs = _scalarise_both(inst, env, backend, fixed)
     except Unsupported as err:
         return ProofResult("unknown", "", f"z3 lowering: {err}")
     alg = Algebra(backend)
@@ -91,7 +129,6 @@ def prove_z3(inst: RuleInstance, binding: Binding, timeout_ms: int) -> ProofResu
     for d in differs:
         by_inputs.setdefault(_variables(d, memo), []).append(d)
     queries = [([law for law in laws if _variables(law, memo) <= wanted], group) for wanted, group in by_inputs.items()]
-    deadline = time.perf_counter() + 4 * timeout_ms / 1000
     for premises, group in queries:
         left_ms = int((deadline - time.perf_counter()) * 1000)
         if left_ms <= 0:
@@ -127,8 +164,9 @@ def _model_inputs(inst: RuleInstance, inputs, model) -> dict[str, torch.Tensor]:
     for name, arr in inputs.items():
         node = inst.lhs.inputs[name]
         values = np.empty(arr.shape, dtype=object)
-        for idx in np.ndindex(*arr.shape):
-            values[idx] = _model_value(model.eval(arr[idx], model_completion=True))
+        for idx in np.ndindex(*arr.shape):  # a bool of the case at hand is a Python bool
+            v = arr[idx]
+            values[idx] = v if isinstance(v, bool) else _model_value(model.eval(v, model_completion=True))
         dtype = torch.float64 if node.dtype.is_float else TORCH_DTYPES[node.dtype]
         tensors[name] = torch.tensor(values.tolist(), dtype=dtype).reshape(arr.shape)
     return tensors
@@ -161,11 +199,23 @@ def _model_value(v):
 
 
 def prove_sympy(inst: RuleInstance, binding: Binding, max_ops: int = 400) -> ProofResult:
-    """lhs - rhs simplifies to 0 for every element (with exp(a+b) expanded)."""
-    try:
-        _, lhs, rhs = _scalarise_both(inst, binding.dict, SympyBackend())
-    except Unsupported as err:
-        return ProofResult("unknown", "", f"sympy lowering: {err}")
+    """lhs - rhs simplifies to 0 for every element (with exp(a+b) expanded), in each
+    assignment of the bool inputs."""
+    cases = bool_cases(inst, binding.dict)
+    if cases is None:
+        return ProofResult("unknown", "", f"sympy: over {MAX_CASES} assignments of the bool inputs at {binding}")
+    for fixed in cases:
+        try:
+            _, lhs, rhs = _scalarise_both(inst, binding.dict, SympyBackend(), fixed)
+        except Unsupported as err:
+            return ProofResult("unknown", "", f"sympy lowering: {err}")
+        result = _sympy_case(lhs, rhs, binding, max_ops)
+        if result.status != "proven":
+            return result
+    return ProofResult("proven", "sympy")
+
+
+def _sympy_case(lhs, rhs, binding: Binding, max_ops: int) -> ProofResult:
     for a, b in zip(lhs, rhs):
         for idx in np.ndindex(*a.shape):
             x, y = a[idx], b[idx]
