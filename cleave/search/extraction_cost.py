@@ -10,7 +10,7 @@ again for per-chunk sums is two passes (two loops read the scores), while
 FlashDecoding's per-chunk loop reads them once.
 
     cost = sum over loops   bytes streamed / min(parallel rows, PARALLEL)
-         + sum over ops     work / min(rows, PARALLEL)      (elements, or MatMul MACs)
+         + sum over ops     work / min(rows, PARALLEL)      (elements, twice for exp; MatMul MACs)
          + sum over loops'  results written / PARALLEL      (materialized for later ops)
 
 The same code gives the symbolic expression (sympy, recorded on the candidate) and
@@ -58,10 +58,10 @@ def passes(graph: Graph) -> dict[int, int]:
     for n in graph.live_nodes():
         d: dict = {}
         for k, x in enumerate(n.inputs):
-            separable = n.op == "sub" and k == 1 and any(u.op == "exp" for u in users[n.id])
+            separable = n.op == "sub" and k == 1 and any(u.op in ("exp", "exp2") for u in users[n.id])
             merge(d, deps[x.id], _frontier(x) if separable else ())
         if n.op in REDUCTIONS:
-            e = str(reduced_extent(n))
+            e = reduced_extent(n)
             out[n.id] = 1 + d.get(e, 0)
             d[e] = out[n.id]
         deps[n.id] = d
@@ -71,7 +71,7 @@ def passes(graph: Graph) -> dict[int, int]:
 def _frontier(n: Node) -> set:
     """Extents of the reductions that produce n through elementwise and layout ops."""
     if n.op in REDUCTIONS:
-        return {str(reduced_extent(n))}
+        return {reduced_extent(n)}
     return set().union(*(_frontier(x) for x in n.inputs)) if n.inputs else set()
 
 
@@ -85,7 +85,7 @@ class Loop:
 
 def loops(graph: Graph) -> list[Loop]:
     p = passes(graph)
-    key = {n.id: (str(reduced_extent(n)), p[n.id]) for n in graph.live_nodes() if n.op in REDUCTIONS}
+    key = {n.id: (reduced_extent(n), p[n.id]) for n in graph.live_nodes() if n.op in REDUCTIONS}
     found: dict[tuple, Loop] = {}
     for n in graph.live_nodes():
         if n.op not in REDUCTIONS:
@@ -155,6 +155,8 @@ def _total(graph: Graph, ar) -> object:
         work = numel(n.inputs[0]) if n.op in REDUCTIONS else numel(n)
         if n.op == "matmul":
             work = numel(n) * ar.dim(reduced_extent(n))
+        if n.op == "exp":  # emitted as exp2(x * log2e): two ops, where an exp2 is one
+            work = 2 * work
         total += work / par(n)
     return total
 
