@@ -9,6 +9,7 @@ Each candidate then records the rule applications it shows and its separability 
 """
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 import time
@@ -26,6 +27,8 @@ from .encode import Encoded
 from .saturate import BudgetWarning
 
 INF = float("inf")
+# exp-like op -> the rule proving exp(x - y) = exp(x) * exp(-y), which makes it separable
+SEPARATE = {"exp": "exp-sub-separate", "exp2": "exp2-sub-separate"}
 _OFFSET = operator.attrgetter("offset")  # a concrete axis's e-node argument
 
 
@@ -179,17 +182,49 @@ class Extractor:
         return Realized(terms, g, C.rank(g, self.env), choice, self.roots)
 
     def ranked(self) -> list[Realized]:
-        # Equal costs are common at the representative binding: break ties by the
-        # graph's structural hash, never by the e-graph's enumeration order (which
-        # varies between processes).
-        return sorted((r for r in self.by_dag.values() if r is not None), key=lambda r: (r.rank, r.graph.key()))
+        # Equal costs are common at the representative binding: break ties by size (an
+        # equally cheap rewrite that only adds nodes is not taken), then by the graph's
+        # structural hash, never by the e-graph's enumeration order (which varies
+        # between processes). The hash prints the graph: only ties pay for it.
+        found = sorted((r for r in self.by_dag.values() if r is not None), key=lambda r: r.rank)
+        out = []
+        for _, tied in itertools.groupby(found, key=lambda r: r.rank):
+            tied = list(tied)
+            out += sorted(tied, key=lambda r: (len(r.graph.live_nodes()), r.graph.key())) if len(tied) > 1 else tied
+        return out
 
 
 def _unshifted_exps(g) -> int:
-    """exp nodes whose operand is not a difference (x - m): the ones that can overflow."""
+    """exp (exp2) nodes whose operand is not a difference (x - m): the ones that can overflow."""
     def base(n):
         return base(n.inputs[0]) if n.op == "cast" else n
-    return sum(1 for n in g.live_nodes() if n.op == "exp" and base(n.inputs[0]).op != "sub")
+    return sum(1 for n in g.live_nodes() if n.op in SEPARATE and base(n.inputs[0]).op != "sub")
+
+
+def _extractable(classes, enc: Encoded) -> dict:
+    """`classes` without the exp (exp2) e-nodes whose operand has no difference in its
+    e-class, unless the input graph has them: exp(x)·exp(-m) proves separability but
+    is never extracted (Extractor._decode rejects an unshifted exp), and those e-nodes
+    multiplied the choices to enumerate (GQA decode's past the exhaustive bound once
+    exp2 had its own). A class left empty takes its users' e-nodes with it."""
+    index = Index(classes)
+    naive = set()
+    for t in subterms(enc.terms.values()):
+        op, args = enode_of(t, lambda x: ("class", index.find(x)), _OFFSET)
+        naive.add((op, tuple(args)))
+
+    def shifted(n: ENode) -> bool:
+        if n.op != "Un" or n.args[0] not in SEPARATE or (n.op, tuple(n.args)) in naive:
+            return True
+        return any(m.op == "Bin" and m.args[0] == "sub" for m in classes[n.args[1][1]])
+
+    out = {c: [n for n in nodes if shifted(n)] for c, nodes in classes.items()}
+    dead = {c for c, nodes in out.items() if not nodes}
+    while dead:
+        out = {c: [n for n in nodes if not any(isinstance(a, tuple) and a[1] in dead for a in n.args)]
+               for c, nodes in out.items() if c not in dead}
+        dead = {c for c, nodes in out.items() if not nodes}
+    return out
 
 
 def enumerate_dags(classes, roots, limit: int):
@@ -260,6 +295,7 @@ def explore(enc: Encoded, classes, roots, env, exhaustive: int = 2000, beam: int
     choice every way; the `beam` cheapest states survive each round."""
     start = time.perf_counter()
     deadline = start + seconds
+    classes = _extractable(classes, enc)
     dags = enumerate_dags(classes, roots, exhaustive)  # once: settle's check and the ranking share it
 
     def region_best(narrowed, cls, owned) -> Realized | None:
@@ -445,12 +481,11 @@ def _made(rules, classes, cls: str, node: ENode, naive: set, listed: list[str]) 
 
 def separable_facts(graph, rule_names) -> list[Separable]:
     """exp(x - y) with y constant along an axis x varies on, y a max: the scheduler may keep
-    a running y and rescale by exp(y_old - y_new) (rule exp-sub-separate)."""
-    if "exp-sub-separate" not in rule_names:
-        return []
+    a running y and rescale by exp(y_old - y_new) (rule exp-sub-separate); the same in
+    base 2 (exp2-sub-separate)."""
     facts = []
     for n in graph.live_nodes():
-        if n.op != "exp" or n.inputs[0].op != "sub":
+        if SEPARATE.get(n.op) not in rule_names or n.inputs[0].op != "sub":
             continue
         x, y = n.inputs[0].inputs
         if y.op == "inf_to_zero":  # a running max that is still -inf reads as 0 in the scheduler's loop too
@@ -459,7 +494,7 @@ def separable_facts(graph, rule_names) -> list[Separable]:
         if base.op != "reduce" or base.attrs["op"] != "max" or y.rank != x.rank:
             continue
         if any(ys == 1 and xs != 1 for ys, xs in zip(y.shape, x.shape)):
-            facts.append(Separable(n.id, y.id, "exp(y_old - y_new)", "exp-sub-separate"))
+            facts.append(Separable(n.id, y.id, f"{n.op}(y_old - y_new)", SEPARATE[n.op]))
     return facts
 
 
