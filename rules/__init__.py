@@ -25,6 +25,7 @@ FAMILY_PHASES = {
     "reduction": ("rewrite", "cleanup"),
     "normalization": ("rewrite",),
     "softmax": ("rewrite",),
+    "base2": ("rewrite",),
     "rope": ("rewrite",),
     "rescale": ("split",),
     "split": ("split",),
@@ -64,9 +65,10 @@ def _checked(rules: list[Rule]) -> list[Rule]:
 
 
 def all_rules() -> list[Rule]:
-    from . import algebra, layout, normalization, reduction, rope, softmax, split
+    from . import algebra, base2, layout, normalization, reduction, rope, softmax, split
 
-    return _checked([r for m in (algebra, reduction, normalization, softmax, layout, rope, split) for r in m.RULES])
+    return _checked([r for m in (algebra, reduction, normalization, softmax, base2, layout, rope, split)
+                     for r in m.RULES])
 
 
 def load_file(path) -> list[Rule]:

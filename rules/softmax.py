@@ -10,6 +10,11 @@ rule exp-sub-separate: exp(sub(x, c)) => mul(exp(x), exp(neg(c)))
   rewrites: exp(sub(x, c)) with x[m, n], c[m, 1]
   keeps: exp(add(x, c)) with x[m, n], c[m, 1]
 
+rule exp2-sub-separate: exp2(sub(x, c)) => mul(exp2(x), exp2(neg(c)))
+  why: 2^(x - c) = 2^x * 2^-c: as exp-sub-separate, in base 2, a running c rescales by exp2(c_old - c_new)
+  rewrites: exp2(sub(x, c)) with x[m, n], c[m, 1]
+  keeps: exp2(add(x, c)) with x[m, n], c[m, 1]
+
 rule split-softmax-sum: rsum(exp(sub(x, c)), a) => squeeze(rsum(mul(rsum(exp(sub(split(x, a, -inf), inf_to_zero(rmax(split(x, a, -inf), a)))), a), exp(sub(inf_to_zero(rmax(split(x, a, -inf), a)), unsqueeze(c, a)))), a-1), a)
   if splittable(x, a) and flat(c, a) and nonempty(x, a)
   why: sum_a exp(x - c) = sum_chunks exp(m_i - c) * sum_chunk exp(x - m_i) for any finite m_i: the chunk max, or 0 where a mask or padding left the chunk all -inf (its max would make exp(-inf - -inf) = NaN)

@@ -67,7 +67,9 @@ def test_attention_division_after_pv_matmul_with_separable_max():
     assert any(x.op == "matmul" or (x.op == "cast" and x.inputs[0].op == "matmul") for x in div.inputs)
     fact = best.facts[0]
     exp = best.graph.nodes[fact.node]
-    assert exp.op == "exp" and best.graph.nodes[fact.factor].attrs["op"] == "max"
+    # in base 2 (rules/base2.py): the running max rescales by exp2(m_old - m_new)
+    assert exp.op == "exp2" and fact.rescale == "exp2(y_old - y_new)"
+    assert best.graph.nodes[fact.factor].attrs["op"] == "max"
     _equal_to_naive(g, best)
 
 
