@@ -255,7 +255,8 @@ def kernel_times(plan, inputs, repeats: int = 10) -> dict[str, float]:
         torch.cuda.synchronize()
     out = {}
     for event in prof.key_averages():
-        name = next((n for n in names if event.key.startswith(n)), None)
+        # the longest name that prefixes the event's: k1 must not take k10's time
+        name = max((n for n in names if event.key.startswith(n)), key=len, default=None)
         if name is not None:
             total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
             out[name] = out.get(name, 0.0) + total / 1e3 / repeats

@@ -31,7 +31,7 @@ from .loops import Loop, accumulators, loop_nest
 from .partition import KernelSpec, buffer_name, stored_dtype
 from .tiles import Tiling, dot_labels, is_full
 from .tma import emit as emit_tma, tile_load, wants_tma
-from .views import gathers
+from .views import gathers, merged_offset
 
 TL = {d: d.triton_name for d in DType}
 _ITEMSIZE = {d.triton_name: d.itemsize for d in DType}
@@ -710,6 +710,10 @@ class Emitter:
             if e == 0:
                 continue
             terms.append(f"{code(e, names)} * {code(stride)}" if stride != 1 else code(e, names))
+        folded = merged_offset(sum((sympy.sympify(e) * sympy.Mul(*shape[k + 1:]) for k, e in enumerate(st.view)),
+                                   sympy.Integer(0)), {lab.sym: lab.extent for lab in self.views.labels})
+        if folded is not None:  # no integer division per stored element
+            terms = [code(folded, names)]
         for lid in self.views.labels_of(st.view):
             m = self.valid(lid, dims)
             if m:

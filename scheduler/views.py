@@ -231,6 +231,32 @@ def _fold_in_range(e, extents: tuple):
     return e
 
 
+def merged_offset(offset, extents: dict):
+    """A linear buffer offset with a merged index split back into its dims folded:
+    storing rows r < b*s of a [b*s, n] value into a [b, s, n] buffer addresses
+    (r // s % b) * s*n + (r % s) * n, which is r * n. The `% b` goes when r's extent is
+    b*s (every lane that stores is in range), then r % s = r - s*(r // s) cancels the
+    quotient. None when nothing folds (the offset's own form is kept)."""
+    def divmods(e) -> int:
+        return len(e.atoms(sympy.floor, sympy.Mod))
+
+    before = divmods(offset)
+    if not before:
+        return None
+    for m in list(offset.atoms(sympy.Mod)):
+        q, b = m.args
+        if isinstance(q, sympy.floor):
+            num, den = sympy.fraction(sympy.together(q.args[0]))
+            if num in extents and _eq(extents[num], den * b):
+                offset = offset.xreplace({m: q})
+    for m in list(offset.atoms(sympy.Mod)):
+        x, a = m.args
+        folded = sympy.expand(offset.xreplace({m: x - a * sympy.floor(x / a)}))
+        if divmods(folded) < divmods(offset):
+            offset = folded
+    return offset if divmods(offset) < before else None
+
+
 GATHER = "take_index_"
 
 
