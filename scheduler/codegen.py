@@ -548,8 +548,10 @@ class Emitter:
             dims = self.dims(a.labels)
             kind = "sum" if a.op == "matmul" else a.node.attrs["op"]
             shape = [self.t.block[d] for d in dims]
-            init = "tl.zeros({s}, tl.float32)" if kind == "sum" else f"tl.full({{s}}, {NEUTRAL[kind]}, tl.float32)"
-            accs[id(a)] = self.var(h, init.format(s=shape), dims, "tl.float32", prefix="acc")
+            # an integer sum (a segment id counted over a loop) stays an integer: it may index a load
+            ty = TL[a.node.dtype] if kind == "sum" and a.node.dtype.is_int else "tl.float32"
+            init = f"tl.zeros({{s}}, {ty})" if kind == "sum" else f"tl.full({{s}}, {NEUTRAL[kind]}, tl.float32)"
+            accs[id(a)] = self.var(h, init.format(s=shape), dims, ty, prefix="acc")
             self.stats.acc_elems += max(1, _prod(shape))
         bx = self.t.block[x]
         trips = -(-D.evaluate(self.labels[x].extent, self.env) // bx)
