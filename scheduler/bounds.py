@@ -8,9 +8,11 @@ expressions over X and the program's own labels, bounds the loop per program:
 tiles where c is taken everywhere are skipped, and tiles where x is taken
 everywhere run without the mask. A causal mask `j <= i` is one instance. The
 compare may also read integers the loop does not vary over, loaded per program (a
-CSR range `indptr[b] <= j < indptr[b+1]`, a length `j < seq_lens[b]`), and cond may
-be a conjunction: each compare of it bounds the loop, since c is taken wherever one
-of them fails (a disjunction does not). Several such wheres bound it together (a
+CSR range `indptr[b] <= j < indptr[b+1]`, a length `j < seq_lens[b]`), or per row
+of the program's tile (each row's request bounds, gathered through its segment id:
+program_values.py reduces the compare's bound over the rows), and cond may be a
+conjunction: each compare of it bounds the loop, since c is taken wherever one of
+them fails (a disjunction does not). Several such wheres bound it together (a
 sliding window's start, the causal end): a tile runs where each may keep a lane.
 A compare may also read the page of a token, floor(token / page_size) (64-token
 pages flattened into tokens): it bounds the token loop at page_size times the page.
@@ -25,7 +27,8 @@ import sympy
 from cleave.ir import dims as D
 
 from .index_bounds import provable
-from .loop_bounds import Call, Tiles, free_symbols, maximum, minimum, nest, render, symbol, tid, value as bound_value
+from .loop_bounds import Tiles, free_symbols, maximum, minimum, nest, render, symbol, tid, value as bound_value
+from .program_values import ProgramValues, index_expr
 
 FIN = "finite"  # any finite value
 _UNKNOWN = None
@@ -156,81 +159,6 @@ def absorbed(acc, consts: dict) -> bool:
     return value(acc.inputs[0], consts, memo) == ident
 
 
-def index_expr(inst, program=None):
-    """The integer index an iota-derived value holds, as a sympy expression over labels.
-    With `program` (a ProgramValues), an integer value the loop does not vary over (a
-    bound loaded from an index tensor: an indptr, a sequence length) stands as one
-    symbol per program."""
-    if inst.op == "iota":
-        return sympy.sympify(inst.view[inst.node.attrs["axis"]])
-    if inst.op == "const" and not inst.node.dtype.is_float:
-        return sympy.Integer(int(inst.node.attrs["value"]))
-    if inst.op in _SAME and not inst.node.inputs[0].dtype.is_float:
-        found = index_expr(inst.inputs[0], program)
-        if found is not None:
-            return found
-    if inst.op in ("add", "sub"):
-        a, b = (index_expr(i, program) for i in inst.inputs)
-        if a is None or b is None:
-            return program.symbol(inst) if program else None
-        return a + b if inst.op == "add" else a - b
-    return program.symbol(inst) if program else None
-
-
-class ProgramValues:
-    """Integer values constant along loop x within one program, computed before the loop
-    (loaded per program); each is a symbol with its least and greatest value over the
-    program's tile (the same name when the value is one scalar)."""
-
-    def __init__(self, em, h, x: int):
-        self.em, self.h, self.x = em, h, x
-        self.range: dict = {}  # symbol -> (least, greatest) symbols
-        self.defs: list = []  # (symbol, bound): the least and greatest of tiles of values
-        self.insts: dict = {}  # symbol (the value, its least, its greatest) -> instance
-
-    def symbol(self, inst):
-        em = self.em
-        if inst.node.dtype.is_float or self.x in inst.labels or _reads_loop(inst, self.x) or any(
-                em.t.role[i] == "loop" and i not in self.h.chain for i in inst.labels):
-            return None
-        val = em.ensure(self.h, inst)
-        sym = symbol(val.name)
-        if sym not in self.range:
-            if val.dims:  # a tile of values (a row tile's request starts): its extremes bound them all
-                least, greatest = symbol(f"{val.name}_min"), symbol(f"{val.name}_max")
-                self.defs += [(least, Call("min", (sym,))), (greatest, Call("max", (sym,)))]
-                self.range[sym] = (least, greatest)
-            else:
-                self.range[sym] = (sym, sym)
-        self.insts.update({s: inst for s in (sym, *self.range[sym])})
-        return sym
-
-    def inputs(self, symbols) -> frozenset:
-        """Names of the graph inputs that the values among `symbols` are computed from."""
-        stack = [self.insts[s].node for s in symbols if s in self.insts]
-        seen, out = set(), set()
-        while stack:
-            n = stack.pop()
-            if n.id not in seen:
-                seen.add(n.id)
-                out |= {n.attrs["name"]} if n.op == "input" else set()
-                stack.extend(n.inputs)
-        return frozenset(out)
-
-
-def _reads_loop(inst, x) -> bool:
-    """Whether inst depends on a reduction over x (its value is known only after the loop)."""
-    stack, seen = [inst], set()
-    while stack:
-        i = stack.pop()
-        if i.reduced is not None and i.reduced.id == x:
-            return True
-        if id(i) not in seen:
-            seen.add(id(i))
-            stack.extend(i.inputs)
-    return False
-
-
 # cond -> an expression that is <= 0 exactly where cond holds (integers)
 _LE0 = {"le": lambda l, r: l - r, "lt": lambda l, r: l - r + 1,
         "ge": lambda l, r: r - l, "gt": lambda l, r: r - l + 1}
@@ -308,7 +236,7 @@ def segments(em, h, x: int, order, trips: int) -> list[Segment]:
             spans, kept = [], {}
             for w in group:
                 terms = conjuncts(w.inputs[0]) if branch == 2 else [w.inputs[0]]
-                found = [(t, b) for t in terms for b in [_term_bounds(em, x, t, branch == 1, program)] if b]
+                found = [(t, b) for t in terms for b in _term_bounds(em, x, t, branch == 1, program)]
                 if not found:
                     break
                 if holds(w.inputs[0], {id(t) for t, _ in found}, kept):
@@ -352,70 +280,36 @@ def _where_groups(em, x, order) -> list[list]:
     return list(groups.values())
 
 
-def _label_range(em, lid: int):
-    """Least and greatest index of label lid within one program."""
-    b = em.t.block[lid]
-    if em.t.role[lid] == "grid":
-        t = tid(lid)
-        return (t, t) if b == 1 else (t * b, t * b + b - 1)
-    if em.t.role[lid] == "full":
-        return sympy.Integer(0), sympy.Integer(b - 1)
-    return None
-
-
-def _term_bounds(em, x, term, negated, program):
-    """For a compare that is linear in x with a unit step: ("lo", first index where it
-    holds on some lane of the program's tile, first where it holds on all), or ("hi",
-    end of where it holds on some lane, end of where on all), as sympy expressions."""
+def _term_bounds(em, x, term, negated, program) -> list:
+    """For a compare that is linear in x with a unit step: its bounds, each ("lo", first
+    index where it holds on some lane of the program's tile, first where it holds on all)
+    or ("hi", end of where it holds on some lane, end of where on all)."""
     if term.op not in _LE0 or term.node.inputs[0].dtype.is_float:
-        return None
+        return []
     lhs, rhs = (index_expr(i, program) for i in term.inputs)
     if lhs is None or rhs is None:
-        return None
+        return []
     le0 = sympy.expand(_LE0[_NOT[term.op] if negated else term.op](lhs, rhs))
     xs = em.labels[x].sym
     below = _below(em)
     le0 = _undivided(le0, xs, below)
     if le0 is None:
-        return None
+        return []
     a = le0.coeff(xs)
     if a not in (1, -1) or sympy.diff(le0, xs, 2) != 0:  # unit steps: bounds need no division
-        return None
+        return []
     rest = sympy.expand(le0 - a * xs)
     # A grid row's request through a division (GQA's rows merged with their heads, row
     # i = floor(r / group) % rows): the floor is monotone in r, so its least and greatest
     # over the program's tile are those of r divided (the % dropped as in _undivided).
     rest = rest.replace(lambda e: isinstance(e, sympy.Mod), lambda e: _unmod(e, below))
-    divided = {}
-    for f in rest.atoms(sympy.floor):
-        if not f.free_symbols & (set(below) | set(program.range)):  # of kernel arguments only
-            continue
-        num, den = sympy.fraction(sympy.together(f.args[0]))
-        lab = em.views.by_sym().get(num)
-        rng = lab and _label_range(em, lab.id)
-        if not rng or den.free_symbols & set(below) or not provable(den - 1):
-            return None
-        divided[sympy.Dummy(integer=True)] = (f, tuple(sympy.floor(r / den) for r in rng))
-    rest = rest.xreplace({f: d for d, (f, _) in divided.items()})
-    ranges = {**{lab.sym: _label_range(em, lab.id) for lab in em.views.labels if lab.sym in rest.free_symbols},
-              **program.range, **{d: rng for d, (_, rng) in divided.items()}}
-    lo_sub, hi_sub = {}, {}
-    for sym in rest.free_symbols:
-        if sym not in ranges:  # a graph symbol: a kernel argument, constant per launch
-            continue
-        rng, c = ranges[sym], rest.coeff(sym)
-        if rng is None or c.free_symbols & set(ranges) or sympy.diff(rest, sym, 2) != 0:
-            return None
-        if provable(c):
-            lo_sub[sym], hi_sub[sym] = rng
-        elif provable(-c):
-            lo_sub[sym], hi_sub[sym] = rng[::-1]
-        else:
-            return None
-    rmin, rmax = rest.xreplace(lo_sub), rest.xreplace(hi_sub)
+    ends = program.extremes(rest)
+    if ends is None:
+        return []
+    rmin, rmax = ends
     if a > 0:  # holds where x <= -rest
-        return "hi", 1 - rmin, 1 - rmax
-    return "lo", rmin, rmax  # holds where x >= rest
+        return [("hi", 1 - rmin, 1 - rmax)]
+    return [("lo", rmin, rmax)]  # holds where x >= rest
 
 
 def _below(em) -> dict:
@@ -551,7 +445,7 @@ def _fractions(em, segs, trips, bx, program=None, share=1.0):
     the expected range (`share` of the extent, _loaded_share), so that a decode program
     costs its own request's pages, not the whole batch's (which made a split-KV plan look
     necessary at every batch size)."""
-    if program is not None and program.range:
+    if program is not None and program.loaded:
         edges = len(segs) - 1
         for seg in segs:
             seg.fraction = 1 / max(trips, 1) if not seg.full else max(0.0, share - edges / max(trips, 1))

@@ -75,6 +75,16 @@ def loaded(source: str, buffer: str) -> set[str]:
     return set(re.findall(rf"(v\d+) = tl\.load\({buffer}_ptr", source))
 
 
+def computed_from(source: str, buffer: str) -> set[str]:
+    """Names of the values a kernel's source loads from `buffer` or computes from them
+    (a row tile's loaded starts, their least over the tile, a bound searched for it)."""
+    names = loaded(source, buffer)
+    for name, expr in re.findall(r"^\s*(\w+) = (.*)$", source, re.M):
+        if set(re.findall(r"\w+", expr)) & names:
+            names.add(name)
+    return names
+
+
 def plan_sources(compiled) -> list[str]:
     """The source of every kernel of every plan a cleave.compile'd function holds."""
     return [k.source for op in compiled.operators for spec in op.specs.values() for plan in spec.plans
@@ -88,10 +98,10 @@ def assert_loops_bounded_by(sources, buffer: str, sides=("lo", "hi")):
     looped = [s for s in sources if loop_bounds(s)]
     assert looped, "no kernel loops"
     for source in looped:
-        values = loaded(source, buffer)
+        values = computed_from(source, buffer)
         for start, stop in loop_bounds(source):
             assert stop.startswith(("first_hi", "full_hi", "hi")), source
             assert "lo" not in sides or start != "0", source
         for side in sides:
             bound = re.search(rf"^\s*{side}\d+ = (.*)$", source, re.M)
-            assert bound and set(re.findall(r"v\d+", bound.group(1))) & values, (side, source)
+            assert bound and set(re.findall(r"\w+", bound.group(1))) & values, (side, source)
