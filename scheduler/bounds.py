@@ -15,7 +15,9 @@ conjunction: each compare of it bounds the loop, since c is taken wherever one o
 them fails (a disjunction does not). Several such wheres bound it together (a
 sliding window's start, the causal end): a tile runs where each may keep a lane.
 A compare may also read the page of a token, floor(token / page_size) (64-token
-pages flattened into tokens): it bounds the token loop at page_size times the page.
+pages flattened into tokens): it bounds the token loop at page_size times the page;
+or a value that never decreases along the loop (a segment id, `seg_q == seg_kv`:
+monotone.py).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from cleave.ir import dims as D
 
 from .index_bounds import provable
 from .loop_bounds import Tiles, free_symbols, maximum, minimum, nest, render, symbol, tid, value as bound_value
+from .monotone import monotone_bounds
 from .program_values import ProgramValues, index_expr
 
 FIN = "finite"  # any finite value
@@ -281,11 +284,15 @@ def _where_groups(em, x, order) -> list[list]:
 
 
 def _term_bounds(em, x, term, negated, program) -> list:
-    """For a compare that is linear in x with a unit step: its bounds, each ("lo", first
-    index where it holds on some lane of the program's tile, first where it holds on all)
-    or ("hi", end of where it holds on some lane, end of where on all)."""
-    if term.op not in _LE0 or term.node.inputs[0].dtype.is_float:
+    """For a compare that is linear in x with a unit step, or that reads a value never
+    decreasing in x (monotone.py): its bounds, each ("lo", first index where it holds on
+    some lane of the program's tile, first where it holds on all) or ("hi", end of where
+    it holds on some lane, end of where on all)."""
+    if term.op not in (*_LE0, "eq") or term.node.inputs[0].dtype.is_float:
         return []
+    found = monotone_bounds(em, x, term, negated, program)
+    if found is not None or term.op == "eq":
+        return found or []
     lhs, rhs = (index_expr(i, program) for i in term.inputs)
     if lhs is None or rhs is None:
         return []

@@ -26,8 +26,9 @@ from .exprs import code
 from .fexpr import EXP, Y_NEW, Y_OLD, fcode, parse_rescale
 from .index_bounds import index_bounds, provable
 from .kernel_stats import Stats, mma_efficiency
-from .loop_bounds import render
+from .loop_bounds import Search, render
 from .loops import Loop, accumulators, loop_nest
+from .monotone import FIRST_AT_LEAST
 from .partition import KernelSpec, buffer_name, stored_dtype
 from .tiles import Tiling, dot_labels, is_full
 from .tma import emit as emit_tma, tile_load, wants_tma
@@ -131,6 +132,7 @@ class Emitter:
                     self.consumers.setdefault(id(x), set()).add(inst.op)
         self.persistent = False  # a tile loop in each program (tiled MatMuls): set by program()
         self.descriptors: dict = {}  # (buffer, block) -> descriptor argument name
+        self.searched = False  # a loop bound searches a never-decreasing buffer (monotone.py)
 
     # -- small helpers ----------------------------------------------------
     def var(self, block: Block, expr: str, dims, ty: str, prefix="v") -> Val:
@@ -563,6 +565,7 @@ class Emitter:
             self.loop_body(body, loop, accs)
             self.keep, self.whole = {}, None
             h.lines += [f"{sym} = {render(b)}" for sym, b in seg.defs]
+            self.searched |= any(isinstance(b, Search) for _, b in seg.defs)
             h.lines.append(f"for start{x} in range({render(seg.lo)}, {render(seg.hi)}, {bx}):")
             h.lines += ["    " + line for line in body.lines]
         for a in loop.accs:
@@ -684,7 +687,7 @@ class Emitter:
         src = ["import os", "", "import triton", "import triton.language as tl", "",
                "# Triton's CPU interpreter computes bf16 tl.dot wrongly; it gets fp32 operands there.",
                "DOT_BF16 = tl.constexpr(tl.float32 if os.environ.get(\"TRITON_INTERPRET\") == \"1\" else tl.bfloat16)",
-               ""] + ROUND_BF16 + ["", ""] + comment + [
+               ""] + ROUND_BF16 + ["", ""] + (FIRST_AT_LEAST + ["", ""] if self.searched else []) + comment + [
             f"@triton.jit{dns}", f"def {name}({', '.join(params)}):"] + ["    " + ln for ln in top.lines]
         grid = " * ".join(grid_terms) or "1"
         return "\n".join(src) + "\n", bufs, [grid]

@@ -4,9 +4,9 @@ A bound is a sympy expression (over graph symbols, a program's tile indices `tid
 values it loads and the names of bounds defined before it) or one of the integer
 operations Triton code applies to such expressions: `tl.maximum`/`tl.minimum`, a
 tile reduction `tl.min`/`tl.max` of loaded values, and rounding to a multiple of the
-tile. The scheduler evaluates bounds at the scheduled shapes (the cost model's share
-of tiles a loop runs) and reads which loaded values they come from; codegen prints
-them.
+tile, and the search of a never-decreasing buffer (monotone.py). The scheduler
+evaluates bounds at the scheduled shapes (the cost model's share of tiles a loop runs)
+and reads which loaded values they come from; codegen prints them.
 """
 from __future__ import annotations
 
@@ -30,6 +30,15 @@ class Tiles:
     e: object
     block: int
     up: bool = False
+
+
+@dataclass(frozen=True)
+class Search:
+    """The first index j < extent of a never-decreasing 1-d buffer with buffer[j] >= target
+    (extent when none): monotone.FIRST_AT_LEAST, computed in the kernel."""
+    buffer: str
+    extent: object
+    target: object
 
 
 def maximum(a, b) -> Call:
@@ -65,6 +74,8 @@ def render(b) -> str:
     if isinstance(b, Tiles):
         e = f"({render(b.e)} + {b.block - 1})" if b.up else render(b.e)
         return f"{e} // {b.block} * {b.block}"
+    if isinstance(b, Search):
+        return f"first_at_least({b.buffer}_ptr, {render(b.extent)}, {render(b.target)})"
     return code(b)
 
 
@@ -73,6 +84,8 @@ def free_symbols(b) -> set:
         return set().union(*(free_symbols(a) for a in b.args))
     if isinstance(b, Tiles):
         return free_symbols(b.e)
+    if isinstance(b, Search):
+        return free_symbols(b.extent) | free_symbols(b.target)
     return sympy.sympify(b).free_symbols
 
 
@@ -81,7 +94,7 @@ _SCALAR = {"maximum": max, "minimum": min}
 
 def value(b, env: dict) -> int:
     """b's integer value, as the kernel computes it, with env giving each symbol's value
-    by name (a tile reduction of loaded values has none at schedule time)."""
+    by name (a tile reduction of loaded values, or a search, has none at schedule time)."""
     if isinstance(b, Call):
         return _SCALAR[b.fn](*(value(a, env) for a in b.args))
     if isinstance(b, Tiles):
