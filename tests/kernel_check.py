@@ -1,5 +1,6 @@
 """Shared check for generated kernels: launch a plan on fresh random inputs into
 NaN-poisoned outputs and compare with the fp64 reference interpreter."""
+import collections
 import dataclasses
 import re
 
@@ -105,3 +106,28 @@ def assert_loops_bounded_by(sources, buffer: str, sides=("lo", "hi")):
         for side in sides:
             bound = re.search(rf"^\s*{side}\d+ = (.*)$", source, re.M)
             assert bound and set(re.findall(r"\w+", bound.group(1))) & values, (side, source)
+
+
+def tiles_visited(plan, inputs: dict, extents, out=None) -> collections.Counter:
+    """Launch plan under the interpreter, counting the tiles each program runs in the loops
+    whose extent (a kernel's `loops` record) is among `extents`: {(kernel, program): tiles}."""
+    import triton.runtime.interpreter as interpreter
+
+    from cleave.runtime.launch import _kernel_fn, launch
+
+    visits = collections.Counter()
+    counted = []
+    for k in plan.kernels:
+        labels = {loop["label"][1:] for loop in k.loops if loop["extent"] in extents}
+        source = re.sub(rf"for start({'|'.join(labels)}) in range\(", r"for start\1 in visit(", k.source) \
+            if labels else k.source
+        counted.append(dataclasses.replace(k, source=source))
+
+        def visit(*bounds, _name=k.name):
+            tiles = range(*(int(b) for b in bounds))
+            visits[(_name, interpreter.interpreter_builder.grid_idx)] += len(tiles)
+            return tiles
+
+        _kernel_fn(plan, counted[-1]).fn.__globals__["visit"] = visit
+    launch(dataclasses.replace(plan, kernels=counted), inputs, out=out)
+    return visits
