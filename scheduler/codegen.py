@@ -399,6 +399,7 @@ class Emitter:
             out = self.var(b, f"tl.load({addr}{m})", dims, ty)
         else:
             desc = self.descriptors.setdefault((name, tile.block), f"{name}_desc{len(self.descriptors)}")
+            self.stats.tma_in_loop |= bool(b.chain)
             out = Val(f"v{self.n}", tuple(dims), ty)
             self.n += 1
             if not b.chain:  # held in registers, as `var` counts a pointer load outside loops
