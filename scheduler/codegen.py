@@ -125,8 +125,9 @@ class Emitter:
         self.tma = target is not None and wants_tma(self, target)
         self.consumers: dict[int, set] = {}  # id(instance) -> the ops that read its value
         for inst in self.views.memo.values():
-            for x in inst.inputs:
-                self.consumers.setdefault(id(x), set()).add(inst.op)
+            for k, x in enumerate(inst.inputs):
+                # a take's second input addresses the gather: it is read as an index, not a value
+                self.consumers.setdefault(id(x), set()).add("index" if inst.op == "take" and k == 1 else inst.op)
                 while x.op in VIEW_OPS and x.inputs:  # a view passes its operand's value on
                     x = x.inputs[0]
                     self.consumers.setdefault(id(x), set()).add(inst.op)

@@ -136,6 +136,18 @@ def test_decode_sized_grids_keep_pointer_loads():
     assert dynamic.kernels[0].descriptors
 
 
+def test_a_gather_index_is_never_read_through_a_descriptor():
+    """A paged prefill's kv_indices tile addresses its k/v gather: the H200's pipeliner
+    cannot predicate a descriptor load whose value forms addresses (Triton 3.6: "Fatal
+    pipeliner error", RESULTS.md 2026-12-01 session 5), so index tiles keep pointers."""
+    paged = W.get("gqa_paged_prefill_causal_h32_kv8_d128_ps1")
+    result = search(paged.graph, progress=False)
+    sources = [k.source for c in result.candidates[:3]
+               for p in schedule(c, paged.presets["h200"], top_k=3) for k in p.kernels]
+    assert any("_desc" in src for src in sources)  # its q tiles still use them
+    assert not any("kv_indices_desc" in src for src in sources)
+
+
 def test_persistent_programs_loop_over_tiles(monkeypatch, descriptors_made):
     """One program runs all nine tiles (3 x 3 of 64) of a tiled MatMul in turn."""
     env = {"s": 150, "k": 56, "n": 136}
