@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from benchmarks.models import MODELS, layer_inputs, make_layer
+from benchmarks.models import layer_inputs, make_layer
 
 # (model, batch, seq): the anchors, prefill
 SHAPES = {

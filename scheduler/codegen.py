@@ -710,17 +710,16 @@ class Emitter:
         dims = self.dims(self.views.labels_of(st.view))
         names = self.names(dims)
         shape = st.node.shape
-        terms, mask = [], {}
-        for k, e in enumerate(st.view):
-            e = sympy.sympify(e)
-            stride = sympy.Mul(*shape[k + 1:]) if k + 1 < len(shape) else sympy.Integer(1)
-            if e == 0:
-                continue
-            terms.append(f"{code(e, names)} * {code(stride)}" if stride != 1 else code(e, names))
-        folded = merged_offset(sum((sympy.sympify(e) * sympy.Mul(*shape[k + 1:]) for k, e in enumerate(st.view)),
-                                   sympy.Integer(0)), {lab.sym: lab.extent for lab in self.views.labels})
+        mask = {}
+        view = [sympy.sympify(e) for e in st.view]
+        strides = [sympy.Mul(*shape[k + 1:]) for k in range(len(shape))]
+        folded = merged_offset(sum((e * s for e, s in zip(view, strides)), sympy.Integer(0)),
+                               {lab.sym: lab.extent for lab in self.views.labels})
         if folded is not None:  # no integer division per stored element
             terms = [code(folded, names)]
+        else:
+            terms = [f"{code(e, names)} * {code(s)}" if s != 1 else code(e, names)
+                     for e, s in zip(view, strides) if e != 0]
         for lid in self.views.labels_of(st.view):
             m = self.valid(lid, dims)
             if m:

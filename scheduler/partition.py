@@ -191,8 +191,8 @@ def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
             more = set() if segmented else segment_cuts(graph, nested_only=False) - cuts
             if not more:
                 raise ShapeError(f"scheduler: a kernel of {graph.name} derives more than {max_instances} "
-                                 f"tile instances even when cut between its layers; raise max_instances "
-                                 f"or materialise intermediate values") from None
+                                 f"tile instances even when cut between its layers; raise "
+                                 f"cleave.scheduler.partition.MAX_INSTANCES or materialise intermediate values") from None
             segmented = True
             cuts |= more
         except _Rejected as rejected:
