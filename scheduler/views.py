@@ -296,6 +296,8 @@ def _reshape_groups(src: tuple, dst: tuple):
     the same few shapes thousands of times, and each pairing cancels products in sympy."""
     a = [i for i, d in enumerate(src) if not D.is_one(d)]
     b = [i for i, d in enumerate(dst) if not D.is_one(d)]
+    if a and b and any(d == 0 for d in (*src, *dst)):  # no element: one group, its index never used
+        return [(a, b)]
     groups, i, j = [], 0, 0
     while i < len(a) and j < len(b):
         ga, gb = [a[i]], [b[j]]
@@ -330,8 +332,10 @@ def reshape_back(src, dst, view, node) -> tuple:
     inner = [sympy.Integer(0)] * len(src)
     for ga, gb in reshape_groups(src, dst, node):
         flat = sum((view[k] * s for k, s in zip(gb, _strides(dst, gb))), sympy.Integer(0))
+        empty = any(src[k] == 0 for k in ga) or any(dst[k] == 0 for k in gb)
         for k, s in zip(ga, _strides(src, ga)):
-            inner[k] = flat if len(ga) == 1 else sympy.Mod(sympy.floor(flat / s), src[k])
+            # no element to index in an empty group: any index over the same labels serves
+            inner[k] = flat if len(ga) == 1 or empty else sympy.Mod(sympy.floor(flat / s), src[k])
     return tuple(inner)
 
 

@@ -114,7 +114,13 @@ def silu_matmul(x, w):
     return F.silu(x @ w)
 
 
-@pytest.mark.parametrize("fn, shapes", [(sum_exp, [(3, 0)]), (silu_matmul, [(3, 0), (0, 4)])])
+def flatten_matmul(x, w):
+    """A layer's projection over (batch, tokens) rows: the reshapes carry the empty axis."""
+    return torch.tanh(x.reshape(-1, x.shape[-1]) @ w).reshape(x.shape[0], x.shape[1], w.shape[1])
+
+
+@pytest.mark.parametrize("fn, shapes", [(sum_exp, [(3, 0)]), (silu_matmul, [(3, 0), (0, 4)]),
+                                        (flatten_matmul, [(2, 0, 6), (6, 4)])])
 def test_compile_static_empty_axis(monkeypatch, tmp_path, fn, shapes):
     monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
     compiled = cleave.compile(fn)

@@ -128,9 +128,12 @@ class _Numeric:
         self.memo: dict = {}
 
     def dim(self, d):
+        """A dim's extent at the binding; an empty one (a first call with no tokens, which
+        the graph may hold as a literal 0) counts as 1, as the scheduler ranks it: at 0
+        every candidate costs nothing and its parallelism divides by zero."""
         v = self.memo.get(d)
         if v is None:
-            v = self.memo[d] = float(d.xreplace(self.env)) if d.free_symbols else float(d)
+            v = self.memo[d] = max(1.0, float(d.xreplace(self.env)) if d.free_symbols else float(d))
         return v
 
 
