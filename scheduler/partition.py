@@ -260,7 +260,7 @@ def segment_cuts(graph: Graph, nested_only: bool = True) -> set[int]:
     cuts, while in a stack each segment recomputes what one layer does instead of
     compounding below it (each layer reads the one below under 4 tile maps:
     4^layers instances)."""
-    reach = _reachable(graph)
+    reach = {n.id for n in graph.live_nodes()}
     succ = {i: {x.id for x in graph.nodes[i].inputs} for i in reach}
     readers: dict[int, int] = {}
     for i in reach:
@@ -302,16 +302,6 @@ def segment_cuts(graph: Graph, nested_only: bool = True) -> set[int]:
                 found[i] = carried
     # nested: the stream below it carries another one (the hidden state a layer adds to)
     return {i for i, carried in found.items() if not nested_only or carried & found.keys()}
-
-
-def _reachable(graph: Graph) -> set[int]:
-    found, stack = set(), [n.id for n in graph.outputs]
-    while stack:
-        i = stack.pop()
-        if i not in found:
-            found.add(i)
-            stack.extend(x.id for x in graph.nodes[i].inputs)
-    return found
 
 
 def _upstream(roots, leaves: set) -> set[int]:
