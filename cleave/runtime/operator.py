@@ -38,6 +38,7 @@ from . import artifact as A
 from .buckets import bucket
 from .cache import device_name, entry_dir, key_fields, operator_key
 from .launch import launch, prepare, remember, run
+from .mix import compose, fastest_kernels, partition_key
 from .profile import rank
 from .waves import waves
 
@@ -66,6 +67,7 @@ class Spec:
     tuning: dict[str, list[int]] = field(default_factory=dict)
     from_cache: bool = False
     warm: bool = False  # every plan compiled (GPU)
+    mixes: dict = field(default_factory=dict)  # per-kernel picks -> the composed plan (mix.compose)
 
 
 class CompiledOperator:
@@ -177,10 +179,27 @@ class CompiledOperator:
         if count is not None:
             sub = f"{key};waves={count}"
             if timed_here:  # this shape's ranking is also that of its wave count
-                self._save(spec, {sub: ranking})
-            else:
-                ranking = [i for i in spec.tuning.get(sub, []) if i in fits] or self._tune(spec, sub, fits, inputs)
-        return spec.plans[ranking[0]]
+                self._save(spec, {sub: ranking, **_picks_entry(sub, spec.tuning.get(_picks_key(key)))})
+            elif not [i for i in spec.tuning.get(sub, []) if i in fits]:
+                self._tune(spec, sub, fits, inputs)
+            key = sub
+            ranking = [i for i in spec.tuning.get(sub, []) if i in fits]
+        return self._mixed(spec, ranking[0], spec.tuning.get(_picks_key(key)))
+
+    def _mixed(self, spec: Spec, first: int, picks: list[int] | None) -> Plan:
+        """plans[first], or the plan composed of each kernel's fastest option where the
+        bucket's tuning found one (mix.fastest_kernels); a saved mix that no longer
+        matches the plans (another build) is ignored."""
+        if not picks:
+            return spec.plans[first]
+        plan = spec.mixes.get(tuple(picks))
+        if plan is None:
+            try:
+                plan = compose(spec.plans, picks)
+            except (ValueError, IndexError):
+                return spec.plans[first]
+            spec.mixes[tuple(picks)] = plan
+        return plan if partition_key(plan) == partition_key(spec.plans[first]) else spec.plans[first]
 
     def _empty_outputs(self, env: dict) -> list[bool]:
         """Which outputs have no elements at env. A kernel with nothing to store has no
@@ -193,15 +212,18 @@ class CompiledOperator:
                                         f"capture")
 
     def _tune(self, spec: Spec, key: str, fits: list[int], inputs) -> list[int]:
-        """Time the plans that fit on these inputs; save and return their ranking."""
+        """Time the plans that fit on these inputs, then each kernel's options within the
+        fastest plan's partition; save and return the ranking (the picks are saved with it)."""
         self._outside_capture(f"shape bucket {key} timed")
         start = time.perf_counter()
         ranking = [fits[i] for i in rank([spec.plans[i] for i in fits], inputs)]
+        picks = fastest_kernels(spec.plans, ranking, inputs)
         best = spec.plans[ranking[0]]
+        mixed = f", kernels from plans {picks}" if picks else ""
         _progress(f"[cleave tune] {self.graph.name} bucket {key or '(static)'}: {len(fits)} plans timed in "
                   f"{time.perf_counter() - start:.1f}s; fastest: split {best.split or 'none'}, "
-                  f"{len(best.kernels)} kernel(s)")
-        self._save(spec, {key: ranking})
+                  f"{len(best.kernels)} kernel(s){mixed}")
+        self._save(spec, {key: ranking, **_picks_entry(key, picks)})
         self.stats["tunings"] += 1
         return ranking
 
@@ -327,6 +349,15 @@ def search(graph: Graph, top_k: int, rules=None):
     from ..search.api import search as run
 
     return run(graph, top_k=top_k, rules=rules)
+
+
+def _picks_key(key: str) -> str:
+    return f"{key};kernels"
+
+
+def _picks_entry(key: str, picks: list[int] | None) -> dict[str, list[int]]:
+    """The tuning entry holding a bucket's per-kernel picks (none when no mix paid)."""
+    return {_picks_key(key): list(picks)} if picks else {}
 
 
 def _capturing(device: torch.device) -> bool:

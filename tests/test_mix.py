@@ -1,0 +1,116 @@
+"""Kernel-wise tuning across plans of one partition (cleave.runtime.mix): each kernel
+takes its fastest option, the composed plan computes what the graph computes, and the
+operator saves the picks with a bucket's ranking and composes them again from disk."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+from cleave.ir import parse_graph
+from cleave.runtime import artifact as A
+from cleave.runtime.launch import launch
+from cleave.runtime.mix import compose, fastest_kernels, partition_key
+from cleave.scheduler import schedule
+
+# Two outputs with different grids: two kernels, each with its own ranked options.
+TWO_KERNELS = parse_graph('''graph two_kernels {
+  %0 = input(name="x", shape=[s,k], dtype=f32) : f32[s,k]
+  %1 = input(name="w", shape=[k,n], dtype=f32) : f32[k,n]
+  %2 = matmul(%0, %1) : f32[s,n]
+  %3 = exp(%2) : f32[s,n]
+  %4 = reduce(%3, op="sum", axis=0, keepdim=0) : f32[n]
+  %5 = reduce(%0, op="max", axis=1, keepdim=0) : f32[s]
+  return a=%4, b=%5
+}''')
+ENV = {"s": 37, "k": 24, "n": 300}
+
+
+def two_kernel_plans():
+    plans = schedule(TWO_KERNELS, ENV, top_k=3)
+    assert len(plans) == 3 and all(len(p.kernels) == 2 for p in plans)
+    assert len({partition_key(p) for p in plans}) == 1
+    return plans
+
+
+def fake_time(costs: dict[tuple[int, str], float], plans, timed: list):
+    """A timer summing a cost per (kernel slot, option source); records each plan timed."""
+    sources = {(slot, k.source, k.num_warps): cost for (slot, i), cost in costs.items()
+               for k in [plans[i].kernels[slot]]}
+
+    def time(plan):
+        timed.append(plan)
+        return sum(sources[(slot, k.source, k.num_warps)] for slot, k in enumerate(plan.kernels))
+    return time
+
+
+def test_each_kernel_takes_its_fastest_option_and_the_mix_is_exact():
+    plans = two_kernel_plans()
+    # kernel 0 is fastest as plan 2 has it, kernel 1 as plan 1 has it
+    costs = {(0, 0): 5.0, (0, 1): 6.0, (0, 2): 3.0, (1, 0): 4.0, (1, 1): 1.0, (1, 2): 4.0}
+    timed = []
+    picks = fastest_kernels(plans, [0, 1, 2], {}, time=fake_time(costs, plans, timed))
+    assert picks == [2, 1]
+    # the first plan, then one swap per other distinct option of each kernel
+    options = [{(p.kernels[slot].source, p.kernels[slot].num_warps, p.kernels[slot].num_stages) for p in plans}
+               for slot in range(2)]
+    assert len(timed) == 1 + sum(len(o) - 1 for o in options)
+    mixed = compose(plans, picks)
+    assert [k.source for k in mixed.kernels] == [plans[2].kernels[0].source, plans[1].kernels[1].source]
+    assert all(name.startswith(mixed.kernels[0].name) or name.startswith(mixed.kernels[1].name)
+               for name in mixed.tiles)
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(ENV["s"], ENV["k"], generator=g), torch.randn(ENV["k"], ENV["n"], generator=g) * 0.1
+    a, b = launch(mixed, {"x": x, "w": w})
+    x64, w64 = x.double(), w.double()
+    torch.testing.assert_close(a.double(), torch.exp(x64 @ w64).sum(0), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(b.double(), x64.max(1).values, rtol=0, atol=0)
+
+
+def test_no_mix_when_no_swap_pays_or_nothing_shares_the_partition():
+    plans = two_kernel_plans()
+    flat = {(slot, i): 1.0 for slot in range(2) for i in range(3)}
+    assert fastest_kernels(plans, [0, 1, 2], {}, time=fake_time(flat, plans, [])) is None
+    assert fastest_kernels(plans, [1], {}, time=fake_time(flat, plans, [])) is None
+    other = schedule(TWO_KERNELS, {**ENV, "k": 40}, top_k=1)[0]  # another binding: other buffers
+    assert partition_key(other) != partition_key(plans[0])
+    with pytest.raises(ValueError, match="do not share one partition"):
+        compose(plans + [other], [0, 3])
+
+
+def test_operator_saves_the_picks_and_composes_them_again_without_timing(monkeypatch, tmp_path):
+    """The CUDA branch of the plan choice with a recording launch (as in
+    test_dynamic_split): the bucket's tuning saves the per-kernel picks next to its
+    ranking, the shape runs the composed plan, and a new operator on the same cache
+    composes the same plan from disk without timing anything."""
+    import cleave.runtime.operator as operator
+
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    scratch = operator._scratch
+    monkeypatch.setattr(operator, "_scratch", lambda plan, device: scratch(plan, "meta"))
+    monkeypatch.setattr(operator, "launch", lambda plan, inputs, out=None: [None])
+    calls = []
+
+    def picks_of(plans, ranking, inputs):
+        calls.append(ranking)
+        return [ranking[-1], ranking[0]]
+    monkeypatch.setattr(operator, "fastest_kernels", picks_of)
+    inputs = {"x": torch.randn(37, 24), "w": torch.randn(24, 300)}
+
+    def chosen():
+        op = operator.CompiledOperator(TWO_KERNELS, {"s"}, top_k=3)
+        op.device = torch.device("cuda")
+        plan, spec = op.select(inputs)
+        return op, plan, spec
+
+    op, plan, spec = chosen()
+    (ranking,) = calls
+    assert len(ranking) >= 2
+    want = [spec.plans[ranking[-1]].kernels[0], spec.plans[ranking[0]].kernels[1]]
+    assert plan.kernels == want
+    saved = A.load_tuning(op.entry, spec.static)
+    assert saved[f"{next(iter(k for k in saved if not k.endswith(';kernels')))};kernels"] == [ranking[-1], ranking[0]]
+    monkeypatch.setattr(operator, "fastest_kernels", lambda *a: pytest.fail("timed again"))
+    _, again, _ = chosen()
+    assert again.kernels == want
