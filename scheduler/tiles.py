@@ -54,6 +54,27 @@ def unit_label(e, table):
     return table[unit[0]] if len(unit) == 1 and all(t.is_polynomial() for t in terms) else None
 
 
+def merged_rows(views: Views, env: dict) -> list[tuple[int, int]]:
+    """(outer, inner) label pairs of a tl.dot side whose index is outer·G + inner, inner of
+    a static extent G below the dot minimum: GQA's queries merged with their group of 4
+    heads (rows 4i + g). The inner label pads to 16 rows, or goes to the grid (one head
+    per program) while the outer one tiles the rows, strided by G."""
+    table, out = views.by_sym(), []
+    for inst in views.memo.values():
+        if inst.op != "matmul":
+            continue
+        for e in inst.view[-2:]:
+            inner = None if e in table else unit_label(e, table)
+            if inner is None or inner.extent.free_symbols or D.evaluate(inner.extent, env) >= DOT_MIN:
+                continue
+            for term in sympy.Add.make_args(sympy.expand(e)):
+                labs = [table[x] for x in term.free_symbols if x in table]
+                if len(labs) == 1 and labs[0] is not inner and sympy.expand(term - inner.extent * labs[0].sym) == 0 \
+                        and (labs[0].id, inner.id) not in out:
+                    out.append((labs[0].id, inner.id))
+    return out
+
+
 def _is_dynamic(lab: Label, dynamic: set) -> bool:
     return any(s.name in dynamic for s in lab.extent.free_symbols)
 
@@ -98,6 +119,13 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
             out[lab.id] = [("full", full)] + loops[-2:]
         else:
             out[lab.id] = loops
+    for outer, inner in merged_rows(views, env):  # the inner label to the grid, the outer one tiling the rows
+        if outer in roots and inner in roots:
+            n = D.evaluate(views.labels[outer].extent, env)
+            full = max(next_pow2(n), DOT_MIN)
+            tiled = [b for b in (64, 128) if b < full] + ([full] if full <= 128 else [])
+            out[outer] = list(dict.fromkeys(out[outer] + [("grid", b) for b in tiled]))
+            out[inner] = list(dict.fromkeys(out[inner] + [("grid", 1)]))
     return out
 
 
@@ -110,12 +138,19 @@ def enumerate_tilings(views: Views, root_labels: list, env: dict, dynamic: set, 
     for lab in views.labels:
         groups.setdefault((str(lab.extent), tuple(opts[lab.id])), []).append(lab.id)
     keys = list(groups)
-    for combo in itertools.islice(itertools.product(*(k[1] for k in keys)), limit):
-        role, block = {}, {}
-        for key, (r, b) in zip(keys, combo):
-            for i in groups[key]:
-                role[i], block[i] = r, b
-        yield Tiling(role, block, static=static)
+    merged = merged_rows(views, env)
+    tilings = (_tiling(keys, groups, combo, static) for combo in itertools.product(*(k[1] for k in keys)))
+    # merged rows: exactly one of the two labels tiles them (both would make a 3-d dot operand)
+    tilings = (t for t in tilings if all((t.block[o] > 1) != (t.block[i] > 1) for o, i in merged))
+    yield from itertools.islice(tilings, limit)
+
+
+def _tiling(keys, groups, combo, static) -> Tiling:
+    role, block = {}, {}
+    for key, (r, b) in zip(keys, combo):
+        for i in groups[key]:
+            role[i], block[i] = r, b
+    return Tiling(role, block, static=static)
 
 
 def launch_options(t: Tiling):

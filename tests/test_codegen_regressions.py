@@ -75,6 +75,20 @@ def test_matmul_constant_along_k_runs_compiled():
         _check(f, broadcast_k_matmul, torch.randn(n, 4, generator=_gen(n)), torch.randn(6, 7, generator=_gen(0)))
 
 
+# -- a value constant along one of its stored axes -------------------------------
+# x @ ones(k, n) varies over its rows only. With n equal to the row count, the tiler
+# aliased the column label to the row label (both one full tile, never together in a
+# value) and the store wrote element [i, i] for [i, j]: a wrong answer, not an error.
+def matmul_by_ones(x):
+    return x.reshape(x.shape[0], -1) @ torch.full((x[0].numel(), x.shape[0]), 2.0)
+
+
+@pytest.mark.parametrize("rows", [2, 4, 3])
+def test_axes_a_value_does_not_vary_over_keep_their_own_index(rows):
+    f = cleave.compile(matmul_by_ones)
+    _check(f, matmul_by_ones, torch.randn(rows, 3, 4, 5, generator=_gen(rows)))
+
+
 # -- pow with a scalar exponent ---------------------------------------------------
 def powers(x, y):
     return (torch.pow(x, 3), torch.pow(x, 3.0), x ** 2, x ** 0.5, x ** -1, x ** -2, torch.pow(x, y),
