@@ -523,14 +523,15 @@ class Emitter:
         key = ("topk", id(inst.inputs[0]), node.attrs["k"], tuple(inst.view))
         if key not in b.cache:
             r = inst.reduced.id
-            kexpr = inst.view[node.attrs["axis"]]
-            klab = self.views.by_sym()[kexpr].id
+            # which of the k results each lane holds: a label's index, or a constant
+            # where the k axis is a single index (argmax is topk with k = 1)
+            kexpr = code(inst.view[node.attrs["axis"]], self.names(dims))
             pos = x.dims.index(r)
             work = self.var(b, self.masked(x, r, 'float("-inf")'), x.dims, "tl.float32")
             vals = self.var(b, f"tl.zeros({[self.t.block[d] for d in dims]}, tl.float32)", dims, "tl.float32")
             idxs = self.var(b, f"tl.zeros({[self.t.block[d] for d in dims]}, tl.int64)", dims, "tl.int64")
             red = Val("", tuple(d for d in x.dims if d != r), "")
-            ri, ki = self.idx(r, x.dims), self.idx(klab, dims)
+            ri, ki = self.idx(r, x.dims), kexpr
             b.lines += [
                 f"for kk in tl.static_range({node.attrs['k']}):",
                 f"    best = tl.max({work.name}, axis={pos})",

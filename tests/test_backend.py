@@ -87,6 +87,36 @@ def test_decomposed_ops_compile_without_graph_breaks(ctx, name):
     assert st["operators"] >= 1 and st["graph_breaks"] == 0 and st["failed"] == 0, st
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_argmax_and_argmin_compile_exactly(ctx, dynamic):
+    """Lowered as top-1: the k axis is a single index, not a label (it raised KeyError
+    in the scheduler and ran eagerly)."""
+    def fn(x):
+        return torch.argmax(x, -1), torch.argmin(x, 0), x.max(-1).indices
+    f = torch.compile(fn, backend="cleave", dynamic=dynamic)
+    for n in (6, 9):
+        x = torch.randn(n, 10, generator=torch.Generator().manual_seed(n))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for got, want in zip(f(x), fn(x)):
+                assert torch.equal(got, want)
+    assert ctx.stats()["failed"] == 0
+
+
+def test_a_region_of_constants_between_graph_breaks_runs_eagerly(ctx):
+    """`torch.arange(5)` alone between two breaks reads no tensor: nothing names its
+    device, nothing fuses. It runs eagerly (its launch used to fail, with a warning)."""
+    def fn(x, t):
+        return x[torch.arange(5), t] * 2
+    f = torch.compile(fn, backend="cleave")
+    x, t = torch.randn(5, 8), torch.randint(0, 8, (5,), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch.equal(f(x, t), fn(x, t))
+    assert not [w for w in caught if "could not compile" in str(w.message)]
+    assert ctx.stats()["failed"] == 0
+
+
 def test_autograd_runs_the_forward_compiled_and_the_backward_eagerly(ctx):
     m = Mlp()
     f = torch.compile(m, backend="cleave")

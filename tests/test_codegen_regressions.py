@@ -137,3 +137,21 @@ def test_outputs_over_unrelated_dims_get_their_own_grids():
     assert sum(evaluate(k.grid[0], env) for k in plan.kernels) <= 50 + 25 + 25  # no more than elements
     for n in (5, 2):
         run_and_check(g, plan, {"n": n}, seed=n)
+
+
+# -- a plan that reads no tensor ----------------------------------------------------
+def test_a_plan_reading_no_tensor_runs_into_given_outputs_or_says_why_not():
+    from cleave.ir import BindingError, parse_graph
+    from cleave.runtime.launch import launch
+
+    g = parse_graph('''graph ramp {
+  %0 = iota(shape=[7], axis=0, dtype=f32) : f32[7]
+  %1 = const(value=2.0, dtype=f32) : f32[]
+  %2 = mul(%0, %1) : f32[7]
+  return out=%2
+}''')
+    (plan,) = schedule(g, {}, top_k=1)
+    with pytest.raises(BindingError, match="none names the device"):
+        launch(plan, {})
+    (got,) = launch(plan, {}, out=[torch.full((7,), float("nan"))])
+    assert torch.equal(got, torch.arange(7.0) * 2)

@@ -127,6 +127,8 @@ class Region:
             self.ctx.eager_regions += 1
             return self.gm
         graph = captured.graph
+        if not graph.inputs:  # values from constants alone (an arange between two breaks):
+            return self.gm  # no tensor names the device, and there is nothing to fuse
         symbols = {s.name for s in graph.symbols()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         op = self.ctx.operator(graph, symbols, device)  # search and schedule run lazily, on its first call

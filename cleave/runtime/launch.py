@@ -243,11 +243,15 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
     # Fresh allocations are aligned (the caching allocator's blocks are): inputs and
     # caller-given outputs are checked.
     bases_ok = True
+    device = out[0].device if out else None
     for name, want in prepared.casts:
         t = inputs[name]
         tensors[name] = t = (t if t.dtype == want else t.to(want)).contiguous()
         bases_ok = bases_ok and t.data_ptr() % 16 == 0
-    device = t.device
+        device = t.device
+    if device is None:
+        raise BindingError("launch: the plan reads no tensor, so none names the device to run on: pass `out=` "
+                           "tensors on it")
     lane = _lane(device)
     outs = _outputs(prepared, device, lane) if out is None else [out[i] for i in range(len(prepared.outputs))]
     for (name, shape, _), t in zip(prepared.outputs, outs):
