@@ -27,7 +27,7 @@ from .fexpr import EXP, Y_NEW, Y_OLD, fcode, parse_rescale
 from .index_bounds import index_bounds, provable
 from .kernel_stats import Stats, mma_efficiency
 from .loop_bounds import Search, render
-from .loops import Loop, accumulators, loop_nest
+from .loops import Loop, accumulators, loop_nest, through_units
 from .monotone import FIRST_AT_LEAST
 from .partition import KernelSpec, buffer_name, stored_dtype
 from .tiles import Tiling, dot_labels, is_full
@@ -107,6 +107,8 @@ class Emitter:
         if self.swaps:
             live = half_swap.live_instances(self, self.swaps)
             self.accs = [a for a in self.accs if id(a) in live]
+        units = {i for i in used if t.role[i] == "full" and t.block[i] == 1}
+        facts = through_units(facts, self.views.memo.values(), units)
         self.nest = loop_nest(self.accs, t.role, facts)  # facts: F node id -> (factor node id, rescale)
         self.keep: dict = {}
         self.whole: int | None = None  # the loop label whose current segment has whole tiles only
@@ -247,10 +249,11 @@ class Emitter:
             self.emit_loop(h, self.nest.loop(h.chain, inst))
             return self.find(h, inst)
         # A value of a running accumulator that this loop body holds (the guarded max of a
-        # separated exp(x - g(m))) is computed in the body: outside, it would wait for the loop.
+        # separated exp(x - g(m)), through any chain of ops) is computed in the body: outside,
+        # it would wait for the loop. Each input lands in its own home first.
+        args = [self.ensure(block, x) for x in inst.inputs]
         inner = [b for b in self.chain(block, h) if any(id(x) in b.cache for x in inst.inputs)]
         h = inner[0] if inner else h
-        args = [self.ensure(h, x) for x in inst.inputs]
         val = self.compute(h, inst, args)
         h.cache[id(inst)] = val
         return val

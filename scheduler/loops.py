@@ -54,6 +54,21 @@ def accumulators(views, role: dict) -> list:
     return [i for i in views.memo.values() if i.reduced is not None and role[i.reduced.id] == "loop"]
 
 
+def through_units(facts: dict, instances, units: set) -> dict:
+    """`facts` with a factor that only reduces an accumulator over unit labels (extent 1:
+    a Split's chunk axis at count 1, whose max is its one chunk's max) retargeted to that
+    accumulator: its running value is the factor's, so what reads the factor may join
+    its loop."""
+    alias = {}
+    for r in instances:
+        inner = r
+        while inner.op == "reduce" and inner.reduced.id in units:
+            inner = inner.inputs[0]
+        if inner is not r and inner.op == "reduce" and inner.reduced is not None:
+            alias[r.node.id] = inner.node.id
+    return {f: (alias.get(y, y), rescale) for f, (y, rescale) in facts.items()}
+
+
 def loop_nest(accs, role: dict, facts: dict) -> LoopNest:
     """The loops of accumulators `accs`, with `role` the tiling's label roles and
     `facts` the Separable facts (F node id -> (factor node id, rescale))."""

@@ -488,14 +488,31 @@ def separable_facts(graph, rule_names) -> list[Separable]:
         if SEPARATE.get(n.op) not in rule_names or n.inputs[0].op != "sub":
             continue
         x, y = n.inputs[0].inputs
-        if y.op == "inf_to_zero":  # a running max that is still -inf reads as 0 in the scheduler's loop too
-            y = y.inputs[0]
+        y = _unguarded(y)
         base = y.inputs[0] if y.op == "reshape" else y
         if base.op != "reduce" or base.attrs["op"] != "max" or y.rank != x.rank:
             continue
         if any(ys == 1 and xs != 1 for ys, xs in zip(y.shape, x.shape)):
             facts.append(Separable(n.id, y.id, f"{n.op}(y_old - y_new)", SEPARATE[n.op]))
     return facts
+
+
+def _unguarded(y):
+    """The max under an empty row's guard, inf_to_zero(m) or where(m == -inf, 0, m): a
+    running max that is still -inf reads as 0 in the scheduler's loop too, and the terms
+    it rescaled then are exp(-inf) = 0, so exp(y_old - y_new) rescales them as well."""
+    if y.op == "inf_to_zero":
+        return y.inputs[0]
+    if y.op == "where":
+        cond, zero, m = y.inputs
+        if cond.op == "eq" and _is_const(zero, 0.0) and m in cond.inputs \
+                and any(_is_const(c, float("-inf")) for c in cond.inputs if c is not m):
+            return m
+    return y
+
+
+def _is_const(n, value: float) -> bool:
+    return n.op == "const" and n.attrs["value"] == value
 
 
 def to_candidate(r: Realized, rules, naive_terms, index: Index) -> Candidate:
