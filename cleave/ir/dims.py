@@ -1,6 +1,7 @@
 """Symbolic dimensions: sympy expressions over positive-integer symbols."""
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Union
 
 import sympy
@@ -64,7 +65,15 @@ def free_symbols(dims: Iterable[Dim]) -> set[sympy.Symbol]:
 
 def evaluate(d: Dim, env: dict) -> int:
     """The integer value of d under a binding of its symbols (names or symbols as keys)."""
-    subs = {symbol(k) if isinstance(k, str) else k: v for k, v in env.items()}
+    try:
+        return _evaluate(d, tuple(sorted(env.items(), key=lambda kv: str(kv[0]))))
+    except TypeError:  # a value that does not hash
+        return _evaluate.__wrapped__(d, tuple(env.items()))
+
+
+@functools.lru_cache(maxsize=1 << 16)  # the scheduler asks for the same extents under each tiling
+def _evaluate(d: Dim, env: tuple) -> int:
+    subs = {symbol(k) if isinstance(k, str) else k: v for k, v in env}
     value = d.subs(subs)
     if not value.is_number:
         missing = ", ".join(sorted(str(s) for s in value.free_symbols))
