@@ -171,11 +171,13 @@ def is_full(t: Tiling, lid: int) -> bool:
 
 def aliases(views: Views, t: Tiling) -> dict[int, int]:
     """Labels that may share one index variable: same role, block and extent, never
-    together in one value. Full labels then read one tile once (LayerNorm's row),
-    and loop labels of one axis share one loop (horizontal fusion)."""
+    together in one value or one index. Full labels then read one tile once
+    (LayerNorm's row), and loop labels of one axis share one loop (horizontal fusion).
+    A value need not vary over every label of its index: x @ broadcast(1) is constant
+    along its columns, yet its rows and columns index two axes of the stored result."""
     together: dict[int, set] = {lab.id: set() for lab in views.labels}
     for inst in views.memo.values():
-        labs = set(inst.labels) | ({inst.reduced.id} if inst.reduced else set())
+        labs = set(inst.labels) | ({inst.reduced.id} if inst.reduced else set()) | views.labels_of(inst.view)
         for inp in inst.inputs:
             labs |= inp.labels
         for a in labs:
