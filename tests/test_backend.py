@@ -117,6 +117,19 @@ def test_a_region_of_constants_between_graph_breaks_runs_eagerly(ctx):
     assert ctx.stats()["failed"] == 0
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x: F.embedding(torch.tensor([1, 3, 5]), x) * 2,  # a tensor constant made in the code
+    lambda x: torch.where(x > 0, x, torch.tensor(float("nan"))).nan_to_num(0.0).softmax(-1),
+], ids=["tensor_constant", "scalar_tensor_constant"])
+def test_tensor_constants_made_in_the_code_trace_and_run_correctly(ctx, fn):
+    """PyTorch's wider decomposition table decomposes `lift_fresh`, which the tracer
+    needs to see to turn the code's constant tensors into fake ones: the whole
+    torch.compile call raised BackendCompilerFailed."""
+    f = torch.compile(fn, backend="cleave")
+    x = torch.randn(6, 10, generator=torch.Generator().manual_seed(2))
+    _close(f(x), fn(x))
+
+
 def test_autograd_runs_the_forward_compiled_and_the_backward_eagerly(ctx):
     m = Mlp()
     f = torch.compile(m, backend="cleave")

@@ -21,7 +21,17 @@ def table() -> dict:
     from torch._decomp import core_aten_decompositions, decomposition_table
 
     merged = {**decomposition_table, **core_aten_decompositions()}
-    return {op: fn for op, fn in merged.items() if not _mapped(op)}
+    return {op: fn for op, fn in merged.items() if not _mapped(op) and not _lifts_a_constant(op)}
+
+
+# The tracer turns a tensor constant of the user's code (`torch.tensor([1, 3])`, the
+# scalar `y[0, 0] = nan` writes) into a fake tensor when it meets these ops: decomposed
+# first, the real constant reaches fake-tensor dispatch and tracing fails.
+LIFTS = {"lift", "lift_fresh"}
+
+
+def _lifts_a_constant(op) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and op._schema.name.split("::")[-1] in LIFTS
 
 
 def _mapped(op) -> bool:
