@@ -37,7 +37,7 @@ from .views import gathers, merged_offset
 TL = {d: d.triton_name for d in DType}
 _ITEMSIZE = {d.triton_name: d.itemsize for d in DType}
 LOW = ("tl.bfloat16", "tl.float16")
-VIEW_OPS = ("broadcast", "permute", "reshape", "slice", "take")  # emitted as their operand's value
+VIEW_OPS = ("broadcast", "permute", "reshape", "slice", "take", "gather")  # emitted as their operand's value
 GROUP = 8  # row tiles per group in the grouped program order of a tiled MatMul
 NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}, "reduce", where="codegen")
 COMBINE = per_op({"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}, "reduce",
@@ -129,7 +129,8 @@ class Emitter:
         for inst in self.views.memo.values():
             for k, x in enumerate(inst.inputs):
                 # a take's second input addresses the gather: it is read as an index, not a value
-                self.consumers.setdefault(id(x), set()).add("index" if inst.op == "take" and k == 1 else inst.op)
+                self.consumers.setdefault(id(x), set()).add("index" if inst.op in ("take", "gather") and k == 1
+                                                            else inst.op)
                 while x.op in VIEW_OPS and x.inputs:  # a view passes its operand's value on
                     x = x.inputs[0]
                     self.consumers.setdefault(id(x), set()).add(inst.op)

@@ -6,7 +6,7 @@ reduced axis (a reduction, a MatMul's contraction, a top-k). Walking the graph
 from the outputs, each op maps its result's index expressions to its operands'
 (elementwise: same; MatMul: rows from A, columns from B, a fresh contracted
 label; reduction: a fresh label on the reduced axis; reshape/slice/concat/split:
-affine re-indexing; take: the operand's axis is indexed by the index tensor's
+affine re-indexing; take and gather: the operand's axis is indexed by the index tensor's
 value, `gathered(index, view)`). A node reached under two different maps becomes two
 instances (it is recomputed, unless one is the other's tile with its halves swapped:
 RoPE's rotated halves, half_swap.py); one reached twice under the same map is one
@@ -168,6 +168,13 @@ class Views:
             idx = self.get(index, at)
             self.gathers[gathered(index, at)] = idx
             inst = self.get(x, view[:axis] + (gathered(index, at),) + view[axis + rank:])
+            return Instance(n, view, [inst, idx], inst.labels | idx.labels)
+        if op == "gather":  # torch.gather: the index has the result's shape
+            x, index = n.inputs
+            axis = n.attrs["axis"]
+            idx = self.get(index, view)
+            self.gathers[gathered(index, view)] = idx
+            inst = self.get(x, view[:axis] + (gathered(index, view),) + view[axis + 1:])
             return Instance(n, view, [inst, idx], inst.labels | idx.labels)
         if op == "split":
             axis = n.attrs["axis"]

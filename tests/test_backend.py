@@ -130,6 +130,26 @@ def test_tensor_constants_made_in_the_code_trace_and_run_correctly(ctx, fn):
     _close(f(x), fn(x))
 
 
+@pytest.mark.parametrize("name, fn", [
+    ("cross_entropy", lambda x, t: F.cross_entropy(x, t)),
+    ("cross_entropy_none", lambda x, t: F.cross_entropy(x, t, reduction="none")),
+    ("nll_loss", lambda x, t: F.nll_loss(F.log_softmax(x, -1), t)),
+    ("gather", lambda x, t: torch.gather(x, 1, t[:, None].expand(-1, 3)) * 2),
+])
+def test_losses_and_gather_compile_through_their_decompositions(ctx, name, fn):
+    """cross_entropy and nll_loss decompose to a gather of the target's logit, which
+    the scheduler had no tiling rule for: they ran eagerly."""
+    f = torch.compile(fn, backend="cleave", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")  # no graph break, no fallback
+        for n in (5, 9):
+            g = torch.Generator().manual_seed(n)
+            x, t = torch.randn(n, 8, generator=g), torch.randint(0, 8, (n,), generator=g)
+            _close(f(x, t), fn(x, t))
+    st = ctx.stats()
+    assert st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
 def test_autograd_runs_the_forward_compiled_and_the_backward_eagerly(ctx):
     m = Mlp()
     f = torch.compile(m, backend="cleave")
