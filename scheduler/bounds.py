@@ -32,6 +32,7 @@ from .index_bounds import provable
 from .loop_bounds import Tiles, free_symbols, maximum, minimum, nest, render, symbol, tid, value as bound_value
 from .monotone import monotone_bounds
 from .program_values import ProgramValues, index_expr
+from .tile_order import trip_directions
 
 FIN = "finite"  # any finite value
 _UNKNOWN = None
@@ -263,12 +264,15 @@ def segments(em, h, x: int, order, trips: int) -> list[Segment]:
 
 def loop_record(em, x: int, segs: list[Segment]) -> dict:
     """The loop over label x as plain data (a Kernel's `loops`): its extent, first start and
-    last stop (code), the graph inputs each side's bound is loaded from, and the share of
-    the extent's tiles a program is expected to run (what the cost model counts)."""
+    last stop (code), the graph inputs each side's bound is loaded from, the share of the
+    extent's tiles a program is expected to run (what the cost model counts), and how its
+    trip count moves with each grid tile id its bounds read (tile_order.py)."""
+    defs = [d for seg in segs for d in seg.defs]
     return {"label": f"X{x}", "extent": render(em.labels[x].extent), "lo": render(segs[0].lo),
             "hi": render(segs[-1].hi),
             "loaded": {side: sorted(names) for side, names in segs[0].loaded.items()},
-            "fraction": round(sum(seg.fraction for seg in segs), 4)}
+            "fraction": round(sum(seg.fraction for seg in segs), 4),
+            "trips": trip_directions(em, segs[0].lo, segs[-1].hi, defs)}
 
 
 def _where_groups(em, x, order) -> list[list]:

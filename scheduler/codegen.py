@@ -30,6 +30,7 @@ from .loop_bounds import Search, render
 from .loops import Loop, accumulators, loop_nest, through_units
 from .monotone import FIRST_AT_LEAST
 from .partition import KernelSpec, buffer_name, stored_dtype
+from .tile_order import descending
 from .tiles import Tiling, dot_labels, is_full
 from .tma import emit as emit_tma, tile_load, wants_tma
 from .views import gathers, merged_offset
@@ -615,7 +616,6 @@ class Emitter:
         top = Block(None, ())
         g = self.spec.views.graph
         grid_terms = []
-        decode = []
         order = list(reversed(self.canon_grid()))
         tiles = {lid: self.grid_tiles(lid) for lid in order}
         for lid in order:
@@ -634,30 +634,10 @@ class Emitter:
                              not any(self.t.role[lid] == "loop" for lid in inst.labels)
                              for inst in self.views.memo.values())
         self.persistent = grouped and [a.op for a in self.accs] == ["matmul"] and not epilogue_tiles
-        if grouped:
-            # Two tiled MatMul sides: GROUP rows of tiles run together so that a wave of
-            # programs reuses their A rows and B columns from L2 (grouped program order).
-            n_id, m_id = order[:2]
-            nt, mt = tiles[n_id], tiles[m_id]
-            decode += [f"pmn = pid % ({mt} * {nt})", f"pid = pid // ({mt} * {nt})",
-                       f"first = pmn // ({GROUP} * {nt}) * {GROUP}",
-                       f"rows = tl.minimum({mt} - first, {GROUP})",
-                       f"tid{m_id} = first + (pmn % ({GROUP} * {nt})) % rows",
-                       f"tid{n_id} = (pmn % ({GROUP} * {nt})) // rows"]
-            order = order[2:]
-            for lid in (n_id, m_id):
-                decode.append(f"idx{lid} = tid{lid} * {self.t.block[lid]} + tl.arange(0, {self.t.block[lid]})")
-        for lid in order:
-            bx = self.t.block[lid]
-            decode.append(f"tid{lid} = pid % {tiles[lid]}")
-            decode.append(f"pid = pid // {tiles[lid]}")
-            if bx > 1:
-                decode.append(f"idx{lid} = tid{lid} * {bx} + tl.arange(0, {bx})")
         wide = any(self.numel(inst.node) >= 2 ** 30 for inst in self.views.memo.values() if inst.leaf) or \
             any(self.numel(st.node) >= 2 ** 30 for st in self.spec.stores) or bool(self.dynamic)
         # int32 offsets when every buffer (and a tile of overhang) stays below 2**31 elements
         pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
-        top.lines += ["pid = tile" if self.persistent else f"pid = {pid}"] + decode
         used = set()
         for inst in self.views.memo.values():
             used |= inst.labels | ({inst.reduced.id} if inst.reduced else set())
@@ -667,6 +647,10 @@ class Emitter:
         for st in self.spec.stores:
             v = self.ensure(top, st.inst)
             self.store(top, st, v)
+        # The decode goes before the body but is written after it: the loops emitted in the
+        # body tell which tile ids to decode heaviest first (tile_order.py).
+        decode = self.decode(order, tiles, grouped, descending(self.stats.loops))
+        top.lines = ["pid = tile" if self.persistent else f"pid = {pid}"] + decode + top.lines
         if self.persistent:
             # The next tile's loads are in flight while this tile's epilogue converts its
             # result through shared memory: both are live at once. Measured on the H200
@@ -698,6 +682,34 @@ class Emitter:
             f"@triton.jit{dns}", f"def {name}({', '.join(params)}):"] + ["    " + ln for ln in top.lines]
         grid = " * ".join(grid_terms) or "1"
         return "\n".join(src) + "\n", bufs, [grid]
+
+    def decode(self, order: list, tiles: dict, grouped: bool, backwards: set) -> list:
+        """The lines that decode `pid` into each grid label's tile id (`order`: fastest
+        varying first), the ids of the labels in `backwards` counted from their last tile."""
+        def tile_id(lid, e):
+            return f"{tiles[lid]} - 1 - ({e})" if lid in backwards else e
+
+        lines = []
+        if grouped:
+            # Two tiled MatMul sides: GROUP rows of tiles run together so that a wave of
+            # programs reuses their A rows and B columns from L2 (grouped program order).
+            n_id, m_id = order[:2]
+            nt, mt = tiles[n_id], tiles[m_id]
+            lines += [f"pmn = pid % ({mt} * {nt})", f"pid = pid // ({mt} * {nt})",
+                      f"first = pmn // ({GROUP} * {nt}) * {GROUP}",
+                      f"rows = tl.minimum({mt} - first, {GROUP})",
+                      f"tid{m_id} = " + tile_id(m_id, f"first + (pmn % ({GROUP} * {nt})) % rows"),
+                      f"tid{n_id} = " + tile_id(n_id, f"(pmn % ({GROUP} * {nt})) // rows")]
+            order = order[2:]
+            for lid in (n_id, m_id):
+                lines.append(f"idx{lid} = tid{lid} * {self.t.block[lid]} + tl.arange(0, {self.t.block[lid]})")
+        for lid in order:
+            bx = self.t.block[lid]
+            lines.append(f"tid{lid} = " + tile_id(lid, f"pid % {tiles[lid]}"))
+            lines.append(f"pid = pid // {tiles[lid]}")
+            if bx > 1:
+                lines.append(f"idx{lid} = tid{lid} * {bx} + tl.arange(0, {bx})")
+        return lines
 
     def descriptor_args(self) -> list:
         """[argument, buffer, block] of each TMA descriptor the kernel reads through."""
