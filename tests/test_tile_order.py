@@ -118,8 +118,7 @@ def _upper_triangle() -> Graph:
 
 
 def _window():
-    cand = cleave.search(window_graph(100), progress=False).best
-    return cand
+    return cleave.search(window_graph(100), progress=False).best
 
 
 @pytest.mark.parametrize("make, trips", [(_upper_triangle, "decreasing"), (_window, "unknown")],
