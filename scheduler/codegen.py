@@ -348,6 +348,9 @@ class Emitter:
                 # exactly where the merged index is in range (same tensor, same index).
                 # Re-masking would also round-trip the tile through fp32.
                 return args[0]
+            _, hi = self.bounds(merged)
+            if hi is not None and provable(self.fix_static(n.inputs[0].shape[axis] - 1 - hi)):
+                return args[0]  # no valid lane reaches the padding (a count of 1, or one that divides the axis)
             lit = 'float("-inf")' if pad == float("-inf") else ('float("inf")' if pad == float("inf") else repr(float(pad)))
             at = code(merged, self.index_names(b, inst.view, dims))
             return self.var(b, f"tl.where({at} < {bound}, {self.f32(args[0], dims)}, {lit})", dims, "tl.float32")
