@@ -344,7 +344,9 @@ def _nested(spec: KernelSpec, cuts: set[int], env: dict, long_extent: int, dynam
     for i in _cuttable(spec, cuts):
         if i.reduced is None or not _long(env, max(long_extent, hold_extent), dynamic, i.reduced):
             continue
-        outer = [reduced[lab] for lab in i.labels if lab in reduced and lab != i.reduced.id]
+        # a reduction over one element (a Split's chunk axis at count 1) runs no loop
+        outer = [reduced[lab] for lab in i.labels if lab in reduced and lab != i.reduced.id
+                 and (is_dynamic(reduced[lab]) or D.evaluate(reduced[lab].extent, env) > 1)]
         if any(long(lab) or is_dynamic(i.reduced) for lab in outer):
             out.add(i.node.id)
     return out

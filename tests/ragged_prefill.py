@@ -46,11 +46,13 @@ def binding(layout=LAYOUT) -> dict:
     return {"total_q": sum(q_lens), "total_kv": sum(kv_lens), "len_indptr": len(q_lens) + 1}
 
 
-def schedule_at(cand, layout=LAYOUT):
-    """The best plan at the layout's sizes (static), every split count 1 (one chunk:
-    the plan the H200 preset ranks first), every reduction a loop (LOOPS)."""
+def schedule_at(cand, layout=LAYOUT, dynamic: bool = False):
+    """The best plan at the layout's sizes (static, or ranked there and serving every
+    size when `dynamic`), every split count 1 (one chunk: the plan the H200 preset
+    ranks first), every reduction a loop (LOOPS)."""
     splits = {s.name: 1 for s in cand.graph.split_counts()}
-    (plan,) = schedule(cand, binding(layout), target=LOOPS, top_k=1, split=splits)
+    env = binding(layout)
+    (plan,) = schedule(cand, env, dynamic=set(env) if dynamic else (), target=LOOPS, top_k=1, split=splits)
     return plan
 
 

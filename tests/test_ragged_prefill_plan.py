@@ -30,6 +30,17 @@ def test_a_program_tiles_many_queries_of_one_head_and_matches_fp64():
     R.check(plan, LONG)
 
 
+def test_the_plan_for_every_size_is_one_kernel_too():
+    """Compiled for every size (the serving operator), the plan is the same one kernel:
+    a max over the one chunk of a split at count 1 is no loop nested around the kv
+    loop, so nothing is cut into kernels of its own (it was five: segment ids, max,
+    P·V, sum and the combine). Checked at two layouts of one compile."""
+    plan = R.schedule_at(R.searched(), LONG, dynamic=True)
+    assert len(plan.kernels) == 1 and len(R.kv_loops(plan.kernels[0])) == 1, [k.grid for k in plan.kernels]
+    R.check(plan, LONG, seeds=(0,))
+    R.check(plan, R.LAYOUT, seeds=(1,))
+
+
 def test_the_h200_plan_tiles_queries_in_one_pass():
     """The suite's shape (8 requests of 256 queries over 2048 keys, 32 heads over 8):
     the best plan is one kernel, one kv loop, 64+ query rows of one head per program."""
@@ -39,3 +50,4 @@ def test_the_h200_plan_tiles_queries_in_one_pass():
     kernel = attention_kernel(plan)
     assert len(plan.kernels) == 1 and len(R.kv_loops(kernel)) == 1, [k.loops for k in plan.kernels]
     assert R.rows_per_program(kernel, env, 32) >= 64, kernel.grid
+
