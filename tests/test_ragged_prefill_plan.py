@@ -9,6 +9,9 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from cleave import workloads as W
+from cleave.ir.dtypes import DType
+from cleave.runtime.launch import launch
+from cleave.workloads import flashinfer as F
 from cleave.search import search
 from cleave.scheduler import schedule
 import ragged_prefill as R
@@ -51,3 +54,20 @@ def test_the_h200_plan_tiles_queries_in_one_pass():
     assert len(plan.kernels) == 1 and len(R.kv_loops(kernel)) == 1, [k.loops for k in plan.kernels]
     assert R.rows_per_program(kernel, env, 32) >= 64, kernel.grid
 
+
+def _reads(node, name: str) -> bool:
+    return (node.op == "input" and node.attrs["name"] == name) or any(_reads(x, name) for x in node.inputs)
+
+
+def test_pv_takes_bf16_probabilities_within_bf16_of_the_definition():
+    """The program casts its f32 probabilities to v's dtype for P·V (Hugging Face's
+    attention, SDPA): the P·V MatMul's operands are bf16 in the captured graph, and
+    the plan's output stays within 1e-2 of the definition's reference run in fp64."""
+    (pv,) = [n for n in R.captured().live_nodes() if n.op == "matmul" and _reads(n, "v")]
+    assert [x.dtype for x in pv.inputs] == [DType.bf16, DType.bf16], pv.inputs
+    plan = R.schedule_at(R.searched(), LONG)
+    named = R.inputs(LONG, seed=4)
+    out = launch(plan, named)[0].double()
+    want = F.kind_of(R.NAME).reference(*[x.double() if x.is_floating_point() else x for x in named.values()])[0]
+    assert ((out - want).norm() / want.norm()).item() <= 1e-2
+    assert ((out - want).abs().max() / want.abs().max()).item() <= 1e-2

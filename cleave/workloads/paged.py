@@ -26,13 +26,15 @@ NEG_INF = float("-inf")
 def _softmax_attend(scores, keep, values, contract: str):
     """(softmax(scores where keep) @ values, base-2 lse) with FlashInfer's empty rows.
     scores [..., n] (f32), keep broadcasts to scores; `contract` is the einsum of the
-    probabilities with `values` ("...n,n...->...")."""
+    probabilities with `values` ("...n,n...->..."), in the values' dtype (f32 values:
+    no cast; bf16 values: the probabilities cast to bf16, as Hugging Face's attention
+    and SDPA do, the product back in f32)."""
     s = scores.masked_fill(~keep, NEG_INF)
     m = s.amax(-1, keepdim=True)
     m = m.masked_fill(m == NEG_INF, 0.0)  # an empty row: exp(-inf - 0) = 0, not NaN
     e = torch.exp(s - m)
     total = e.sum(-1, keepdim=True)
-    out = torch.einsum(contract, e, values) / total.masked_fill(total == 0, 1.0)
+    out = torch.einsum(contract, e.to(values.dtype), values).float() / total.masked_fill(total == 0, 1.0)
     lse = (m + torch.log(total)).squeeze(-1) * LOG2E
     return out, lse
 
@@ -69,14 +71,16 @@ def _decode_keep(kv_indptr, kv_indices, page_size: int, kv_last_page_len=None):
     return keep
 
 
-def _gqa_attend(q, k, v, keep, sm_scale):
+def _gqa_attend(q, k, v, keep, sm_scale, pv_in_value_dtype: bool = False):
     """Each row of q [rows, h, d] (a decode request, or a packed prefill query) against
-    the gathered tokens k, v [n, kv_heads, d], where keep [rows, n]."""
+    the gathered tokens k, v [n, kv_heads, d], where keep [rows, n]. P·V in f32, or
+    with `pv_in_value_dtype` in v's own dtype (the probabilities cast to it)."""
     rows, h, d = q.shape
     hkv = k.shape[-2]
     qg = q.reshape(rows, hkv, h // hkv, d).float()
     scores = torch.einsum("rkgd,nkd->rkgn", qg, k.float()) * sm_scale
-    out, lse = _softmax_attend(scores, keep[:, None, None, :], v.float(), "rkgn,nkd->rkgd")
+    values = v if pv_in_value_dtype else v.float()
+    out, lse = _softmax_attend(scores, keep[:, None, None, :], values, "rkgn,nkd->rkgd")
     return out.reshape(rows, h, d).to(q.dtype), lse.reshape(rows, h)
 
 
@@ -120,9 +124,11 @@ def _causal_keep(qo_indptr, kv_indptr, total_q: int, total_kv: int):
 
 
 def gqa_ragged_prefill_causal(q, k, v, qo_indptr, kv_indptr, sm_scale):
-    """FlashInfer's ragged prefill: requests' q and kv tokens packed back to back."""
+    """FlashInfer's ragged prefill: requests' q and kv tokens packed back to back. The
+    softmax is computed in f32 and its probabilities cast to v's dtype (bf16) for P·V,
+    the Hugging Face way (SDPA's too): the tensor cores take that product."""
     keep = _causal_keep(qo_indptr, kv_indptr, q.shape[0], k.shape[0])
-    return _gqa_attend(q, k, v, keep, sm_scale)
+    return _gqa_attend(q, k, v, keep, sm_scale, pv_in_value_dtype=True)
 
 
 def gqa_paged_prefill_causal(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale):
