@@ -150,6 +150,18 @@ def test_losses_and_gather_compile_through_their_decompositions(ctx, name, fn):
     assert st["failed"] == 0 and st["graph_breaks"] == 0, st
 
 
+@pytest.mark.parametrize("fn", [lambda x: torch.logsumexp(x, -1), lambda x: F.log_softmax(x, -1)],
+                         ids=["logsumexp", "log_softmax"])
+@pytest.mark.parametrize("fill", [float("-inf"), float("inf")])
+def test_infinite_rows_give_what_torch_gives(ctx, fn, fill):
+    """logsumexp reads an infinite max as 0 (a row of -inf gives -inf, not NaN);
+    log_softmax does not (NaN there, as in torch)."""
+    x = torch.randn(6, 10, generator=torch.Generator().manual_seed(3))
+    x[2], x[4, 3] = fill, fill
+    got, want = torch.compile(fn, backend="cleave")(x), fn(x)
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
 def test_autograd_runs_the_forward_compiled_and_the_backward_eagerly(ctx):
     m = Mlp()
     f = torch.compile(m, backend="cleave")

@@ -154,11 +154,17 @@ def safe_softmax(t, x, axis: int):
     return t.add("div", e, t.add("reduce", e, op="sum", axis=axis, keepdim=True))
 
 
-def log_sum_exp(t, x, axis: int, keepdim: bool):
-    m = t.add("reduce", x, op="max", axis=axis, keepdim=True)
+def log_sum_exp(t, x, axis: int, keepdim: bool, guard: bool):
+    """log(sum(exp(x - m))) + m. With `guard` an infinite max reads as 0, as torch's
+    logsumexp computes it: a row of -inf gives -inf (not -inf - -inf = NaN), a row
+    holding +inf gives +inf. log_softmax subtracts the max unguarded (NaN there)."""
+    def row_max(keep):
+        m = t.add("reduce", x, op="max", axis=axis, keepdim=keep)
+        return t.add("inf_to_zero", m) if guard else m
+
+    m = row_max(True)
     total = t.add("reduce", t.add("exp", t.add("sub", x, m)), op="sum", axis=axis, keepdim=keepdim)
-    m_out = m if keepdim else t.add("reduce", x, op="max", axis=axis, keepdim=False)
-    return t.add("add", t.add("log", total), m_out)
+    return t.add("add", t.add("log", total), m if keepdim else row_max(False))
 
 
 def _softmax_input(t, a):
@@ -178,14 +184,14 @@ def _softmax(t, node, a):
 def _log_softmax(t, node, a):
     x = _softmax_input(t, a)
     axis = a["dim"] % x.rank
-    return t.add("sub", x, log_sum_exp(t, x, axis, keepdim=True))
+    return t.add("sub", x, log_sum_exp(t, x, axis, keepdim=True, guard=False))
 
 
 @rule("logsumexp", check=lambda a, n: None if isinstance(a["dim"], int) or len(a["dim"]) == 1
       else "only one axis is supported")
 def _logsumexp(t, node, a):
     x = a["self"]
-    return log_sum_exp(t, x, axes(a["dim"], x.rank)[0], a.get("keepdim", False))
+    return log_sum_exp(t, x, axes(a["dim"], x.rank)[0], a.get("keepdim", False), guard=True)
 
 
 def _arg_extreme(t, x, axis: int, largest: bool, keepdim: bool):
