@@ -41,9 +41,14 @@ LOW = ("tl.bfloat16", "tl.float16")
 VIEW_OPS = ("broadcast", "permute", "reshape", "slice", "take", "gather")  # emitted as their operand's value
 GROUP = 8  # row tiles per group in the grouped program order of a tiled MatMul
 NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}, "reduce", where="codegen")
-COMBINE = per_op({"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}, "reduce",
+# max and min propagate NaN, as torch's do (Triton's default, like fmax, drops it; the
+# GPU's max.NaN is as fast).
+NAN_MAX, NAN_MIN = "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)", \
+    "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+COMBINE = per_op({"sum": "{a} + {b}", "max": NAN_MAX, "min": NAN_MIN}, "reduce",
                  where="codegen")
-REDUCE_IN_TILE = per_op({"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}, "reduce", where="codegen")
+REDUCE_IN_TILE = per_op({"sum": "tl.sum({x}, axis={axis})", "max": "tl.reduce({x}, {axis}, max_nan)",
+                         "min": "tl.reduce({x}, {axis}, min_nan)"}, "reduce", where="codegen")
 UNARY = per_op({"exp": EXP, "exp2": "tl.exp2({x})", "log": "tl.log({x})", "sqrt": "tl.sqrt({x})",
                 "rsqrt": "tl.rsqrt({x})", "neg": "-{x}", "recip": "1.0 / {x}", "silu": "{x} * tl.sigmoid({x})",
                 "sigmoid": "tl.sigmoid({x})",
@@ -319,7 +324,8 @@ class Emitter:
             conv = self.f32 if n.dtype.is_float else self.align
             if op in COMPARE and not (a.ty in ("tl.int32", "tl.int64") and c.ty in ("tl.int32", "tl.int64")):
                 conv = self.f32
-            return self.var(b, BINARY[op].format(a=conv(a, dims), b=conv(c, dims)), dims, ty)
+            form = {"max": NAN_MAX, "min": NAN_MIN}.get(op, BINARY[op]) if n.dtype.is_float else BINARY[op]
+            return self.var(b, form.format(a=conv(a, dims), b=conv(c, dims)), dims, ty)
         if op == "where":
             c, x, y = args
             conv = self.f32 if n.dtype.is_float else self.align
@@ -450,7 +456,7 @@ class Emitter:
             if op == "sum" and self.t.block[r] > 1:
                 return self.var(b, f"{self.f32(x)} * {self.count(r)}", out, "tl.float32")
             return x
-        expr = f"{REDUCE_IN_TILE[op]}({self.masked(x, r, NEUTRAL[op])}, axis={x.dims.index(r)})"
+        expr = REDUCE_IN_TILE[op].format(x=self.masked(x, r, NEUTRAL[op]), axis=x.dims.index(r))
         if not inst.node.dtype.is_float:  # a count (segment ids) indexes a load: back to its integer type
             return self.var(b, f"{expr}.to({TL[inst.node.dtype]})", out, TL[inst.node.dtype])
         return self.var(b, expr, out, "tl.float32")
@@ -772,6 +778,16 @@ ROUND_BF16 = [
     "        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000",
     "        x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))",
     "    return x.to(tl.bfloat16)",
+    "",
+    "",
+    "@triton.jit",
+    "def max_nan(a, b):",
+    "    return " + NAN_MAX.format(a="a", b="b"),
+    "",
+    "",
+    "@triton.jit",
+    "def min_nan(a, b):",
+    "    return " + NAN_MIN.format(a="a", b="b"),
 ]
 
 

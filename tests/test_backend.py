@@ -162,6 +162,17 @@ def test_infinite_rows_give_what_torch_gives(ctx, fn, fill):
     torch.testing.assert_close(got, want, equal_nan=True)
 
 
+@pytest.mark.parametrize("fn", [lambda x: x.amax(-1), lambda x: x.min(0).values,
+                                lambda x: torch.maximum(x, x * 0.5), torch.relu, lambda x: x.clamp(max=0.3)],
+                         ids=["amax", "min", "maximum", "relu", "clamp"])
+def test_max_and_min_propagate_nan_as_torch_does(ctx, fn):
+    """Triton's max and min drop NaN (fmax); torch's propagate it."""
+    x = torch.randn(6, 10, generator=torch.Generator().manual_seed(4))
+    x[1, 3] = float("nan")
+    got, want = torch.compile(fn, backend="cleave")(x), fn(x)
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
 def test_autograd_runs_the_forward_compiled_and_the_backward_eagerly(ctx):
     m = Mlp()
     f = torch.compile(m, backend="cleave")
