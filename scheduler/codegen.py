@@ -40,6 +40,7 @@ _ITEMSIZE = {d.triton_name: d.itemsize for d in DType}
 LOW = ("tl.bfloat16", "tl.float16")
 VIEW_OPS = ("broadcast", "permute", "reshape", "slice", "take", "gather")  # emitted as their operand's value
 GROUP = 8  # row tiles per group in the grouped program order of a tiled MatMul
+MAX_TENSOR_NUMEL = 1 << 20  # triton.language.TRITON_MAX_TENSOR_NUMEL
 NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}, "reduce", where="codegen")
 # max and min propagate NaN, as torch's do (Triton's default, like fmax, drops it; the
 # GPU's max.NaN is as fast).
@@ -145,7 +146,16 @@ class Emitter:
         self.searched = False  # a loop bound searches a never-decreasing buffer (monotone.py)
 
     # -- small helpers ----------------------------------------------------
+    def within_numel(self, dims) -> None:
+        """Triton rejects a tensor of more than 2**20 elements when it compiles the kernel
+        (on the GPU, not in its CPU interpreter): such a tiling is no option."""
+        n = _prod([self.t.block[d] for d in dims])
+        if n > MAX_TENSOR_NUMEL:
+            raise ShapeError(f"scheduler: a tile of {[self.t.block[d] for d in dims]} ({n} elements) exceeds "
+                             f"Triton's {MAX_TENSOR_NUMEL} per tensor")
+
     def var(self, block: Block, expr: str, dims, ty: str, prefix="v") -> Val:
+        self.within_numel(dims)
         name = f"{prefix}{self.n}"
         self.n += 1
         # Registers: in a loop, dot operands sit in shared memory and dot results in the
@@ -504,6 +514,7 @@ class Emitter:
             expr = f"tl.dot({lo}, {hi}{', ' + acc if acc else ''}{prec})"
             return self.var(b, expr, m, "tl.float32")
         full = self.dims(set(a.dims) | set(c.dims))
+        self.within_numel(full)  # the product before its sum over K
         prod = f"{self.f32(a, full)} * {self.f32(c, full)}"
         if k in full:
             valid = self.valid(k, full)

@@ -155,3 +155,30 @@ def test_a_plan_reading_no_tensor_runs_into_given_outputs_or_says_why_not():
         launch(plan, {})
     (got,) = launch(plan, {}, out=[torch.full((7,), float("nan"))])
     assert torch.equal(got, torch.arange(7.0) * 2)
+
+
+# -- Triton's limit on a tensor's elements -----------------------------------------
+def test_tilings_past_tritons_tensor_size_limit_are_no_option(monkeypatch):
+    """Triton refuses a tensor of more than 2**20 elements when it compiles for the GPU
+    (its CPU interpreter does not check): the ragged prefill's split plans multiplied a
+    [64, 16, 4, 128] product in registers and failed there. Such tilings are skipped,
+    and where none is left the error says why."""
+    import cleave.scheduler.codegen as codegen
+    from cleave.ir import BindingError, parse_graph
+
+    g = parse_graph('''graph mm {
+  %0 = input(name="x", shape=[s,k], dtype=f32) : f32[s,k]
+  %1 = input(name="w", shape=[k,n], dtype=f32) : f32[k,n]
+  %2 = matmul(%0, %1) : f32[s,n]
+  return out=%2
+}''')
+    env = {"s": 100, "k": 40, "n": 90}
+    monkeypatch.setattr(codegen, "MAX_TENSOR_NUMEL", 64 * 128)
+    for plan in schedule(g, env, top_k=4):
+        (k,) = plan.kernels
+        assert max(plan.tiles[f"{k.name}.X{i}"] * plan.tiles[f"{k.name}.X{j}"] for i, j in ((0, 1), (0, 2), (1, 2))) \
+            <= 64 * 128
+        run_and_check(g, plan, env, seed=0)
+    monkeypatch.setattr(codegen, "MAX_TENSOR_NUMEL", 8)
+    with pytest.raises(BindingError, match="exceeds Triton's 8 per tensor"):
+        schedule(g, env, top_k=1)
