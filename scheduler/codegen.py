@@ -515,6 +515,13 @@ class Emitter:
             return self.var(b, expr, m, "tl.float32")
         full = self.dims(set(a.dims) | set(c.dims))
         self.within_numel(full)  # the product before its sum over K
+        self.stats.vector_flops += flops
+        # the product is held in registers before its sum: a [64, 16, 4, 128] one spilled
+        # (the paged decode's split plans ran 79-105 ms on the H200)
+        product = _prod([self.t.block[d] for d in full])
+        self.stats.tile_elems = max(self.stats.tile_elems, product)
+        if b.chain:
+            self.stats.loop_elems = max(self.stats.loop_elems, product)
         prod = f"{self.f32(a, full)} * {self.f32(c, full)}"
         if k in full:
             valid = self.valid(k, full)

@@ -1,5 +1,6 @@
 """The analytical cost model, per kernel: tensor-core time (flops weighted by the
-tile shape's efficiency, quantised in waves over the SMs), memory time (bytes a
+tile shape's efficiency, quantised in waves over the SMs; contractions off the tensor
+cores at the vector rate), memory time (bytes a
 buffer is re-read beyond its size come from L2; the bandwidth reached is bounded by
 the bytes in flight, Little's law) and a latency per wave of programs. Plans over
 the shared-memory or register budget are rejected. A persistent kernel (a tiled
@@ -54,6 +55,9 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
     # Tensor cores: each SM's programs share its peak; the last wave may leave SMs idle.
     busy = programs / (waves * slots)
     t_mma = stats.mma_flops * programs / (target.matmul_flops * busy)
+    # A contraction off the tensor cores (operands too small or 3-d: a broadcast product
+    # summed over K) runs on the vector units, ~13x slower.
+    t_mma += stats.vector_flops * programs / (target.vector_flops * busy)
     # Memory: a buffer's first read comes from DRAM, re-reads (other programs' tiles) from L2.
     # One program streams at about an SM's fair share of DRAM bandwidth (measured: 8
     # programs reached 6% of the copy rate), two co-resident ones at twice that; the

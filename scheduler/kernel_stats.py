@@ -11,6 +11,7 @@ class Stats:
     bytes: float = 0.0  # global bytes moved, over all loop trips
     flops: float = 0.0  # tensor-core flops
     mma_flops: float = 0.0  # flops weighted by 1 / the tile shape's tensor-core efficiency
+    vector_flops: float = 0.0  # a contraction off the tensor cores (broadcast product and sum)
     stage_smem: dict = field(default_factory=dict)  # load in a loop -> bytes of one tile (pipelined)
     fixed_smem: dict = field(default_factory=dict)  # dot operands held across the loop (the q tile)
     acc_elems: int = 0

@@ -133,3 +133,19 @@ def test_compiles_once_and_matches_reference(name):
 @pytest.mark.parametrize("name", [n for n in F.DEFINITIONS if n not in FAST])
 def test_every_definition_compiles_once_and_matches_reference(name):
     compile_and_check(name)
+
+
+# a contraction emitted off the tensor cores: a broadcast product of two tiles summed over K
+PRODUCT = re.compile(r"tl\.sum\(v\d+\[[^\]]*\]\.to\(tl\.float32\) \* v\d+\[")
+
+
+def test_split_kv_plans_do_not_hold_a_contraction_product_in_registers():
+    """At the H200 binding the paged decode's split-KV plans tiled the chunk axis by 4
+    beside the kv loop: a [64, 16, 4, 128] product summed off the tensor cores, ranked
+    second by the cost model and 79-105 ms on the H200 (0.21 ms for the first plan). The
+    register estimate now counts that product, so those tilings no longer fit."""
+    w = W.get("gqa_paged_decode_h32_kv8_d128_ps1")
+    cand = cleave.search(w.graph).candidates[0]
+    plans = cleave.schedule(cand, w.presets["h200"], top_k=3)
+    assert any(p.split and any(v > 1 for v in p.split.values()) for p in plans)  # split plans are ranked
+    assert not [m for p in plans for k in p.kernels for m in PRODUCT.findall(k.source)]
