@@ -114,3 +114,25 @@ def test_operator_saves_the_picks_and_composes_them_again_without_timing(monkeyp
     monkeypatch.setattr(operator, "fastest_kernels", lambda *a: pytest.fail("timed again"))
     _, again, _ = chosen()
     assert again.kernels == want
+
+
+def test_a_bucket_timed_again_without_a_mix_forgets_its_old_picks(monkeypatch, tmp_path):
+    """Picks saved for a bucket whose ranking is gone (another build's file) are
+    replaced when the bucket is timed again and no swap pays: the plan runs unmixed."""
+    import cleave.runtime.operator as operator
+
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    scratch = operator._scratch
+    monkeypatch.setattr(operator, "_scratch", lambda plan, device: scratch(plan, "meta"))
+    monkeypatch.setattr(operator, "launch", lambda plan, inputs, out=None: [None])
+    monkeypatch.setattr(operator, "fastest_kernels", lambda plans, ranking, inputs: None)
+    inputs = {"x": torch.randn(37, 24), "w": torch.randn(24, 300)}
+    op = operator.CompiledOperator(TWO_KERNELS, {"s"}, top_k=3)
+    op.device = torch.device("cuda")
+    op.prepare({k: tuple(v.shape) for k, v in inputs.items()})
+    (spec,) = op.specs.values()
+    key = operator.bucket({**ENV}, op.dynamic)
+    spec.tuning[f"{key};kernels"] = [2, 1]
+    plan, _ = op.select(inputs)
+    assert plan is spec.plans[spec.tuning[key][0]]
+    assert A.load_tuning(op.entry, spec.static)[f"{key};kernels"] == []

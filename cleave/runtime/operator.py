@@ -179,7 +179,8 @@ class CompiledOperator:
         if count is not None:
             sub = f"{key};waves={count}"
             if timed_here:  # this shape's ranking is also that of its wave count
-                self._save(spec, {sub: ranking, **_picks_entry(sub, spec.tuning.get(_picks_key(key)))})
+                picks = spec.tuning.get(_picks_key(key))
+                self._save(spec, {sub: ranking, **_picks_entry(sub, picks, spec.tuning)})
             elif not [i for i in spec.tuning.get(sub, []) if i in fits]:
                 self._tune(spec, sub, fits, inputs)
             key = sub
@@ -223,7 +224,7 @@ class CompiledOperator:
         _progress(f"[cleave tune] {self.graph.name} bucket {key or '(static)'}: {len(fits)} plans timed in "
                   f"{time.perf_counter() - start:.1f}s; fastest: split {best.split or 'none'}, "
                   f"{len(best.kernels)} kernel(s){mixed}")
-        self._save(spec, {key: ranking, **_picks_entry(key, picks)})
+        self._save(spec, {key: ranking, **_picks_entry(key, picks, spec.tuning)})
         self.stats["tunings"] += 1
         return ranking
 
@@ -355,9 +356,10 @@ def _picks_key(key: str) -> str:
     return f"{key};kernels"
 
 
-def _picks_entry(key: str, picks: list[int] | None) -> dict[str, list[int]]:
-    """The tuning entry holding a bucket's per-kernel picks (none when no mix paid)."""
-    return {_picks_key(key): list(picks)} if picks else {}
+def _picks_entry(key: str, picks: list[int] | None, tuning: dict) -> dict[str, list[int]]:
+    """The tuning entry holding a bucket's per-kernel picks: none when no mix paid, or an
+    empty one where the bucket, timed again, had picks before."""
+    return {_picks_key(key): list(picks or [])} if picks or _picks_key(key) in tuning else {}
 
 
 def _capturing(device: torch.device) -> bool:
