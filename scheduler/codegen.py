@@ -808,11 +808,11 @@ ROUND_BF16 = [
     # interpreter (1.4 s for a 128 x 128 tile against 4 ms): there tl.max/min, with NaN
     # put back where a lane held one.
     "@triton.jit",
-    f"def reduce_{op}(x, axis: tl.constexpr):",
+    f"def reduce_{op}(x, AXIS: tl.constexpr):",  # upper case: no symbol's `s: tl.constexpr` reads in it
     "    if INTERPRETED:",
-    f"        r = tl.where(tl.sum((x != x).to(tl.float32), axis) > 0, float(\"nan\"), tl.{op}(x, axis))",
+    f"        r = tl.where(tl.sum((x != x).to(tl.float32), AXIS) > 0, float(\"nan\"), tl.{op}(x, AXIS))",
     "    else:",
-    f"        r = tl.reduce(x, axis, {op}_nan)",
+    f"        r = tl.reduce(x, AXIS, {op}_nan)",
     "    return r",
 ]]
 
