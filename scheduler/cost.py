@@ -80,4 +80,10 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
     pipeline = 1 + 0.2 / num_stages if stats.stage_smem else 1.0
     if stats.stage_smem and stats.tile_elems < MIN_TILE_PER_THREAD * threads:
         pipeline *= THIN_TILE_PENALTY
-    return max(t_mma, t_mem) * pipeline + waves * LATENCY + target.launch_overhead
+    # A single-stage loop waits for each step's loads before computing on them: unless
+    # another program on its SM fills that wait, its memory and compute time add up
+    # (MLA decode on the H200: 128-key steps in one stage took 0.33 ms, 64-key steps in
+    # two 0.26, where the overlapped estimate ranked them the other way).
+    serial = num_stages == 1 and resident == 1 and stats.stage_smem
+    busy_time = t_mma + t_mem if serial else max(t_mma, t_mem)
+    return busy_time * pipeline + waves * LATENCY + target.launch_overhead
