@@ -1,6 +1,7 @@
 """Kernel-wise tuning across plans of one partition (cleave.runtime.mix): each kernel
 takes its fastest option, the composed plan computes what the graph computes, and the
 operator saves the picks with a bucket's ranking and composes them again from disk."""
+import dataclasses
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -11,7 +12,7 @@ import torch
 from cleave.ir import parse_graph
 from cleave.runtime import artifact as A
 from cleave.runtime.launch import launch
-from cleave.runtime.mix import compose, fastest_kernels, partition_key
+from cleave.runtime.mix import compose, fastest_kernels, launch_variants, partition_key
 from cleave.scheduler import schedule
 
 # Two outputs with different grids: two kernels, each with its own ranked options.
@@ -34,14 +35,22 @@ def two_kernel_plans():
     return plans
 
 
-def fake_time(costs: dict[tuple[int, str], float], plans, timed: list):
-    """A timer summing a cost per (kernel slot, option source); records each plan timed."""
-    sources = {(slot, k.source, k.num_warps): cost for (slot, i), cost in costs.items()
-               for k in [plans[i].kernels[slot]]}
+def fake_time(costs: dict[tuple[int, int], float], plans, timed: list, launch_cost=None):
+    """A timer summing a cost per (kernel slot, plan option), an option's other launch
+    configurations costing what the first option with its source costs, times
+    `launch_cost(slot, kernel)` (default 1); records each plan timed."""
+    config = lambda k: (k.source, k.num_warps, k.num_stages)  # noqa: E731
+    options, sources = {}, {}
+    for (slot, i), cost in costs.items():
+        k = plans[i].kernels[slot]
+        options.setdefault((slot, config(k)), cost)
+        sources.setdefault((slot, k.source), cost)
+    factor = launch_cost or (lambda slot, kernel: 1.0)
 
     def time(plan):
         timed.append(plan)
-        return sum(sources[(slot, k.source, k.num_warps)] for slot, k in enumerate(plan.kernels))
+        return sum(options.get((slot, config(k)), sources[(slot, k.source)]) * factor(slot, k)
+                   for slot, k in enumerate(plan.kernels))
     return time
 
 
@@ -52,10 +61,14 @@ def test_each_kernel_takes_its_fastest_option_and_the_mix_is_exact():
     timed = []
     picks = fastest_kernels(plans, [0, 1, 2], {}, time=fake_time(costs, plans, timed))
     assert picks == [2, 1]
-    # the first plan, then one swap per other distinct option of each kernel
-    options = [{(p.kernels[slot].source, p.kernels[slot].num_warps, p.kernels[slot].num_stages) for p in plans}
-               for slot in range(2)]
-    assert len(timed) == 1 + sum(len(o) - 1 for o in options)
+    # the first plan, then one swap per other distinct option of each kernel, then the
+    # picked option's other launch configurations
+    config = lambda k: (k.source, k.num_warps, k.num_stages)  # noqa: E731
+    options = [{config(p.kernels[slot]) for p in plans} for slot in range(2)]
+    variants = [{(plans[i].kernels[slot].source, w, s) for w, s in launch_variants(plans[i].kernels[slot])}
+                - options[slot] for slot, i in enumerate(picks)]
+    assert any(variants)
+    assert len(timed) == 1 + sum(len(o) - 1 for o in options) + sum(len(v) for v in variants)
     mixed = compose(plans, picks)
     assert [k.source for k in mixed.kernels] == [plans[2].kernels[0].source, plans[1].kernels[1].source]
     assert all(name.startswith(mixed.kernels[0].name) or name.startswith(mixed.kernels[1].name)
@@ -66,6 +79,25 @@ def test_each_kernel_takes_its_fastest_option_and_the_mix_is_exact():
     x64, w64 = x.double(), w.double()
     torch.testing.assert_close(a.double(), torch.exp(x64 @ w64).sum(0), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(b.double(), x64.max(1).values, rtol=0, atol=0)
+
+
+def test_a_faster_launch_configuration_is_picked_and_runs_exactly():
+    """One plan alone is tuned too: kernel 0 runs faster with the other warp count."""
+    plans = two_kernel_plans()
+    flat = {(slot, i): 1.0 for slot in range(2) for i in range(3)}
+    own = plans[0].kernels[0].num_warps
+    faster = lambda slot, k: 0.8 if slot == 0 and k.num_warps != own else 1.0  # noqa: E731
+    picks = fastest_kernels(plans, [0], {}, time=fake_time(flat, plans, [], faster))
+    (warps,) = [w for w in (4, 8) if w != own]
+    assert picks == [[0, warps, plans[0].kernels[0].num_stages], 0]
+    mixed = compose(plans, picks)
+    assert mixed.kernels[0].num_warps == warps and mixed.kernels[0].source == plans[0].kernels[0].source
+    assert mixed.kernels[1] == plans[0].kernels[1]
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(ENV["s"], ENV["k"], generator=g), torch.randn(ENV["k"], ENV["n"], generator=g) * 0.1
+    a, b = launch(mixed, {"x": x, "w": w})
+    torch.testing.assert_close(a.double(), torch.exp(x.double() @ w.double()).sum(0), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(b.double(), x.double().max(1).values, rtol=0, atol=0)
 
 
 def test_no_mix_when_no_swap_pays_or_nothing_shares_the_partition():
@@ -94,7 +126,7 @@ def test_operator_saves_the_picks_and_composes_them_again_without_timing(monkeyp
 
     def picks_of(plans, ranking, inputs):
         calls.append(ranking)
-        return [ranking[-1], ranking[0]]
+        return [[ranking[-1], 4, 2], ranking[0]]
     monkeypatch.setattr(operator, "fastest_kernels", picks_of)
     inputs = {"x": torch.randn(37, 24), "w": torch.randn(24, 300)}
 
@@ -107,10 +139,12 @@ def test_operator_saves_the_picks_and_composes_them_again_without_timing(monkeyp
     op, plan, spec = chosen()
     (ranking,) = calls
     assert len(ranking) >= 2
-    want = [spec.plans[ranking[-1]].kernels[0], spec.plans[ranking[0]].kernels[1]]
+    want = [dataclasses.replace(spec.plans[ranking[-1]].kernels[0], num_warps=4, num_stages=2),
+            spec.plans[ranking[0]].kernels[1]]
     assert plan.kernels == want
     saved = A.load_tuning(op.entry, spec.static)
-    assert saved[f"{next(iter(k for k in saved if not k.endswith(';kernels')))};kernels"] == [ranking[-1], ranking[0]]
+    assert saved[f"{next(iter(k for k in saved if not k.endswith(';kernels')))};kernels"] == \
+        [[ranking[-1], 4, 2], ranking[0]]
     monkeypatch.setattr(operator, "fastest_kernels", lambda *a: pytest.fail("timed again"))
     _, again, _ = chosen()
     assert again.kernels == want

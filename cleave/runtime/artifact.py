@@ -98,17 +98,23 @@ def load_spec(entry: Path, static: dict[str, int]) -> tuple[dict, list[list[str]
     return body, sources
 
 
-def load_tuning(entry: Path, static: dict[str, int]) -> dict[str, list[int]]:
+def _tuning_item(item):
+    """A ranking's plan index, or a kernel's pick: an index or [index, warps, stages]."""
+    return int(item) if not isinstance(item, list) else [int(i) for i in item]
+
+
+def load_tuning(entry: Path, static: dict[str, int]) -> dict[str, list]:
     """Per shape bucket, plan indices fastest first (an older entry's single choice
-    reads as a ranking of one)."""
+    reads as a ranking of one), and per bucket with a mix its per-kernel picks
+    (cleave.runtime.mix)."""
     try:
         buckets = read_json(entry / spec_name(static) / "tuning.json")["buckets"]
-        return {k: [v] if isinstance(v, int) else [int(i) for i in v] for k, v in buckets.items()}
+        return {k: [v] if isinstance(v, int) else [_tuning_item(i) for i in v] for k, v in buckets.items()}
     except (ArtifactError, KeyError, TypeError, ValueError):
         return {}  # no choices yet, or a damaged file: re-tuning rebuilds it
 
 
-def save_tuning(entry: Path, static: dict[str, int], buckets: dict[str, list[int]]) -> None:
+def save_tuning(entry: Path, static: dict[str, int], buckets: dict[str, list]) -> None:
     path = entry / spec_name(static) / "tuning.json"
     merged = {**load_tuning(entry, static), **buckets}  # keep choices another process made
     write_json(path, {"buckets": merged})

@@ -8,24 +8,35 @@ kernel is fastest is a question per kernel (the cost model's order of a d = 64
 attention's row tiles can be wrong while its GEMMs' is right). `fastest_kernels`
 starts from the fastest whole plan and, one kernel at a time, swaps in each other
 option of that kernel, keeping a swap when the whole plan gets faster: one timing per
-distinct option, not one per combination. The result is a list of plan indices, one
-per kernel, that `compose` turns back into a plan; it is saved with the bucket's
-ranking so that later processes compose without timing."""
+distinct option, not one per combination. Each kernel's launch configuration is tuned
+the same way: the picked option with the other warp count, and around a loop with one
+pipeline stage fewer or more (the model cannot rank them well: the paged decode's
+kernel ran 14% faster with 4 warps and 3 stages than with the 8 and 4 it ranked first).
+The result is one pick per kernel, a plan index or [plan index, warps, stages], that
+`compose` turns back into a plan; it is saved with the bucket's ranking so that later
+processes compose without timing."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from typing import Callable
+import warnings
+from typing import Callable, Union
 
 import torch
 
 from ..scheduler.plan import Plan
-from .launch import launch
+from .launch import SharedMemoryWarning, launch, prepare
 from .profile import graph_ms
 
 # A swap is kept when the whole plan gets at least this much faster: below it a
 # replay's noise (a few tenths of a percent) would decide.
 MIN_GAIN = 0.005
+WARPS = (4, 8)
+MAX_STAGES = 4
+
+# A kernel's pick: the plan whose option it takes, or that and a launch configuration.
+Pick = Union[int, list]
 
 
 def partition_key(plan: Plan) -> tuple:
@@ -44,26 +55,53 @@ def _option(kernel) -> str:
     return json.dumps({k: v for k, v in kernel.to_json().items() if k != "loops"}, sort_keys=True)
 
 
-def compose(plans: list[Plan], picks: list[int]) -> Plan:
-    """The plan whose kernel i is kernel i of plans[picks[i]] (plans sharing a partition).
-    Its tiles are the picked kernels' own; its cost is the first pick's (the model does
-    not cost a mix)."""
-    first = plans[picks[0]]
-    if len(picks) != len(first.kernels) or any(partition_key(plans[p]) != partition_key(first) for p in picks):
+def _index(pick: Pick) -> int:
+    return pick if isinstance(pick, int) else pick[0]
+
+
+def _kernel(plans: list[Plan], slot: int, pick: Pick):
+    kernel = plans[_index(pick)].kernels[slot]
+    if isinstance(pick, int):
+        return kernel
+    _, warps, stages = pick
+    return dataclasses.replace(kernel, num_warps=warps, num_stages=stages)
+
+
+def picks_key(picks: list[Pick]) -> tuple:
+    """Picks as a dict key."""
+    return tuple(p if isinstance(p, int) else tuple(p) for p in picks)
+
+
+def launch_variants(kernel) -> list[tuple[int, int]]:
+    """The launch configurations tried beside a kernel's own: the other warp count, and
+    for a kernel with a loop one pipeline stage fewer or more."""
+    found = [(w, kernel.num_stages) for w in WARPS if w != kernel.num_warps]
+    if kernel.loops:
+        found += [(kernel.num_warps, s) for s in (kernel.num_stages - 1, kernel.num_stages + 1) if 1 <= s <= MAX_STAGES]
+    return found
+
+
+def compose(plans: list[Plan], picks: list[Pick]) -> Plan:
+    """The plan whose kernel i is kernel i of plans[picks[i]] (plans sharing a partition),
+    launched with the pick's warps and stages where it names them. Its tiles are the
+    picked kernels' own; its cost is the first pick's (the model does not cost a mix)."""
+    first = plans[_index(picks[0])]
+    if len(picks) != len(first.kernels) or any(partition_key(plans[_index(p)]) != partition_key(first)
+                                               for p in picks):
         raise ValueError("mix: the picked plans do not share one partition")
-    kernels = [plans[p].kernels[i] for i, p in enumerate(picks)]
-    tiles = {name: block for i, p in enumerate(picks) for name, block in plans[p].tiles.items()
+    kernels = [_kernel(plans, i, p) for i, p in enumerate(picks)]
+    tiles = {name: block for i, p in enumerate(picks) for name, block in plans[_index(p)].tiles.items()
              if name.startswith(f"{first.kernels[i].name}.")}
     return Plan(first.graph, kernels, first.inputs, first.outputs, first.intermediates, dict(first.split), tiles,
                 first.cost, list(first.dynamic), dict(first.env), list(first.requires))
 
 
 def fastest_kernels(plans: list[Plan], ranking: list[int], inputs: dict[str, torch.Tensor],
-                    time: Callable[[Plan], float] | None = None) -> list[int] | None:
-    """Per kernel of plans[ranking[0]] (the fastest whole plan), the index of the plan
-    whose option of that kernel made the whole plan fastest, or None when no swap pays
-    (or nothing can be timed: off the GPU, under the interpreter, one plan). `time`
-    measures a plan in ms (default: CUDA-graph replays on `inputs`)."""
+                    time: Callable[[Plan], float] | None = None) -> list[Pick] | None:
+    """Per kernel of plans[ranking[0]] (the fastest whole plan), the option (and launch
+    configuration) that made the whole plan fastest, or None when no swap pays (or
+    nothing can be timed: off the GPU, under the interpreter). `time` measures a plan in
+    ms (default: CUDA-graph replays on `inputs`)."""
     if time is None:
         device = next(iter(inputs.values())).device
         if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
@@ -72,19 +110,43 @@ def fastest_kernels(plans: list[Plan], ranking: list[int], inputs: dict[str, tor
     first = ranking[0]
     key = partition_key(plans[first])
     group = [i for i in ranking[1:] if partition_key(plans[i]) == key]
-    if not group:
-        return None
-    picks = [first] * len(plans[first].kernels)
+    picks: list[Pick] = [first] * len(plans[first].kernels)
     best = time(compose(plans, picks))
     for slot in range(len(picks)):
         tried = {_option(plans[first].kernels[slot])}
-        for i in group:
-            option = _option(plans[i].kernels[slot])
+
+        def attempt(pick: Pick) -> None:
+            nonlocal best, picks
+            option = _option(_kernel(plans, slot, pick))
             if option in tried:
-                continue
+                return
             tried.add(option)
-            trial = picks[:slot] + [i] + picks[slot + 1:]
-            ms = time(compose(plans, trial))
-            if ms < best * (1 - MIN_GAIN):
+            trial = picks[:slot] + [pick] + picks[slot + 1:]
+            plan = compose(plans, trial)
+            ms = _timed(time, plan, slot, inputs)
+            if ms is not None and ms < best * (1 - MIN_GAIN):
                 best, picks = ms, trial
+
+        for i in group:
+            attempt(i)
+        index = _index(picks[slot])
+        for warps, stages in launch_variants(_kernel(plans, slot, picks[slot])):
+            attempt([index, warps, stages])
     return None if all(p == first for p in picks) else picks
+
+
+def _timed(time: Callable[[Plan], float], plan: Plan, slot: int, inputs) -> float | None:
+    """time(plan), or None where kernel `slot` cannot run as configured: it fails to
+    compile or launch, or the GPU's shared memory holds fewer stages than it asks for
+    (the launch would run it with fewer, which is another option)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SharedMemoryWarning)
+        try:
+            ms = time(plan)
+        except Exception:  # noqa: BLE001 - an option that does not run is no option
+            return None
+    if inputs:
+        options = prepare(plan, inputs).kernels[slot][3]
+        if options.get("num_stages", 1) < plan.kernels[slot].num_stages:
+            return None
+    return ms

@@ -38,7 +38,7 @@ from . import artifact as A
 from .buckets import bucket
 from .cache import device_name, entry_dir, key_fields, operator_key
 from .launch import launch, prepare, remember, run
-from .mix import compose, fastest_kernels, partition_key
+from .mix import compose, fastest_kernels, partition_key, picks_key
 from .profile import rank
 from .waves import waves
 
@@ -187,19 +187,19 @@ class CompiledOperator:
             ranking = [i for i in spec.tuning.get(sub, []) if i in fits]
         return self._mixed(spec, ranking[0], spec.tuning.get(_picks_key(key)))
 
-    def _mixed(self, spec: Spec, first: int, picks: list[int] | None) -> Plan:
+    def _mixed(self, spec: Spec, first: int, picks: list | None) -> Plan:
         """plans[first], or the plan composed of each kernel's fastest option where the
         bucket's tuning found one (mix.fastest_kernels); a saved mix that no longer
         matches the plans (another build) is ignored."""
         if not picks:
             return spec.plans[first]
-        plan = spec.mixes.get(tuple(picks))
+        plan = spec.mixes.get(picks_key(picks))
         if plan is None:
             try:
                 plan = compose(spec.plans, picks)
-            except (ValueError, IndexError):
+            except (ValueError, IndexError, TypeError):
                 return spec.plans[first]
-            spec.mixes[tuple(picks)] = plan
+            spec.mixes[picks_key(picks)] = plan
         return plan if partition_key(plan) == partition_key(spec.plans[first]) else spec.plans[first]
 
     def _empty_outputs(self, env: dict) -> list[bool]:
@@ -356,7 +356,7 @@ def _picks_key(key: str) -> str:
     return f"{key};kernels"
 
 
-def _picks_entry(key: str, picks: list[int] | None, tuning: dict) -> dict[str, list[int]]:
+def _picks_entry(key: str, picks: list | None, tuning: dict) -> dict[str, list]:
     """The tuning entry holding a bucket's per-kernel picks: none when no mix paid, or an
     empty one where the bucket, timed again, had picks before."""
     return {_picks_key(key): list(picks or [])} if picks or _picks_key(key) in tuning else {}
