@@ -37,7 +37,7 @@ def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None) 
 
     from . import search, workloads
     from .scheduler import schedule
-    from .scheduler.api import lead_with_each_split
+    from .scheduler.api import lead_with_each_split, within_reach
 
     w = workloads.get(name)
     t0 = time.time()
@@ -58,7 +58,7 @@ def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None) 
         if not ranked:
             raise CleaveError(f"{name} {preset}: no candidate could be scheduled")
         ranked.sort(key=lambda t: t[0])
-        kept = lead_with_each_split([plan for _, _, plan in ranked], top_plans)
+        kept = lead_with_each_split(within_reach([plan for _, _, plan in ranked]), top_plans)
         chosen = [next(t for t in ranked if t[2] is plan) for plan in kept]
         specs.append({
             "workload": name, "preset": preset, "env": env, "search_seconds": searched,

@@ -2,6 +2,7 @@
 the cost model's order."""
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -19,12 +20,37 @@ def rank(plans: list[Plan], inputs: dict[str, torch.Tensor]) -> list[int]:
         return list(range(len(plans)))
     times = []
     for plan in plans:
-        launch(plan, inputs)  # compile outside the timing
+        run = lambda p=plan: launch(p, inputs)  # noqa: E731
+        run()  # compile outside the timing
+        # A plan far slower than the fastest so far in one call is not replayed: a graph
+        # of its calls could take minutes (the paged prefill's split plans took 18 s a
+        # call on the H200).
+        once = once_ms(run)
+        fastest = min(times, default=math.inf)
+        if once > SLOWER * fastest and once - fastest > SLOWER_BY_MS:
+            times.append(once)
+            continue
         # GPU time, replayed from a CUDA graph: timed eagerly, a small decode step
         # measures the host's launch overhead (the same for every plan) and the ranking
         # is noise.
-        times.append(graph_ms(lambda p=plan: launch(p, inputs)))
+        times.append(graph_ms(run))
     return sorted(range(len(plans)), key=times.__getitem__)
+
+
+# One call this many times the fastest plan's, and this many ms more (a host's launch
+# overhead never is), marks a plan as out of the running.
+SLOWER = 4.0
+SLOWER_BY_MS = 1.0
+
+
+def once_ms(fn) -> float:
+    """Milliseconds of one call of fn, host launch included."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def graph_ms(fn, calls: int = 20) -> float:
