@@ -26,6 +26,7 @@ _UNARY = per_op({
     "tanh": torch.tanh, "square": torch.square, "cos": torch.cos, "sin": torch.sin, "abs": torch.abs,
     "erf": torch.erf, "log1p": torch.log1p, "expm1": torch.expm1,
     "inf_to_zero": lambda x: torch.where(torch.isinf(x), torch.zeros_like(x), x),
+    "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc, "round": torch.round, "sign": torch.sign,
 }, "unary", where="interpreter")
 _BINARY = per_op({
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,

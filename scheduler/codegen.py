@@ -11,6 +11,8 @@ one of its accumulators is first needed, as one `for` per segment of its tiles
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import sympy
@@ -41,6 +43,16 @@ LOW = ("tl.bfloat16", "tl.float16")
 VIEW_OPS = ("broadcast", "permute", "reshape", "slice", "take", "gather")  # emitted as their operand's value
 GROUP = 8  # row tiles per group in the grouped program order of a tiled MatMul
 MAX_TENSOR_NUMEL = 1 << 20  # triton.language.TRITON_MAX_TENSOR_NUMEL
+def float_literal(value) -> str:
+    """A float as Python source: NaN and the infinities have no literal (repr gives `nan`)."""
+    value = float(value)
+    if math.isnan(value):
+        return 'float("nan")'
+    if math.isinf(value):
+        return 'float("inf")' if value > 0 else 'float("-inf")'
+    return repr(value)
+
+
 NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}, "reduce", where="codegen")
 # max and min propagate NaN, as torch's do (Triton's default, like fmax, drops it; the
 # GPU's max.NaN is as fast).
@@ -61,7 +73,17 @@ UNARY = per_op({"exp": EXP, "exp2": "tl.exp2({x})", "log": "tl.log({x})", "sqrt"
                 "log1p": "tl.where(tl.abs({x}) < 0.5, tl.where(1.0 + {x} == 1.0, {x}, tl.log(1.0 + {x}) * {x} / "
                          "(1.0 + {x} - 1.0)), tl.log(1.0 + {x}))",
                 "expm1": "tl.where(tl.abs({x}) < 0.5, tl.where(tl.exp({x}) == 1.0, {x}, (tl.exp({x}) - 1.0) * {x} / "
-                         "tl.log(tl.exp({x}))), tl.exp({x}) - 1.0)"}, "unary", where="codegen")
+                         "tl.log(tl.exp({x}))), tl.exp({x}) - 1.0)",
+                "floor": "tl.floor({x})", "ceil": "tl.ceil({x})",
+                "trunc": "tl.where({x} < 0.0, tl.ceil({x}), tl.floor({x}))",
+                # torch.round: halves to even (floor(x) + 1 past a half, at a half when floor(x) is odd),
+                # and a zero keeps x's sign (round(-0.3) is -0.0)
+                "round": "tl.where({x} - tl.floor({x}) < 0.5, tl.floor({x}), tl.where({x} - tl.floor({x}) > 0.5, "
+                         "tl.where(tl.floor({x}) == -1.0, {x} * 0.0, tl.floor({x}) + 1.0), "
+                         "tl.where(tl.floor(tl.floor({x}) * 0.5) * 2.0 == tl.floor({x}), tl.floor({x}), "
+                         "tl.where(tl.floor({x}) == -1.0, {x} * 0.0, tl.floor({x}) + 1.0))))",
+                # (0 < x) - (x < 0), as torch computes it: 0 for NaN and for either zero
+                "sign": "tl.where({x} > 0.0, 1.0, tl.where({x} < 0.0, -1.0, 0.0))"}, "unary", where="codegen")
 # torch.pow: |a|^b through exp and log, negated for a negative base and an odd integer
 # exponent, NaN for a negative base and a fractional one, and 1 for a zero exponent.
 # Nested selects, not `&` of comparisons: with a scalar exponent, Triton's CPU
@@ -311,9 +333,7 @@ class Emitter:
         if op == "const":
             ty = TL[n.dtype]
             value = n.attrs["value"]
-            lit = repr(float(value)) if n.dtype.is_float else str(int(value))
-            if n.dtype.is_float and abs(value) == float("inf"):
-                lit = 'float("inf")' if value > 0 else 'float("-inf")'
+            lit = float_literal(value) if n.dtype.is_float else str(int(value))
             return self.var(b, f"tl.full([], {lit}, {ty})", (), ty)
         if op == "size":
             return self.var(b, f"tl.zeros([], tl.float32) + {code(n.attrs['value'])}", (), "tl.float32")
@@ -367,7 +387,7 @@ class Emitter:
             _, hi = self.bounds(merged)
             if hi is not None and provable(self.fix_static(n.inputs[0].shape[axis] - 1 - hi)):
                 return args[0]  # no valid lane reaches the padding (a count of 1, or one that divides the axis)
-            lit = 'float("-inf")' if pad == float("-inf") else ('float("inf")' if pad == float("inf") else repr(float(pad)))
+            lit = float_literal(pad)
             at = code(merged, self.index_names(b, inst.view, dims))
             return self.var(b, f"tl.where({at} < {bound}, {self.f32(args[0], dims)}, {lit})", dims, "tl.float32")
         if op == "reduce":

@@ -212,3 +212,39 @@ def test_naive_attention_keeps_its_batch_axes_and_fuses_online(ctx):
     assert not any(n.op == "broadcast" for n in op.graph.live_nodes())  # K/V regrouped per kv head
     (spec,) = op.specs.values()
     assert "normalize-after-matmul" in spec.candidate.derivation, spec.candidate.derivation
+
+
+SPECIALS = [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 2.5, 3.5, -2.5, -0.5, 0.5, 1.5, -1.5, 1e8 + 0.5]
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("floor", lambda x, y: torch.floor(x)),
+    ("ceil", lambda x, y: torch.ceil(x)),
+    ("trunc", lambda x, y: torch.trunc(x)),
+    ("round", lambda x, y: torch.round(x)),  # halves to even
+    ("sign", lambda x, y: torch.sign(x)),  # 0 for NaN and for either zero
+    ("frac", lambda x, y: torch.frac(x)),
+    ("isnan", lambda x, y: torch.where(torch.isnan(x), y, x)),
+    ("clamp_tensor_bounds", lambda x, y: torch.clamp(x, min=-y.abs(), max=y.abs())),
+    ("clamp_min_tensor", lambda x, y: torch.clamp_min(x, y)),
+    ("log2_log10", lambda x, y: torch.log2(y.abs() + 1) + torch.log10(y.abs() + 1)),
+    ("xlogy", lambda x, y: torch.xlogy(y.abs(), y.abs() + 0.5)),  # a NaN constant in the kernel
+])
+def test_elementwise_prims_of_decompositions_compile_exactly(ctx, name, fn):
+    """Ops whose decompositions leave prims (floor, round, sign, ne for isnan...) or
+    take tensor bounds (clamp) ran eagerly; they compile, with torch's values at the
+    specials: NaN, the infinities, signed zeros and halves."""
+    f = torch.compile(fn, backend="cleave")
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(6, 13, generator=g) * 4, torch.randn(6, 13, generator=g)
+    x[0] = torch.tensor(SPECIALS)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")  # no graph break, no fallback
+        got = f(x, y)
+    want = fn(x, y)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-6, atol=1e-6)
+    number = ~want.isnan()
+    assert torch.equal(torch.signbit(got[number]), torch.signbit(want[number])), "a zero of the wrong sign"
+    st = ctx.stats()
+    assert st["failed"] == 0 and st["graph_breaks"] == 0, st

@@ -23,8 +23,17 @@ def _unary(t, node, a):
     return t.add(_UNARY[node.target._schema.name.split("::")[-1]], a["self"])
 
 
+_UNARY_CHECKS = {"round": lambda a, n: "decimals other than 0 are not supported" if a.get("decimals", 0) else None}
 for _name in _UNARY:
-    rule(_name)(_unary)
+    # prims ops of the same name are what PyTorch's decompositions leave (round, sign...)
+    _prims = [f"prims.{_name}"] if hasattr(torch.ops.prims, _name) else []
+    rule(_name, *_prims, check=_UNARY_CHECKS.get(_name))(_unary)
+
+
+@rule("log2", "prims.log2", "log10", "prims.log10")
+def _log_base(t, node, a):
+    base = 2.0 if "log2" in node.target._schema.name else 10.0
+    return binary(t, "mul", t.add("log", a["self"]), 1 / math.log(base))
 
 
 def binary(t, op, x, y):
@@ -41,6 +50,8 @@ def _binary(t, node, a):
 for _name in _BINARY:
     rule(_name, check=(lambda a, n: "rounding_mode must be None" if a.get("rounding_mode") else None)
          if _name == "div" else None)(_binary)
+for _name in COMPARE:  # prims.ne(x, x) is isnan's decomposition
+    rule(f"prims.{_name}")(_binary)
 rule("max.other", "min.other")(lambda t, n, a: binary(t, "max" if "max" in str(n.target) else "min",
                                                         a["self"], a["other"]))
 
@@ -96,9 +107,7 @@ def _gelu(t, node, a):
                   0.5)
 
 
-@rule("clamp", "clamp_min", "clamp_max",
-      check=lambda a, n: "tensor bounds are not supported" if any(isinstance(a.get(k), torch.Tensor)
-                                                                  for k in ("min", "max")) else None)
+@rule("clamp", "clamp_min", "clamp_max")
 def _clamp(t, node, a):
     x, low, high = a["self"], a.get("min"), a.get("max")
     if low is not None:

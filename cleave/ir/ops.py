@@ -23,7 +23,8 @@ from .errors import ShapeError
 
 # The elementwise vocabulary, by kind; the structural ops are registered at the end.
 UNARY = ("exp", "exp2", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh",
-         "square", "cos", "sin", "abs", "erf", "log1p", "expm1", "inf_to_zero")
+         "square", "cos", "sin", "abs", "erf", "log1p", "expm1", "inf_to_zero",
+         "floor", "ceil", "trunc", "round", "sign")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 REDUCE_OPS = ("sum", "max", "min")  # the `op` attribute of `reduce`
