@@ -63,3 +63,22 @@ def test_ranking_times_a_far_slower_plan_once(monkeypatch):
     monkeypatch.setattr(profile, "graph_ms", graph_ms)
     assert profile.rank(plans, {"x": _OnCuda()}) == [2, 3, 0, 1]
     assert replayed == [0, 2, 3]
+
+
+def test_a_dynamic_split_count_out_of_reach_is_left_out(monkeypatch):
+    """Over a dynamic extent the plans are cut by split count: a count whose best plan
+    the model costs past HOPELESS x the largest count x the best at the representative
+    binding is left out (here with the reach shrunk to the best plan's own cost)."""
+    import cleave.scheduler.api as api
+    from cleave import search, workloads
+
+    w = workloads.get("gqa_decode")
+    candidate = search(w.graph).candidates[0]
+    env = w.test_bindings[0]
+    every = schedule(candidate, env, dynamic={"L"}, top_k=1)
+    counts = {tuple(sorted(p.split.items())) for p in every}
+    assert len(counts) > 1
+    monkeypatch.setattr(api, "HOPELESS", 1.0 / max(api.DYNAMIC_SPLITS))  # reach: the best plan's cost
+    kept = schedule(candidate, env, dynamic={"L"}, top_k=1)
+    kept_counts = {tuple(sorted(p.split.items())) for p in kept}
+    assert kept_counts and kept_counts < counts
