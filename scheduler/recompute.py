@@ -51,7 +51,8 @@ def operand_cuts(spec, cuttable: list[Instance], env: dict, target, long, dynami
             if id(operand) in allowed and computes(operand):
                 lab = unit_label(other, table)
                 passes = _passes(lab, spec, env, target, dynamic)
-                if passes > 1 and (passes - 1) * recompute_seconds(operand, spec.views, env, target) \
+                if passes > 1 and target.recompute_weight * (passes - 1) \
+                        * recompute_seconds(operand, spec.views, env, target) \
                         > round_trip_seconds(operand, spec.views, env, target):
                     out.add(_smallest_in_chain(operand, allowed, env).node.id)
                     continue

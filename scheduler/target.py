@@ -26,6 +26,10 @@ class Target:
     full_reduce: int = 16384
     # TMA descriptors only for accumulator tiles this large on both sides (scheduler/tma.py)
     tma_min_tile: int = 64
+    # How much recomputing a MatMul's computed operand counts against materialising it
+    # (scheduler/recompute.py): 1 is the model's estimate; 0 always fuses and inf always
+    # cuts, to measure either side of the model's crossover (benchmarks/crossover.py).
+    recompute_weight: float = 1.0
 
 
 H200 = Target("H200", sms=132, smem_per_block=227 * 1024, bandwidth=4.3e12, matmul_flops=790e12,

@@ -32,6 +32,23 @@ def test_narrow_projection_keeps_the_norm_in_its_operand():
     assert len(plan.kernels) == 1 and not plan.intermediates
 
 
+def test_the_recompute_weight_moves_the_crossover_both_ways():
+    """Target.recompute_weight: 0 always fuses, inf always cuts (benchmarks/crossover.py
+    measures the partition the model did not choose). At 2048 rows and 14336 columns
+    the model cuts; at 64 columns nothing is computed twice, so even inf fuses."""
+    import dataclasses
+    import math
+
+    from cleave.scheduler import H200
+
+    wide, narrow = {"s": 2048, "k": 4096, "n": 14336}, {"s": 2048, "k": 4096, "n": 64}
+    fused = dataclasses.replace(H200, recompute_weight=0.0)
+    cut = dataclasses.replace(H200, recompute_weight=math.inf)
+    assert len(cleave.schedule(NORM_MM, wide, top_k=1, target=fused)[0].kernels) == 1
+    assert len(cleave.schedule(NORM_MM, wide, top_k=1, target=cut)[0].kernels) == 2
+    assert len(cleave.schedule(NORM_MM, narrow, top_k=1, target=cut)[0].kernels) == 1
+
+
 def test_a_split_operand_is_read_not_materialised():
     """Split-K's chunks only re-index x and w: the partial products read them in place."""
     graph = workloads.get("matmul").graph
