@@ -190,6 +190,36 @@ def test_autograd_runs_the_forward_compiled_and_the_backward_eagerly(ctx):
     assert st["operators"] >= 1 and st["graph_breaks"] == 0 and st["failed"] == 0, st
 
 
+def test_autograd_with_dynamic_shapes_compiles_the_forward_with_its_size_outputs(ctx):
+    """With dynamic shapes AOTAutograd's forward graph also returns the symbolic sizes
+    its backward needs; a size output made the whole forward run eagerly. The sizes
+    are now computed from the arguments beside the compiled tensors, in order."""
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.proj = nn.RMSNorm(10), nn.Linear(10, 10)
+
+        def forward(self, x):
+            return self.proj(self.norm(x)) + x
+
+    m = Block()
+    f = torch.compile(m, backend="cleave", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")  # no graph break, no fallback
+        for rows in (6, 9):
+            x = torch.randn(rows, 10, generator=torch.Generator().manual_seed(rows), requires_grad=True)
+            f(x).square().sum().backward()
+            got = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
+            x.grad = None
+            m.zero_grad()
+            m(x).square().sum().backward()
+            for g, w in zip(got, [x.grad] + [p.grad for p in m.parameters()]):
+                _close(g, w, 1e-4)
+            m.zero_grad()
+    st = ctx.stats()
+    assert st["operators"] >= 1 and st["graph_breaks"] == 0 and st["failed"] == 0, st
+
+
 def test_naive_attention_keeps_its_batch_axes_and_fuses_online(ctx):
     """aten lowers a 4-D `q @ k.T` to a bmm over merged (batch, head) axes; the capture
     keeps the axes, so the softmax between the two products stays in one layout, its
@@ -248,3 +278,39 @@ def test_elementwise_prims_of_decompositions_compile_exactly(ctx, name, fn):
     assert torch.equal(torch.signbit(got[number]), torch.signbit(want[number])), "a zero of the wrong sign"
     st = ctx.stats()
     assert st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+@pytest.mark.parametrize("pad, value", [((1, 2), 0.0), ((2, 0, 1, 3), -1.5), ((-1, 2, 0, -2), 0.0)])
+def test_constant_pad_compiles(ctx, pad, value):
+    """F.pad's constant mode (negative pads crop): the wider decomposition table wrote
+    into a new tensor (prims.copy_to), and AOTAutograd's functional check raised
+    BackendCompilerFailed out of torch.compile."""
+    fn = lambda x: F.pad(x, pad, value=value) * 2  # noqa: E731
+    f = torch.compile(fn, backend="cleave")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        for rows in (6, 9):
+            x = torch.randn(rows, 10, generator=torch.Generator().manual_seed(rows))
+            torch._dynamo.mark_dynamic(x, 0)
+            torch.testing.assert_close(f(x), fn(x), rtol=0, atol=0)
+    st = ctx.stats()
+    assert st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_a_lowering_that_fails_inside_torch_runs_eagerly_with_a_warning(ctx, monkeypatch):
+    """A decomposition AOTAutograd rejects (here the wider table's constant_pad_nd, which
+    writes with prims.copy_to) does not escape torch.compile: the frame runs as dynamo
+    traced it, with one warning saying why."""
+    from torch._decomp import decomposition_table
+
+    from cleave.frontends import decompositions
+
+    table = {**decompositions.table(), torch.ops.aten.constant_pad_nd.default:
+             decomposition_table[torch.ops.aten.constant_pad_nd.default]}
+    monkeypatch.setattr(decompositions, "table", lambda: table)
+    fn = lambda x: F.pad(x, (1, 2)) + 1  # noqa: E731
+    x = torch.randn(4, 5)
+    with pytest.warns(UserWarning, match="lowering it through AOTAutograd failed"):
+        got = torch.compile(fn, backend="cleave")(x)
+    torch.testing.assert_close(got, fn(x))
+    assert ctx.stats()["graph_breaks"] == 1

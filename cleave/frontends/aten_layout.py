@@ -162,6 +162,30 @@ def _cat(t, node, a):
     return t.add("concat", *xs, axis=a["dim"] % xs[0].rank)
 
 
+@rule("constant_pad_nd")
+def _constant_pad(t, node, a):
+    """F.pad's constant mode: per axis from the last, a negative pad crops (a slice) and
+    a positive one concatenates a block holding the value. Its wider decomposition
+    writes into a new tensor (prims.copy_to), which AOTAutograd rejects."""
+    x, pads, value = a["self"], list(a["pad"]), a.get("value", 0)
+    for k in range(len(pads) // 2):
+        axis = x.rank - 1 - k
+        before, after = pads[2 * k], pads[2 * k + 1]
+        if before < 0 or after < 0:
+            extent = x.shape[axis]
+            start = D.dim(-min(before, 0))
+            x = t.add("slice", x, axis=axis, start=start, stop=extent + min(after, 0), step=1)
+        parts = [x]
+        for width, at in ((before, 0), (after, len(parts) + 1)):
+            if width > 0:
+                shape = tuple(D.dim(width) if i == axis else d for i, d in enumerate(x.shape))
+                block = t.add("broadcast", t.lift(value, x), shape=shape)
+                parts.insert(0 if at == 0 else len(parts), block)
+        if len(parts) > 1:
+            x = t.add("concat", *parts, axis=axis)
+    return x
+
+
 @rule("stack")
 def _stack(t, node, a):
     xs = a["tensors"]

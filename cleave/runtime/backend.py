@@ -38,6 +38,7 @@ def partitioning_backend(ctx: Context, name: str | None = None):
     """A torch.compile backend compiling into `ctx`; regions are named after `name`
     (the compiled function) or numbered per frame."""
     def backend(gm, example_inputs):
+        from torch._dynamo.exc import TorchDynamoException
         from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
         from ..frontends.decompositions import table
@@ -50,9 +51,17 @@ def partitioning_backend(ctx: Context, name: str | None = None):
         def backward(graph, inputs):
             return make_boxed_func(graph)
 
-        with passes.recording(ctx.pass_seconds), passes.timed("decompose"):
-            return aot_module_simplified(gm, example_inputs, fw_compiler=forward, bw_compiler=backward,
-                                         decompositions=table())
+        try:
+            with passes.recording(ctx.pass_seconds), passes.timed("decompose"):
+                return aot_module_simplified(gm, example_inputs, fw_compiler=forward, bw_compiler=backward,
+                                             decompositions=table())
+        except TorchDynamoException:  # dynamo's own control flow (restart the analysis, skip the frame)
+            raise
+        except Exception as err:  # noqa: BLE001 - lowering failed inside torch: run the frame as traced
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            ctx.warn_eager(region, f"lowering it through AOTAutograd failed ({type(err).__name__}: {first})")
+            ctx.eager_regions += 1
+            return gm.forward
     return backend
 
 

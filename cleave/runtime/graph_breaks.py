@@ -38,6 +38,59 @@ def _unsupported_nodes(gm) -> list[torch.fx.Node]:
 
 def build(gm: torch.fx.GraphModule, ctx: Context, name: str = "region"):
     """A callable running gm: one compiled region, or a split module of regions."""
+    sizes = _size_outputs(gm)
+    if sizes:
+        return _WithSizes(gm, sizes, ctx, name)
+    return _build_tensors(gm, ctx, name)
+
+
+def _size_outputs(gm: torch.fx.GraphModule) -> list[int]:
+    """Positions of the graph's outputs that are sizes, not tensors: under autograd
+    with dynamic shapes, AOTAutograd's forward graph returns the symbolic sizes its
+    backward needs beside the saved tensors."""
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    if not isinstance(out, (tuple, list)):
+        return []
+    return [k for k, v in enumerate(out)
+            if not (isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), torch.Tensor))]
+
+
+def _keeping_outputs(gm: torch.fx.GraphModule, keep: list[int]) -> torch.fx.GraphModule:
+    """gm returning only the outputs at `keep` (as a tuple), what they do not need removed."""
+    graph = torch.fx.Graph()
+    env = {}
+    for n in gm.graph.nodes:
+        if n.op == "output":
+            graph.output(tuple(env[v] if isinstance(v, torch.fx.Node) else v
+                               for v in (n.args[0][k] for k in keep)))
+        else:
+            env[n] = graph.node_copy(n, lambda x: env[x])
+    graph.eliminate_dead_code()
+    return torch.fx.GraphModule(gm, graph)
+
+
+class _WithSizes:
+    """A graph whose outputs mix tensors and sizes: the tensors come from its regions,
+    the sizes from the graph's own size arithmetic on the arguments (sym_size, int ops),
+    run as plain Python; the outputs keep their order."""
+
+    def __init__(self, gm: torch.fx.GraphModule, sizes: list[int], ctx: Context, name: str):
+        count = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+        self.sizes, self.tensors = sizes, [k for k in range(count) if k not in sizes]
+        self.size_fn = _keeping_outputs(gm, sizes)
+        self.tensor_fn = _build_tensors(_keeping_outputs(gm, self.tensors), ctx, name) if self.tensors else None
+
+    def __call__(self, *args):
+        out = [None] * (len(self.sizes) + len(self.tensors))
+        for k, v in zip(self.sizes, self.size_fn(*args)):
+            out[k] = v
+        if self.tensor_fn is not None:
+            for k, v in zip(self.tensors, self.tensor_fn(*args)):
+                out[k] = v
+        return tuple(out)
+
+
+def _build_tensors(gm: torch.fx.GraphModule, ctx: Context, name: str):
     from ..frontends.errors import op_name, source_of
 
     bad = _unsupported_nodes(gm)
