@@ -314,3 +314,15 @@ def test_a_lowering_that_fails_inside_torch_runs_eagerly_with_a_warning(ctx, mon
         got = torch.compile(fn, backend="cleave")(x)
     torch.testing.assert_close(got, fn(x))
     assert ctx.stats()["graph_breaks"] == 1
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.diag(x[:, :6]) + 1, lambda x: torch.diagonal(x[:, 1:7]) * 2,
+                                lambda x: torch.diag(x[1:, 2:]).exp()], ids=["diag", "diagonal", "diag_offset"])
+def test_storage_dependent_ops_read_the_memory_eager_would(ctx, fn):
+    """torch.diag lowers to as_strided over a slice of the input, with the input's
+    strides: cleave's region for the slice wrote a contiguous copy, and the as_strided
+    over it read past its end (a RuntimeError out of torch.compile). Whatever an
+    as_strided reads is now produced eagerly."""
+    x = torch.randn(6, 10, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(torch.compile(fn, backend="cleave")(x), fn(x))
+    assert ctx.stats()["failed"] == 0

@@ -24,8 +24,17 @@ def _compute_nodes(gm: torch.fx.GraphModule):
     return [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
 
 
+# Ops whose result depends on how their input lies in memory (strides and offset into
+# its storage), not only on its values: a cleave region's output is a new contiguous
+# tensor, so every producer of their input runs eagerly too (torch.diag lowers to
+# as_strided over a slice of the input: over cleave's copy of the slice it read past
+# the end, and within bounds it would read the wrong elements).
+STORAGE_DEPENDENT = {"as_strided"}
+
+
 def _unsupported_nodes(gm) -> list[torch.fx.Node]:
-    """Nodes cleave cannot translate, plus the tuple projections (getitem) of them."""
+    """Nodes cleave cannot translate, the tuple projections (getitem) of them, and
+    everything a storage-dependent op reads from."""
     from ..frontends import is_supported
 
     bad: dict[torch.fx.Node, None] = {}
@@ -33,7 +42,20 @@ def _unsupported_nodes(gm) -> list[torch.fx.Node]:
         projects_bad = n.target is operator.getitem and n.args and n.args[0] in bad
         if projects_bad or not is_supported(n):
             bad[n] = None
-    return list(bad)
+    stack = [n for n in _compute_nodes(gm) if _storage_dependent(n)]
+    while stack:
+        n = stack.pop()
+        for up in n.all_input_nodes:
+            if up.op in ("call_function", "call_method", "call_module") and up not in bad:
+                bad[up] = None
+                stack.append(up)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return sorted(bad, key=order.__getitem__)
+
+
+def _storage_dependent(n: torch.fx.Node) -> bool:
+    target = n.target
+    return isinstance(target, torch._ops.OpOverload) and target._schema.name.split("::")[-1] in STORAGE_DEPENDENT
 
 
 def build(gm: torch.fx.GraphModule, ctx: Context, name: str = "region"):
@@ -96,8 +118,10 @@ def _build_tensors(gm: torch.fx.GraphModule, ctx: Context, name: str):
     bad = _unsupported_nodes(gm)
     if not bad:
         return Region(gm, ctx, name)
-    for n in bad:
-        if n.target is not operator.getitem:
+    from ..frontends import is_supported
+
+    for n in bad:  # the producers a storage-dependent op pulled in are not unsupported
+        if n.target is not operator.getitem and not is_supported(n):
             ctx.warn_unsupported(op_name(n), name, source_of(n))
     bad = set(bad)
     ids, current, previous = {}, 0, None
