@@ -84,6 +84,11 @@ UNARY = per_op({"exp": EXP, "exp2": "tl.exp2({x})", "log": "tl.log({x})", "sqrt"
                          "tl.where(tl.floor({x}) == -1.0, {x} * 0.0, tl.floor({x}) + 1.0))))",
                 # (0 < x) - (x < 0), as torch computes it: 0 for NaN and for either zero
                 "sign": "tl.where({x} > 0.0, 1.0, tl.where({x} < 0.0, -1.0, 0.0))"}, "unary", where="codegen")
+# Unary ops torch computes in an integer dtype on integers (the rest make floats):
+# through f32 they would round past 2^24 and could not index (reflect padding's
+# `9 - |9 - |j - 2||` addressed a load with a float).
+INT_UNARY = {"abs": "tl.abs({x})", "neg": "-{x}", "square": "{x} * {x}", "floor": "{x}", "ceil": "{x}",
+             "trunc": "{x}", "round": "{x}", "sign": "tl.where({x} > 0, 1, tl.where({x} < 0, -1, 0))"}
 # torch.pow: |a|^b through exp and log, negated for a negative base and an odd integer
 # exponent, NaN for a negative base and a fractional one, and 1 for a zero exponent.
 # Nested selects, not `&` of comparisons: with a scalar exponent, Triton's CPU
@@ -341,6 +346,9 @@ class Emitter:
             e = code(inst.view[n.attrs["axis"]], self.index_names(b, inst.view, dims))
             return self.var(b, e, dims, "tl.int32")
         if op in UNARY:
+            if not n.dtype.is_float and op in INT_UNARY:  # an index's abs or neg stays an integer
+                ty = TL[n.dtype]
+                return self.var(b, INT_UNARY[op].format(x=args[0].name), dims, ty)
             return self.var(b, UNARY[op].format(x=self.f32(args[0])), dims, "tl.float32")
         if op == "cast":
             ty = TL[n.dtype]

@@ -326,3 +326,21 @@ def test_storage_dependent_ops_read_the_memory_eager_would(ctx, fn):
     x = torch.randn(6, 10, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(torch.compile(fn, backend="cleave")(x), fn(x))
     assert ctx.stats()["failed"] == 0
+
+
+@pytest.mark.parametrize("fn, make", [
+    (lambda x: F.pad(x[None], (2, 3), mode="reflect")[0], lambda g: torch.randn(6, 10, generator=g)),
+    (lambda t: (t - 5).abs() * (t - 3).sign() - (-t).square(), lambda g: torch.randint(-9, 9, (5, 7), generator=g)),
+    (lambda t: (t * 3_000_001).abs() + 1, lambda g: torch.randint(-9, 9, (5, 7), generator=g)),
+], ids=["reflect_pad", "int_abs_sign", "int_abs_past_2_24"])
+def test_integer_unary_ops_stay_integers(ctx, fn, make):
+    """abs, neg, sign and square of integers are integers in torch: through f32 an
+    index could not address a load (reflect padding failed its first launch and ran
+    eagerly) and values past 2^24 would round."""
+    f = torch.compile(fn, backend="cleave")
+    x = make(torch.Generator().manual_seed(5))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        got = f(x)
+    assert torch.equal(got, fn(x))
+    assert ctx.stats()["failed"] == 0
