@@ -344,3 +344,12 @@ def test_integer_unary_ops_stay_integers(ctx, fn, make):
         got = f(x)
     assert torch.equal(got, fn(x))
     assert ctx.stats()["failed"] == 0
+
+
+def test_an_as_strided_over_a_transposed_elementwise_result_reads_eager_strides(ctx):
+    """tanh of a transposed input keeps its strides in eager, so the diagonal's
+    as_strided is traced with them: a region's contiguous tanh would be read wrongly.
+    That tanh runs eagerly; over a contiguous result the region keeps it."""
+    fn = lambda x: torch.tanh(x.t()).diagonal() + 1  # noqa: E731
+    x = torch.randn(7, 5, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(torch.compile(fn, backend="cleave")(x), fn(x))

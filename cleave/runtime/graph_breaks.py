@@ -25,10 +25,11 @@ def _compute_nodes(gm: torch.fx.GraphModule):
 
 
 # Ops whose result depends on how their input lies in memory (strides and offset into
-# its storage), not only on its values: a cleave region's output is a new contiguous
-# tensor, so every producer of their input runs eagerly too (torch.diag lowers to
-# as_strided over a slice of the input: over cleave's copy of the slice it read past
-# the end, and within bounds it would read the wrong elements).
+# its storage), not only on its values. A cleave region's output is a new contiguous
+# tensor: where eager would have handed them a view or a tensor of other strides, that
+# input is produced eagerly (torch.diag lowers to as_strided over a slice of the input:
+# over cleave's copy of the slice it read past the end, and within bounds it would read
+# the wrong elements).
 STORAGE_DEPENDENT = {"as_strided"}
 
 
@@ -44,9 +45,8 @@ def _unsupported_nodes(gm) -> list[torch.fx.Node]:
             bad[n] = None
     stack = [n for n in _compute_nodes(gm) if _storage_dependent(n)]
     while stack:
-        n = stack.pop()
-        for up in n.all_input_nodes:
-            if up.op in ("call_function", "call_method", "call_module") and up not in bad:
+        for up in stack.pop().all_input_nodes:
+            if up.op in ("call_function", "call_method", "call_module") and up not in bad and not _fresh(up):
                 bad[up] = None
                 stack.append(up)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -56,6 +56,14 @@ def _unsupported_nodes(gm) -> list[torch.fx.Node]:
 def _storage_dependent(n: torch.fx.Node) -> bool:
     target = n.target
     return isinstance(target, torch._ops.OpOverload) and target._schema.name.split("::")[-1] in STORAGE_DEPENDENT
+
+
+def _fresh(n: torch.fx.Node) -> bool:
+    """Whether eager gives n's value as a new contiguous tensor, as a region does: not a
+    view, and contiguous (an elementwise op keeps a transposed input's strides)."""
+    val = n.meta.get("val")
+    view = isinstance(n.target, torch._ops.OpOverload) and n.target.is_view
+    return isinstance(val, torch.Tensor) and not view and val.is_contiguous()
 
 
 def build(gm: torch.fx.GraphModule, ctx: Context, name: str = "region"):
