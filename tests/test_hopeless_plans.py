@@ -6,17 +6,12 @@ import dataclasses
 
 import torch
 
-from cleave.ir import parse_graph
+from cleave import workloads
 from cleave.runtime import profile
 from cleave.scheduler import schedule
 from cleave.scheduler.api import HOPELESS, within_reach
 
-GRAPH = parse_graph('''graph g {
-  %0 = input(name="x", shape=[s,k], dtype=f32) : f32[s,k]
-  %1 = input(name="w", shape=[k,n], dtype=f32) : f32[k,n]
-  %2 = matmul(%0, %1) : f32[s,n]
-  return y=%2
-}''')
+GRAPH = workloads.get("matmul").graph
 
 
 def _plans(costs):
@@ -70,7 +65,7 @@ def test_a_dynamic_split_count_out_of_reach_is_left_out(monkeypatch):
     the model costs past HOPELESS x the largest count x the best at the representative
     binding is left out (here with the reach shrunk to the best plan's own cost)."""
     import cleave.scheduler.api as api
-    from cleave import search, workloads
+    from cleave import search
 
     w = workloads.get("gqa_decode")
     candidate = search(w.graph).candidates[0]

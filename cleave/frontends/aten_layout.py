@@ -175,12 +175,11 @@ def _constant_pad(t, node, a):
             extent = x.shape[axis]
             start = D.dim(-min(before, 0))
             x = t.add("slice", x, axis=axis, start=start, stop=extent + min(after, 0), step=1)
-        parts = [x]
-        for width, at in ((before, 0), (after, len(parts) + 1)):
-            if width > 0:
-                shape = tuple(D.dim(width) if i == axis else d for i, d in enumerate(x.shape))
-                block = t.add("broadcast", t.lift(value, x), shape=shape)
-                parts.insert(0 if at == 0 else len(parts), block)
+        def block(width):
+            shape = tuple(D.dim(width) if i == axis else d for i, d in enumerate(x.shape))
+            return t.add("broadcast", t.lift(value, x), shape=shape)
+
+        parts = ([block(before)] if before > 0 else []) + [x] + ([block(after)] if after > 0 else [])
         if len(parts) > 1:
             x = t.add("concat", *parts, axis=axis)
     return x

@@ -74,11 +74,15 @@ def build(gm: torch.fx.GraphModule, ctx: Context, name: str = "region"):
     return _build_tensors(gm, ctx, name)
 
 
+def _output_values(gm: torch.fx.GraphModule):
+    return next(n for n in gm.graph.nodes if n.op == "output").args[0]
+
+
 def _size_outputs(gm: torch.fx.GraphModule) -> list[int]:
     """Positions of the graph's outputs that are sizes, not tensors: under autograd
     with dynamic shapes, AOTAutograd's forward graph returns the symbolic sizes its
     backward needs beside the saved tensors."""
-    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    out = _output_values(gm)
     if not isinstance(out, (tuple, list)):
         return []
     return [k for k, v in enumerate(out)
@@ -105,8 +109,7 @@ class _WithSizes:
     run as plain Python; the outputs keep their order."""
 
     def __init__(self, gm: torch.fx.GraphModule, sizes: list[int], ctx: Context, name: str):
-        count = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
-        self.sizes, self.tensors = sizes, [k for k in range(count) if k not in sizes]
+        self.sizes, self.tensors = sizes, [k for k in range(len(_output_values(gm))) if k not in sizes]
         self.size_fn = _keeping_outputs(gm, sizes)
         self.tensor_fn = _build_tensors(_keeping_outputs(gm, self.tensors), ctx, name) if self.tensors else None
 
