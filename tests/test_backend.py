@@ -350,3 +350,18 @@ def test_an_as_strided_over_a_transposed_elementwise_result_reads_eager_strides(
     fn = lambda x: torch.tanh(x.t()).diagonal() + 1  # noqa: E731
     x = torch.randn(7, 5, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(torch.compile(fn, backend="cleave")(x), fn(x))
+
+
+def test_a_first_call_with_an_empty_batch_compiles(ctx):
+    """dynamo specialises a 0-row first call to a literal 0: the candidates' symbolic
+    cost then divided 0 rows by a 0-wide tile ('The argument nan is not comparable')
+    and the region ran eagerly."""
+    m = nn.Sequential(nn.LayerNorm(12), nn.Linear(12, 12))
+    fn = lambda x: m(x).sum(-1)  # noqa: E731
+    f = torch.compile(fn, backend="cleave", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        for rows in (0, 5):
+            x = torch.randn(rows, 12, generator=torch.Generator().manual_seed(rows))
+            torch.testing.assert_close(f(x), fn(x), rtol=1e-5, atol=1e-5)
+    assert ctx.stats()["failed"] == 0

@@ -115,7 +115,8 @@ class _Symbolic:
 
     @staticmethod
     def dim(d):
-        return d
+        """An empty literal dim counts as 1, as in _Numeric: at 0 a row count divides 0 by 0."""
+        return sympy.Integer(1) if d == 0 else d
 
 
 class _Numeric:
