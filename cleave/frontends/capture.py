@@ -15,6 +15,7 @@ import torch
 from ..ir import Graph, rebuild
 from . import aten_map
 from .errors import CaptureError, UnsupportedOpError, source_of
+from .layout_sink import sink_layouts
 from .masks import simplify_masks
 from .regroup import regroup_repeated_operands
 from .symbols import SymbolMap
@@ -232,7 +233,7 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Captured:
             t.translate(node)
         elif node.op == "output":
             writes = _outputs(t, graph, node, ep.graph_signature, user_names)
-    return Captured(regroup_repeated_operands(simplify_masks(rebuild(graph))), state, writes)
+    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes)
 
 
 def state_input_name(key: str, taken: set[str]) -> str:

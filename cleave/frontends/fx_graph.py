@@ -17,6 +17,7 @@ from . import aten_map
 from .capture import Captured, constant_node
 from .errors import UnsupportedOpError, source_of
 from .masks import simplify_masks
+from .layout_sink import sink_layouts
 from .regroup import regroup_repeated_operands
 from .symbols import SymbolMap
 from .translate import Translator, ir_dtype
@@ -50,7 +51,7 @@ def translate_graph_module(gm: torch.fx.GraphModule, name: str) -> Captured:
             t.translate(node)
         elif node.op == "output":
             _outputs(t, graph, node)
-    return Captured(regroup_repeated_operands(simplify_masks(rebuild(graph))))
+    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))))
 
 
 def _outputs(t, graph, node) -> None:
