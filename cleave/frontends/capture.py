@@ -135,11 +135,26 @@ def _export(fn, params, inputs, named, auto: bool):
     # failing; axes sharing a name get one IR symbol, and binding checks they agree.
     kind = Dim.AUTO if auto else Dim.DYNAMIC
     specs = [{a: kind for a in named.get(pname, {})} or None for pname in params]
-    try:
+
+    def trace():
         with _quiet_torch():
             ep = export(_Wrap(fn), _traceable(params, inputs, named), dynamic_shapes=(tuple(specs),))
             # export keeps in-place ops; functionalized, each becomes a new value (an output)
             return ep.run_decompositions({}) if _mutates(ep) else ep
+
+    try:
+        try:
+            return trace()
+        except torch._dynamo.exc.UserError as err:
+            if err.error_type != torch._dynamo.exc.UserErrorType.CONSTRAINT_VIOLATION:
+                raise
+            # A dynamic axis of extent 0 or 1 in this call (one request: indptr[1:-1] is
+            # empty) specialises; traced as if it were any extent, the IR's symbolic axes
+            # never broadcast, so the graph holds for every extent the binding accepts.
+            from torch.fx.experimental import _config as fx_config
+
+            with fx_config.patch(backed_size_oblivious=True):
+                return trace()
     except UnsupportedOpError:
         raise
     except Exception as err:  # torch raises many types; keep its message, drop its traceback
