@@ -106,12 +106,14 @@ def _representative(graph, env, counts: dict, dynamic) -> dict:
 def _split_candidates(graph, env, sym, base_programs, target) -> list[int]:
     """s = 1 and the counts that give about k * SMs programs (k = 1..8) with the
     programs of the unsplit kernel: memory-bound decode needs every SM streaming,
-    and several programs per SM hide the latency of each one's loads."""
+    and several programs per SM hide the latency of each one's loads. Up to k = 32:
+    over a packed ragged extent most (row tile, chunk) programs find no page of their
+    requests, so T row tiles and s chunks make only T + s - 1 programs that work."""
     n = D.evaluate(_split_extent(graph, sym), env)
     # 2 and 4 always: the unsplit kernel may tile rows differently (a merged head axis
     # in blocks of one), so its program count can overstate the parallelism it has.
     out = {1}
-    for c in [2, 4] + [math.ceil(k * target.sms / max(base_programs, 1)) for k in (1, 2, 3, 4, 6, 8)]:
+    for c in [2, 4] + [math.ceil(k * target.sms / max(base_programs, 1)) for k in (1, 2, 3, 4, 6, 8, 16, 32)]:
         if 1 < c <= max(1, n // 64) and _holds(graph, {**env, sym: c}):  # chunks of 64+ keep a kv tile busy
             out.add(c)
     return sorted(out)

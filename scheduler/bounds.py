@@ -21,6 +21,7 @@ monotone.py).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -257,7 +258,12 @@ def segments(em, h, x: int, order, trips: int) -> list[Segment]:
     loaded = {side: program.inputs(free_symbols(edge)) for side, edge in edges.items()}
     for seg in segs:
         seg.loaded = {side: names for side, names in loaded.items() if names}
-    _fractions(em, segs, trips, bx, program, _loaded_share(em, segs[0].loaded))
+    share = _loaded_share(em, segs[0].loaded)
+    if "lo" in segs[0].loaded:  # a tile of k requests' rows runs the union of their ranges
+        share = min(1.0, share * _entries_per_program(em, program))
+        if chunk:
+            em.stats.active = min(em.stats.active, _active_share(em, x, share))
+    _fractions(em, segs, trips, bx, program, share)
     em.stats.loops.append(loop_record(em, x, segs))
     return segs
 
@@ -446,6 +452,50 @@ def _loaded_share(em, loaded: dict) -> float:
         counts = [D.evaluate(inputs[n].shape[0], em.env) - indptr for n in loaded["lo"] if len(inputs[n].shape) == 1]
         return 1 / max(1, max(counts, default=1))
     return 0.5 if "hi" in loaded else 1.0
+
+
+def _active_share(em, x: int, share: float) -> float:
+    """Share of the (row tile, chunk) programs whose loop runs: T row tiles, each covering
+    `share` of the packed extent, against s equal chunks of it. Both partition the
+    extent, so they overlap in at most T + s - 1 pieces: most chunks hold none of a
+    tile's pages, and the pieces are the work."""
+    counts = [em.env[s.name] for s in em.labels[x].extent.free_symbols & em.views.graph.split_counts()
+              if s.name in em.env]
+    tiles = max(1.0, 1 / share)
+    chunks = math.prod(counts) if counts else 1
+    return min(1.0, (tiles + chunks - 1) / (tiles * chunks))
+
+
+def _entries_per_program(em, program) -> int:
+    """The most entries of one 1-d index tensor (an indptr) one program loads for its
+    bounds: a row tile holding the rows of k requests (merged (request, head) rows) reads
+    k of them, counted over the lanes of the first program's tile."""
+    most, seen = 1, set()
+    stack = [i for insts in program.insts.values() for i in insts]
+    while stack:
+        inst = stack.pop()
+        if id(inst) in seen:
+            continue
+        seen.add(id(inst))
+        if inst.leaf and inst.node.op == "input" and len(inst.view) == 1:
+            most = max(most, _distinct_lanes(em, inst.view[0]))
+        elif not inst.leaf:
+            stack.extend(inst.inputs)
+    return most
+
+
+def _distinct_lanes(em, e, limit: int = 4096) -> int:
+    """How many values integer index e takes over the lanes of the first program's tile
+    (1 where e reads a loop's label, or the tile has more than `limit` lanes)."""
+    labels = [lab for lab in em.views.labels if lab.sym in e.free_symbols]
+    if any(em.t.role[lab.id] == "loop" for lab in labels):
+        return 1
+    ranges = [range(min(em.t.block[lab.id], D.evaluate(lab.extent, em.env))) for lab in labels]
+    if math.prod(len(r) for r in ranges) > limit:
+        return 1
+    e = e.xreplace({s: em.env[s.name] for s in e.free_symbols if s.name in em.env})
+    f = sympy.lambdify([lab.sym for lab in labels], e, modules="math")
+    return len({f(*lanes) for lanes in itertools.product(*ranges)})
 
 
 def _fractions(em, segs, trips, bx, program=None, share=1.0):

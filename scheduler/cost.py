@@ -49,6 +49,8 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
         return None
     if programs == 0:  # an empty output or intermediate: launch skips the kernel
         return 0.0
+    if stats.active < 1:  # only these programs work; the others exit at their empty bounds
+        programs, stats = max(1, round(programs * stats.active)), stats.of_active()
     per_sm = resident_programs(stats, num_warps, num_stages, target)
     slots = target.sms * per_sm
     waves = -(-programs // slots)

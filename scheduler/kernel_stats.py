@@ -2,7 +2,7 @@
 the cost model (bytes, tensor-core work, shared memory, registers)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -23,6 +23,16 @@ class Stats:
     epilogue_smem: int = 0  # scratch the epilogue needs beside the loop's stages (persistent kernels)
     masked_store_bytes: int = 0  # the largest tile stored under a mask
     tma_in_loop: bool = False  # a loop loads tiles through TMA descriptors
+    # share of the grid's programs that run their loop (the rest find their bounds empty:
+    # a split chunk beside their requests' pages); the counts above average over all
+    active: float = 1.0
+
+    def of_active(self) -> "Stats":
+        """The work of one program that runs its loop."""
+        k = 1 / self.active
+        return replace(self, bytes=self.bytes * k, flops=self.flops * k, mma_flops=self.mma_flops * k,
+                       vector_flops=self.vector_flops * k,
+                       per_buffer={n: b * k for n, b in self.per_buffer.items()}, active=1.0)
 
     def smem(self, stages: int) -> int:
         """Triton keeps `stages` copies of each tile loaded in a loop in shared memory. Copies

@@ -75,6 +75,13 @@ def merged_rows(views: Views, env: dict) -> list[tuple[int, int]]:
     return out
 
 
+def _grouped_rows(lab: Label) -> bool:
+    """Rows merged from a symbolic count and a small static group (GQA's requests times
+    the query heads of a kv head: 4*batch_size), as the layout sink leaves them."""
+    coeff, rest = lab.extent.as_coeff_Mul()
+    return bool(rest.free_symbols) and coeff.is_Integer and 1 < coeff < DOT_MIN
+
+
 def _is_dynamic(lab: Label, dynamic: set) -> bool:
     return any(s.name in dynamic for s in lab.extent.free_symbols)
 
@@ -97,6 +104,8 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
         if lab.id in roots:
             if lab.id in dots:  # a tl.dot side: wgmma wants 64+ rows; small extents pad to 16
                 opts = [b for b in (64, 128, 256) if b < full and b >= floor] + ([full] if full <= 256 else [])
+                if _grouped_rows(lab):  # a decode's rows: a few requests per program spread it over the SMs
+                    opts = sorted(set(opts + [b for b in (DOT_MIN, 2 * DOT_MIN) if b < full]))
                 if lab.id in inner and not dyn and full <= 256:
                     opts = [full]  # the head dim: splitting it recomputes the scores per part
                 elif lab.id in inner and not dyn and full <= target.hold_matmul:
