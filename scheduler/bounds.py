@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 import sympy
+from sympy.core.function import AppliedUndef
 
 from cleave.ir import dims as D
 
@@ -486,14 +487,17 @@ def _entries_per_program(em, program) -> int:
 
 def _distinct_lanes(em, e, limit: int = 4096) -> int:
     """How many values integer index e takes over the lanes of the first program's tile
-    (1 where e reads a loop's label, or the tile has more than `limit` lanes)."""
+    (1 where that is unknown here: e reads a loop's label or another tensor, a gathered
+    index, or the tile has more than `limit` lanes)."""
     labels = [lab for lab in em.views.labels if lab.sym in e.free_symbols]
-    if any(em.t.role[lab.id] == "loop" for lab in labels):
+    if any(em.t.role[lab.id] == "loop" for lab in labels) or e.atoms(AppliedUndef):
         return 1
     ranges = [range(min(em.t.block[lab.id], D.evaluate(lab.extent, em.env))) for lab in labels]
     if math.prod(len(r) for r in ranges) > limit:
         return 1
     e = e.xreplace({s: em.env[s.name] for s in e.free_symbols if s.name in em.env})
+    if e.free_symbols - {lab.sym for lab in labels}:
+        return 1
     f = sympy.lambdify([lab.sym for lab in labels], e, modules="math")
     return len({f(*lanes) for lanes in itertools.product(*ranges)})
 

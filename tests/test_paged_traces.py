@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+import cleave
 from cleave.frontends.capture import capture_program
 from cleave.interpreter import interpret
 from cleave.runtime.replay import replay
@@ -70,7 +71,8 @@ def test_a_first_step_of_one_request_captures_with_its_axes_dynamic():
     """The traces' first prefill step holds one request, so `indptr[1:-1]` is empty and
     torch.export specialised len_indptr to 2: `cleave trace build` failed with "does not
     capture whole" on all four prefill definitions. Traced as if the axis had any extent,
-    the graph serves every batch."""
+    the graph serves every batch (and schedules: its slice of the interior boundaries is
+    len_indptr - 2 as when traced at more requests, not Max(0, len_indptr - 2))."""
     name = "gqa_ragged_prefill_causal_h32_kv4_d128"
     kind = F.kind_of(name)
     const = {"num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 8}
@@ -81,6 +83,9 @@ def test_a_first_step_of_one_request_captures_with_its_axes_dynamic():
 
     graph = capture_program(kind.program, *inputs([3], [5], 0), dynamic=F.dynamic_axes(kind), name=name).graph
     assert "len_indptr" in str(graph.inputs["qo_indptr"].shape)
+    assert "Max" not in graph.text()  # the interior boundaries' slice: len_indptr - 2, not clamped at 0
+    binding = {"total_q": 5, "total_kv": 13, "len_indptr": 4, **const}
+    assert cleave.schedule(graph, binding, dynamic={"total_q", "total_kv", "len_indptr"}, top_k=1)
     args = inputs([2, 0, 3], [4, 0, 9], 1)
     got = interpret(graph, dict(zip(kind.inputs, args)), compute_dtype=torch.float64)
     for g, want in zip(got, kind.reference(*args)):

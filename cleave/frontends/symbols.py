@@ -21,6 +21,8 @@ _REWRITES = {
     "Mod": sympy.Mod,
     "PythonMod": sympy.Mod,
     "OpaqueUnaryFn_sqrt": sympy.sqrt,
+    "Max": sympy.Max,
+    "Min": sympy.Min,
 }
 
 
@@ -50,7 +52,11 @@ class SymbolMap:
         expr = getattr(node, "expr", None)
         if expr is None:
             raise TypeError(f"not a size: {value!r}")
-        expr = _rewrite(expr).xreplace(self.subs)
+        # Traced size-obliviously, a slice's size is clamped at empty (Max(0, n - 2) for
+        # indptr[1:-1]); traced at a larger size it reads n - 2, as the IR keeps it.
+        expr = _rewrite(expr).xreplace(self.subs).replace(
+            lambda e: isinstance(e, sympy.Max) and len(e.args) == 2 and 0 in e.args,
+            lambda e: next(a for a in e.args if a != 0))
         unknown = [s for s in expr.free_symbols if s not in self.subs.values()]
         if unknown:
             raise ValueError(f"size {expr} depends on {', '.join(map(str, unknown))}, "
