@@ -261,7 +261,8 @@ def segments(em, h, x: int, order, trips: int) -> list[Segment]:
         seg.loaded = {side: names for side, names in loaded.items() if names}
     share = _loaded_share(em, segs[0].loaded)
     if "lo" in segs[0].loaded:  # a tile of k requests' rows runs the union of their ranges
-        share = min(1.0, share * _entries_per_program(em, program))
+        csr = segs[0].loaded["lo"] & segs[0].loaded.get("hi", frozenset())
+        share = min(1.0, share * _entries_per_program(em, program, csr))
         if chunk:
             em.stats.active = min(em.stats.active, _active_share(em, x, share))
     _fractions(em, segs, trips, bx, program, share)
@@ -467,10 +468,10 @@ def _active_share(em, x: int, share: float) -> float:
     return min(1.0, (tiles + chunks - 1) / (tiles * chunks))
 
 
-def _entries_per_program(em, program) -> int:
-    """The most entries of one 1-d index tensor (an indptr) one program loads for its
-    bounds: a row tile holding the rows of k requests (merged (request, head) rows) reads
-    k of them, counted over the lanes of the first program's tile."""
+def _entries_per_program(em, program, names) -> int:
+    """The most entries of the indptrs `names` one program loads for its bounds: a row
+    tile holding the rows of k requests (merged (request, head) rows) reads k of them,
+    counted over the lanes of the first program's tile."""
     most, seen = 1, set()
     stack = [i for insts in program.insts.values() for i in insts]
     while stack:
@@ -478,7 +479,7 @@ def _entries_per_program(em, program) -> int:
         if id(inst) in seen:
             continue
         seen.add(id(inst))
-        if inst.leaf and inst.node.op == "input" and len(inst.view) == 1:
+        if inst.leaf and inst.node.op == "input" and inst.node.attrs["name"] in names and len(inst.view) == 1:
             most = max(most, _distinct_lanes(em, inst.view[0]))
         elif not inst.leaf:
             stack.extend(inst.inputs)
@@ -487,10 +488,10 @@ def _entries_per_program(em, program) -> int:
 
 def _distinct_lanes(em, e, limit: int = 4096) -> int:
     """How many values integer index e takes over the lanes of the first program's tile
-    (1 where that is unknown here: e reads a loop's label or another tensor, a gathered
-    index, or the tile has more than `limit` lanes)."""
+    (1 where that is unknown here or no row tile's: e reads a label other than the grid's,
+    another tensor (a gathered index), or the tile has more than `limit` lanes)."""
     labels = [lab for lab in em.views.labels if lab.sym in e.free_symbols]
-    if any(em.t.role[lab.id] == "loop" for lab in labels) or e.atoms(AppliedUndef):
+    if any(em.t.role[lab.id] != "grid" for lab in labels) or e.atoms(AppliedUndef):
         return 1
     ranges = [range(min(em.t.block[lab.id], D.evaluate(lab.extent, em.env))) for lab in labels]
     if math.prod(len(r) for r in ranges) > limit:
