@@ -447,7 +447,11 @@ class Emitter:
         # on the H200 (triton 3.6: RMSNorm->MatMul's x tile squared beside its dot, 27%
         # relative error; RESULTS.md, 2026-12-01 session 3): such tiles keep the pointer path.
         dot_only = not b.chain or self.consumers.get(id(inst), set()) <= {"matmul", *VIEW_OPS}
-        tile = tile_load(self, inst, dims, _ITEMSIZE[ty]) if self.tma and dot_only else None
+        # An integer tile may address a gather (kv_indices): the pipeliner cannot predicate
+        # a descriptor load whose values form the loop's addresses (triton 3.6, "Fatal
+        # pipeliner error", session 5), also when the tile is loaded before the loop.
+        dense = node.dtype.is_float
+        tile = tile_load(self, inst, dims, _ITEMSIZE[ty]) if self.tma and dot_only and dense else None
         if tile is None:
             out = self.var(b, f"tl.load({addr}{m})", dims, ty)
         else:

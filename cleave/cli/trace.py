@@ -50,6 +50,8 @@ def register(sub) -> None:
     b.add_argument("--out", required=True, help="artifact directory to write (created if missing)")
     b.add_argument("--scale", type=positive_float, default=1.0, help="as for replay: build for the scaled shapes")
     b.add_argument("--const", default="", help="as for replay: override const axes")
+    b.add_argument("--top-k", type=positive_int, default=4,
+                   help="plans kept per split count (each is a Triton compile at the replay's first call)")
     b.set_defaults(func=_build)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -104,7 +106,7 @@ def _build(args) -> int:
     from ..runtime.replay import build
 
     print(f"searching and scheduling {args.trace} into {args.out} ...", file=sys.stderr, flush=True)
-    summary = build(args.trace, args.out, scale=args.scale, const=_parse_const(args.const))
+    summary = build(args.trace, args.out, scale=args.scale, const=_parse_const(args.const), top_k=args.top_k)
     for entry in summary["entries"]:
         print(f"{summary['definition']}: operator {entry}")
     print(f"searches {summary['searches']}, schedules {summary['compiles']}, from_cache {summary['from_cache']}; "
