@@ -7,7 +7,8 @@
 # traces/paged/workloads/NAME.jsonl (regenerated here by traces/simulate_paged.py).
 # Usage there: bash benchmarks/h200.sh [SECONDS_FOR_THE_PLAN_BENCHMARK] [SECONDS_PER_TRACE]
 # (0 seconds skips that part: the device's 10-minute limit per call may need two calls);
-# PLANS and ARTIFACTS name other directories than .gpu_plans and .gpu_artifacts.
+# PLANS and ARTIFACTS name other directories than .gpu_plans and .gpu_artifacts;
+# TRACE_LIMIT replays only each trace's first steps.
 set -u
 repo=$(pwd)
 out=${OUT:-/tmp/cleave_out}
@@ -32,7 +33,7 @@ if [ "${2:-200}" != 0 ] && [ -d "$artifacts" ]; then
             [ -f "$file" ] || python3 "$repo/traces/simulate_paged.py" --seed 0 --out "$repo/traces/paged" > /dev/null
         fi
         timeout "${2:-200}" python3 -m cleave.cli.main trace replay "$file" --device cuda --artifact "$dir" \
-            > "$out/replay_$trace.txt" 2>&1
+            ${TRACE_LIMIT:+--limit "$TRACE_LIMIT"} > "$out/replay_$trace.txt" 2>&1
         echo "replay $trace exit $?"
         tail -n 6 "$out/replay_$trace.txt"
         # The per-bucket rankings the replay profiled, for the record (flat names: the
