@@ -90,3 +90,15 @@ def test_a_first_step_of_one_request_captures_with_its_axes_dynamic():
     got = interpret(graph, dict(zip(kind.inputs, args)), compute_dtype=torch.float64)
     for g, want in zip(got, kind.reference(*args)):
         torch.testing.assert_close(g, want.to(g.dtype), rtol=1e-5, atol=1e-5)  # the reference runs in f32
+
+
+def test_a_replay_captures_the_program_at_its_widest_step():
+    """The operator is captured at the first call: a replay starts with the step whose
+    smallest var axis is largest, not with a one-request step whose indptr slices are
+    empty (torch 2.11's export failed there on the H200 with an unbacked size)."""
+    from cleave.runtime.replay import _captured_first
+
+    steps = [{"workload": {"axes": {"len_indptr": 2, "total_q": 300}}},
+             {"workload": {"axes": {"len_indptr": 5, "total_q": 40}}},
+             {"workload": {"axes": {"len_indptr": 4, "total_q": 90}}}]
+    assert _captured_first(steps, 1.0) == [steps[1], steps[0], steps[2]]
