@@ -51,7 +51,8 @@ def register(sub) -> None:
     b.add_argument("--scale", type=positive_float, default=1.0, help="as for replay: build for the scaled shapes")
     b.add_argument("--const", default="", help="as for replay: override const axes")
     b.add_argument("--top-k", type=positive_int, default=4,
-                   help="plans kept per split count (each is a Triton compile at the replay's first call)")
+                   help="plans kept (each a Triton compile at the replay's first call); a split over a "
+                        "dynamic axis keeps its own number per split count whatever this is")
     b.set_defaults(func=_build)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
