@@ -76,10 +76,11 @@ def merged_rows(views: Views, env: dict) -> list[tuple[int, int]]:
 
 
 def _grouped_rows(lab: Label) -> bool:
-    """Rows merged from a symbolic count and a small static group (GQA's requests times
-    the query heads of a kv head: 4*batch_size), as the layout sink leaves them."""
+    """Rows merged from a symbolic count and a static group of at most a dot's rows (GQA's
+    requests times the query heads of a kv head, 4*batch_size; MLA's 16 heads per request
+    or query), as the layout sink leaves them."""
     coeff, rest = lab.extent.as_coeff_Mul()
-    return bool(rest.free_symbols) and coeff.is_Integer and 1 < coeff < DOT_MIN
+    return bool(rest.free_symbols) and coeff.is_Integer and 1 < coeff <= DOT_MIN
 
 
 def _is_dynamic(lab: Label, dynamic: set) -> bool:

@@ -58,3 +58,14 @@ def test_a_prefill_query_tile_counts_its_own_request_once():
     (plan,) = cleave.schedule(cand, w.presets["h200"], top_k=1)
     assert len(plan.kernels) == 1
     assert all(loop["fraction"] <= 0.25 for loop in plan.kernels[0].loops), plan.kernels[0].loops
+
+
+def test_mla_rows_of_sixteen_heads_tile_one_request():
+    """MLA's merged rows are 16 heads per request (16*batch_size): a 16-row tile holds one
+    request, and the large step's plans take it (64-row tiles, 4 requests each, left too
+    few programs working: 0.23 TB/s on the H200, session 8)."""
+    name = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+    w = W.get(name)
+    cand = cleave.search(w.graph).candidates[0]
+    plans = cleave.schedule(cand, w.presets["h200_large"], top_k=3)
+    assert any(p.tiles[f"{name}_k0.X0"] == 16 for p in plans), [p.tiles[f"{name}_k0.X0"] for p in plans]
