@@ -365,3 +365,20 @@ def test_a_first_call_with_an_empty_batch_compiles(ctx):
             x = torch.randn(rows, 12, generator=torch.Generator().manual_seed(rows))
             torch.testing.assert_close(f(x), fn(x), rtol=1e-5, atol=1e-5)
     assert ctx.stats()["failed"] == 0
+
+
+def test_flip_over_static_axes_compiles_and_a_dynamic_one_breaks_with_a_warning(ctx):
+    """flip (aten.flip, prims.rev) reads each axis through n - 1 - iota(n): exact, for an
+    axis of static extent. Over a dynamic axis the reversed index would need the extent
+    as a value: that flip runs eagerly, named in a warning."""
+    fn = lambda x, y: torch.tanh(x.flip(1)) + y.flip(0, -1) * 2  # noqa: E731
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(5, 7, generator=g), torch.randn(5, 7, generator=g)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        torch.testing.assert_close(torch.compile(fn, backend="cleave")(x, y), fn(x, y))
+    assert ctx.stats()["failed"] == 0
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match="aten.flip"):
+        got = torch.compile(fn, backend="cleave", dynamic=True)(x, y)
+    torch.testing.assert_close(got, fn(x, y))

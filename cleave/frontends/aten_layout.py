@@ -210,6 +210,23 @@ def _embedding(t, node, a):
     return t.add("take", a["weight"], a["indices"], axis=0)
 
 
+def _static_dims(a, n):
+    x, dims = a.get("self", a.get("a")), a["dims"]
+    symbolic = [d % x.dim() for d in dims if not isinstance(x.shape[d % x.dim()], int)]
+    return f"flips dynamic axis {symbolic[0]}: its reversed index needs the extent as a value" if symbolic else None
+
+
+@rule("flip", "prims.rev", check=_static_dims)
+def _flip(t, node, a):
+    """Each axis read backwards: take(x, n - 1 - i) over an iota of its static extent n."""
+    x = a.get("self", a.get("a"))
+    for d in sorted({d % x.rank for d in a["dims"]}):
+        n = int(x.shape[d])
+        back = t.add("sub", t.const(n - 1, "i64"), t.add("iota", shape=(n,), axis=0, dtype="i64"))
+        x = t.add("take", x, back, axis=d)
+    return x
+
+
 def _one_int_index(a, n):
     import torch
 
