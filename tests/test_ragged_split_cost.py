@@ -1,7 +1,7 @@
 """The cost model over a packed ragged extent split into chunks (FlashDecoding over CSR
 pages): a row tile of several requests runs the union of their pages, and most (row
 tile, chunk) programs find none of theirs. At 64 requests of 4096 tokens the H200 ran
-the model's first plan at 0.49 TB/s (0.76x padded cuDNN SDPA): it tiled 128 rows (32
+the model's first plan at 0.98 TB/s (0.76x padded cuDNN SDPA): it tiled 128 rows (32
 requests) per program, with 4 chunks, so about 120 programs worked."""
 import dataclasses
 

@@ -152,9 +152,15 @@ def _export(fn, params, inputs, named, auto: bool):
             # empty) specialises; traced as if it were any extent, the IR's symbolic axes
             # never broadcast, so the graph holds for every extent the binding accepts.
             from torch.fx.experimental import _config as fx_config
+            from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
             with fx_config.patch(backed_size_oblivious=True):
-                return trace()
+                ep = trace()
+            # torch 2.11 gives such a size an unbacked symbol no input binds: the
+            # specialisation, not a data-dependent size, is then what to report
+            if any(free_unbacked_symbols(n.meta.get("val")) for n in ep.graph.nodes):
+                raise err
+            return ep
     except UnsupportedOpError:
         raise
     except Exception as err:  # torch raises many types; keep its message, drop its traceback

@@ -235,7 +235,7 @@ def random_layout(kv_lens, page_size: int, gen: torch.Generator, spare: int = 3)
 
 # The suite's bindings, as batches: (q lens, kv lens). Small odd ones for CPU tests, an
 # empty request in each; a serving-sized one for the GPU, and for decode a large step
-# (64 requests of 4096 tokens: 0.5 GB of K and V at 8 kv heads), where the copy
+# (64 requests of 4096 tokens: 1.07 GB of K and V at 8 kv heads), where the copy
 # ceiling is the measure.
 _BATCHES = {
     "test0": ([1, 2, 1], [5, 0, 7]),
