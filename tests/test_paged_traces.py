@@ -4,6 +4,7 @@ and `cleave trace replay` over them with one operator and no recompile."""
 from __future__ import annotations
 
 import importlib.util
+import time
 from pathlib import Path
 
 import torch
@@ -60,11 +61,19 @@ def test_replay_runs_one_operator_without_recompiling(tmp_path):
     Triton compiles nothing, so only searches and schedules are counted."""
     simulate_paged.write(tmp_path, seed=2, **TINY)
     name = "gqa_paged_decode_h32_kv8_d128_ps1"
+    seen = []
+
+    def baselines(inputs):  # what benchmarks/replay_paged.py hands over: named inputs, no-argument runs
+        seen.append(sorted(inputs))
+        return [("sleeps", lambda: time.sleep(0.05)), ("returns", lambda: None)]
+
     result = replay(tmp_path / "workloads" / f"{name}.jsonl", device="cpu",
-                    const={"num_qo_heads": 6, "num_kv_heads": 2, "head_dim": 16})
+                    const={"num_qo_heads": 6, "num_kv_heads": 2, "head_dim": 16}, baselines=baselines)
     assert len(result.shapes) == 3 and len({tuple(s.axes.items()) for s in result.shapes}) == 3
     assert result.recompiles == 0 and result.stats["operators"] == 1 and result.stats["failed"] == 0
     assert all(s.max_error < 5e-2 for s in result.shapes)
+    assert seen == [sorted(load_trace(tmp_path / "workloads" / f"{name}.jsonl")[0]["inputs"])] * 3
+    assert {s.baseline for s in result.shapes} == {"returns"}  # the fastest baseline is the one compared
 
 
 def test_a_first_step_of_one_request_captures_with_its_axes_dynamic():

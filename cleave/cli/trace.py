@@ -96,7 +96,8 @@ def _replay(args) -> int:
           f"x{result.geomean:.3f}{graphs}, recompiles after the first call: {result.recompiles} "
           f"(searches {st['searches']}, compiles {st['compiles']}, from_cache {st['from_cache']}, "
           f"plan tunings {st['tunings']}), triton JIT recompiles after the first call: "
-          f"{'n/a (interpreter)' if result.jit_recompiles is None else result.jit_recompiles}")
+          + ("n/a (interpreter)" if result.jit_recompiles is None else
+             f"{result.jit_recompiles} (and {result.jit_tuning} launch variants compiled while tuning new buckets)"))
     if args.plot:
         save_speedup_plot(result, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)

@@ -39,6 +39,7 @@ class ShapeResult:
     cleave_graph_ms: float | None = None
     sdpa_graph_ms: float | None = None
     plan: str = ""  # the plan that ran: its split counts and kernel count
+    baseline: str = "reference"  # the fastest baseline at this shape (sdpa_ms is its time)
 
     @property
     def speedup(self) -> float:
@@ -58,6 +59,9 @@ class ReplayResult:
     shapes: list[ShapeResult] = field(default_factory=list)
     recompiles: int = 0
     jit_recompiles: int | None = None  # None under TRITON_INTERPRET (nothing is compiled)
+    # Launch configurations (warps, stages) compiled while a later call tuned a new shape
+    # bucket (mix.py); apart from jit_recompiles, which counts the other calls.
+    jit_tuning: int | None = None
     stats: dict = field(default_factory=dict)
 
     @property
@@ -66,7 +70,7 @@ class ReplayResult:
 
     @property
     def graph_geomean(self) -> float | None:
-        if not self.shapes or self.shapes[0].graph_speedup is None:
+        if not self.shapes or any(s.graph_speedup is None for s in self.shapes):
             return None
         return math.exp(sum(math.log(s.graph_speedup) for s in self.shapes) / len(self.shapes))
 
@@ -110,22 +114,22 @@ def _max_error(got, want) -> float:
     return error
 
 
-def _time_ms(fn, args, device: str) -> float:
+def _time_ms(run, device: str) -> float:
     if device == "cuda":
         from triton.testing import do_bench
 
-        return float(do_bench(lambda: fn(*args), warmup=5, rep=20))
+        return float(do_bench(run, warmup=5, rep=20))
     start = time.perf_counter()
-    fn(*args)
+    run()
     return (time.perf_counter() - start) * 1e3
 
 
-def _syncs(fn, args) -> bool:
-    """Whether fn waits on the device from the host (int() of a tensor, .item()): a CUDA
+def _syncs(run) -> bool:
+    """Whether run waits on the device from the host (int() of a tensor, .item()): a CUDA
     graph cannot capture it."""
     torch.cuda.set_sync_debug_mode("error")
     try:
-        fn(*args)
+        run()
         return False
     except RuntimeError:
         return True
@@ -133,12 +137,24 @@ def _syncs(fn, args) -> bool:
         torch.cuda.set_sync_debug_mode("default")
 
 
-def _graph_ms(fn, args, device: str) -> float | None:
+def _graph_ms(run, device: str) -> float | None:
     if device != "cuda":
         return None
     from .profile import graph_ms
 
-    return graph_ms(lambda: fn(*args))
+    return graph_ms(run)
+
+
+def _fastest_baseline(candidates, device: str, captures: dict) -> tuple[str, float, float | None]:
+    """(name, eager ms, CUDA-graph ms) of the candidate fastest eagerly; graph ms is None
+    where one candidate syncs with the host (`captures` remembers it per name)."""
+    timed = []
+    for name, run in candidates:
+        if name not in captures:  # a reference looping over requests reads their lengths on the host
+            captures[name] = device == "cuda" and not _syncs(run)
+        timed.append((_time_ms(run, device), name, run))
+    ms, name, run = min(timed, key=lambda t: t[0])
+    return name, ms, _graph_ms(run, device) if captures[name] else None
 
 
 def _setup(path, const):
@@ -209,7 +225,12 @@ def _captured_first(lines, scale) -> list:
 
 
 def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = None,
-           const: dict[str, int] | None = None, seed: int = 0, progress=None, artifact=None) -> ReplayResult:
+           const: dict[str, int] | None = None, seed: int = 0, progress=None, artifact=None,
+           baselines=None) -> ReplayResult:
+    """`baselines`, if given, maps a shape's inputs (by name) to [(name, run)], each run
+    a no-argument callable (its per-step metadata built untimed before): the fastest
+    at each shape is the one cleave is compared with. Without it, the definition's
+    reference is. Correctness is always checked against the reference."""
     from .compile import compile as cleave_compile
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -223,13 +244,13 @@ def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = N
     lines = _captured_first(lines[:limit] if limit else lines, scale)
     result = ReplayResult(definition["name"], device)
     after_first = None
-    captures = None  # whether the baseline can be replayed from a CUDA graph
-    jit_recompiles = 0
+    captures: dict[str, bool] = {}  # per baseline: whether a CUDA graph can replay it
+    jit_recompiles = jit_tuning = 0
     for i, line in enumerate(lines):
         binding = _binding(line, scale)
         values = {**axis_values(definition, binding), **(const or {})}
         args = _inputs(definition, line, values, device, gen)
-        jit_before, specs_before = jit_kernels(), _specs(compiled)
+        jit_before, specs_before, tunings_before = jit_kernels(), _specs(compiled), compiled.stats["tunings"]
         got = compiled(*args)
         if compiled.ctx.failed or compiled.ctx.eager_regions:
             raise CleaveError(f"{definition['name']}: cleave ran part of it eagerly ("
@@ -238,23 +259,28 @@ def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = N
         if after_first is None:
             after_first = compiled.stats["searches"] + compiled.stats["compiles"]
         elif jit_before is not None and _specs(compiled) == specs_before:
-            # A kernel compiled for a shape that only moved along dynamic axes.
-            jit_recompiles += jit_kernels() - jit_before
+            # A kernel compiled for a shape that only moved along dynamic axes: a
+            # specialisation, or a launch variant tried while tuning a new bucket.
+            if compiled.stats["tunings"] > tunings_before:
+                jit_tuning += jit_kernels() - jit_before
+            else:
+                jit_recompiles += jit_kernels() - jit_before
         want = baseline(*args)
-        if captures is None:  # a reference looping over requests reads their lengths on the host
-            captures = device == "cuda" and not _syncs(baseline, args)
         error = _max_error(got, want)
         if not error <= 5e-2:
             raise CleaveError(f"shape {binding}: cleave differs from the reference by {error:.3g}")
-        result.shapes.append(ShapeResult(binding, _time_ms(compiled, args, device), _time_ms(baseline, args, device),
-                                         error, _graph_ms(compiled, args, device),
-                                         _graph_ms(baseline, args, device) if captures else None,
-                                         _plan_used(compiled, definition, args)))
+        candidates = [("reference", lambda: baseline(*args))] if baselines is None else \
+            baselines(dict(zip(definition["inputs"], args)))
+        name, base_ms, base_graph_ms = _fastest_baseline(candidates, device, captures)
+        run = lambda: compiled(*args)  # noqa: E731
+        result.shapes.append(ShapeResult(binding, _time_ms(run, device), base_ms, error, _graph_ms(run, device),
+                                         base_graph_ms, _plan_used(compiled, definition, args), name))
         if progress:
             progress(i + 1, len(lines), result.shapes[-1])
     result.stats = compiled.stats
     result.recompiles = result.stats["searches"] + result.stats["compiles"] - after_first
-    result.jit_recompiles = None if jit_kernels() is None else jit_recompiles
+    interpreted = jit_kernels() is None
+    result.jit_recompiles, result.jit_tuning = (None, None) if interpreted else (jit_recompiles, jit_tuning)
     return result
 
 
