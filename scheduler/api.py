@@ -51,7 +51,7 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
         except (BindingError, ValueError) as err:
             errors.append(str(err))
             continue
-        tiles = {f"X{i}": b for i, b in t.block.items()}
+        tiles = {f"X{i}": b for i, b in t.block.items()} | {f"X{i}.rows": r for i, r in t.step.items()}
         for warps, stages in launch_options(t):
             seconds = kernel_time(stats, programs, warps, stages, target)
             if seconds is not None:
@@ -77,6 +77,8 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
 
 # Split counts kept for a split over a dynamic extent: the plans must serve every
 # length, so the runtime picks the count per shape bucket from these (profiling).
+# Each count keeps top_k plans, at most PLANS_PER_DYNAMIC_SPLIT: every plan kept is a
+# Triton compile on the first call (about 2.4 s each for the paged decode on the H200).
 DYNAMIC_SPLITS = (1, 2, 4, 8, 16, 32)
 PLANS_PER_DYNAMIC_SPLIT = 6
 
@@ -133,8 +135,9 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     """Ranked plans (best first) for a candidate at a binding of its symbols. Symbols
     in `dynamic` stay runtime arguments (one compile serves all their values); split
     counts are chosen here unless `split` fixes them. A split over a dynamic extent
-    keeps the best plans of every count in DYNAMIC_SPLITS (more than top_k): which
-    count is fastest depends on the shape, and the runtime profiles them per bucket.
+    keeps the best plans of every count in DYNAMIC_SPLITS (more than top_k in all): which
+    count is fastest depends on the shape, and the runtime profiles them per bucket
+    (top_k plans of each count, at most PLANS_PER_DYNAMIC_SPLIT).
     Plans over dynamic extents are ranked at `shapes` and also with the reduced ones
     long (`_long`, without a split) and the batch-like ones wide (`_wide`), and the
     rankings interleaved."""
@@ -165,8 +168,9 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
             DYNAMIC_SPLITS if s in dynamic_splits else (1,) for s in splits))]
         env = _representative(graph, env, {s: max(DYNAMIC_SPLITS) for s in dynamic_splits}, dynamic)
         wide = _wide(graph, env, dynamic, target)
+        per_count = min(top_k, PLANS_PER_DYNAMIC_SPLIT)
         per_split = [_rankings(graph, facts, [{**env, **sc}] + ([{**wide, **sc}] if wide else []), dynamic,
-                               symbols, target, PLANS_PER_DYNAMIC_SPLIT, sc) for sc in grid_choices]
+                               symbols, target, per_count, sc) for sc in grid_choices]
         # A split count whose best plan the model costs past reach at the representative
         # binding is left out: a split gains at most its count elsewhere (the paged
         # prefill's split-KV plans, 1-5 s there against 0.17 ms, were 180 of its 216).
@@ -176,7 +180,7 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
         for ranked in per_split:
             if best > 0 and ranked[0] and ranked[0][0].cost > reach * best:
                 continue
-            options += _interleave(ranked, PLANS_PER_DYNAMIC_SPLIT)
+            options += _interleave(ranked, per_count)
         return lead_with_each_split(_by_cost(options), max(top_k, len(options)))
     elif splits:
         base = _schedule_at(graph, facts, {**env, **{s: 1 for s in splits}}, dynamic, symbols, target, 1)

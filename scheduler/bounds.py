@@ -493,7 +493,7 @@ def _distinct_lanes(em, e, limit: int = 4096) -> int:
     labels = [lab for lab in em.views.labels if lab.sym in e.free_symbols]
     if any(em.t.role[lab.id] != "grid" for lab in labels) or e.atoms(AppliedUndef):
         return 1
-    ranges = [range(min(em.t.block[lab.id], D.evaluate(lab.extent, em.env))) for lab in labels]
+    ranges = [range(min(em.t.rows(lab.id), D.evaluate(lab.extent, em.env))) for lab in labels]
     if math.prod(len(r) for r in ranges) > limit:
         return 1
     e = e.xreplace({s: em.env[s.name] for s in e.free_symbols if s.name in em.env})
@@ -519,7 +519,7 @@ def _fractions(em, segs, trips, bx, program=None, share=1.0):
     defs = [d for seg in segs for d in seg.defs]
     read = set().union(*(free_symbols(b) for _, b in defs))
     tids = [lid for lid in sorted(em.labels) if tid(lid) in read]
-    counts = [-(-D.evaluate(em.labels[t].extent, em.env) // em.t.block[t]) for t in tids]
+    counts = [-(-D.evaluate(em.labels[t].extent, em.env) // em.t.rows(t)) for t in tids]
     total = math.prod(counts) if counts else 1
     stride = max(1, total // 512)
     sums, n = [0.0] * len(segs), 0

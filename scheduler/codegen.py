@@ -203,6 +203,16 @@ class Emitter:
         return e.xreplace({s: self.env[s.name] for s in e.free_symbols
                            if s.name in self.env and s.name not in self.dynamic})
 
+    def distinct(self, dims) -> int:
+        """Elements of a tile over dims that differ (replicated lanes read one address)."""
+        return _prod([self.t.rows(d) for d in dims])
+
+    def lanes(self, lid: int) -> str:
+        """Grid label lid's indices in its tile (tid{lid} decoded): a run of `block`, or
+        `step` indices repeated over the block's lanes (Tiling.step)."""
+        rows, bx = self.t.rows(lid), self.t.block[lid]
+        return f"tid{lid} * {rows} + tl.arange(0, {bx})" + (f" % {rows}" if rows != bx else "")
+
     def dims(self, labels) -> tuple:
         return tuple(i for i in self.canon if i in labels and self.t.block[i] > 1)
 
@@ -231,7 +241,7 @@ class Emitter:
         if lid in self.one_tile_at_least:
             return f"({self.idx(lid, dims)} < {code(lab.extent)})"
         # An empty extent is divided by every tile but has no valid index: it keeps its mask.
-        if (b == 1 and self.t.role[lid] != "loop") or (static is not None and static > 0 and static % b == 0) \
+        if (b == 1 and self.t.role[lid] != "loop") or (static is not None and static > 0 and static % self.t.rows(lid) == 0) \
                 or lid == self.whole:
             return None  # a program's own grid index, tiles that divide the extent, or a whole-tile segment
         return f"({self.idx(lid, dims)} < {code(lab.extent)})"
@@ -435,12 +445,10 @@ class Emitter:
         ptr = f"{buffer_name(self.views.graph, node)}_ptr"
         addr = ptr + (" + " + " + ".join(terms) if terms else "")
         m = f"{self.mask(mask, dims)}, other=0" if mask else ""
-        elems = 1
-        for d in dims:
-            elems *= self.t.block[d]
+        elems = _prod([self.t.block[d] for d in dims])
         ty = self.buffer_dtype(node)
         name = buffer_name(self.views.graph, node)
-        self.stats.traffic(name, elems * _ITEMSIZE[ty] * b.trips, self.numel(node) * _ITEMSIZE[ty])
+        self.stats.traffic(name, self.distinct(dims) * _ITEMSIZE[ty] * b.trips, self.numel(node) * _ITEMSIZE[ty])
         if b.chain:
             self.stats.stage_smem[(node.id, tuple(inst.view))] = elems * _ITEMSIZE[ty]
         # In a pipelined loop, a descriptor tile read by anything but tl.dot came out wrong
@@ -702,7 +710,7 @@ class Emitter:
         order = list(reversed(self.canon_grid()))
         tiles = {lid: self.grid_tiles(lid) for lid in order}
         for lid in order:
-            bx = self.t.block[lid]
+            bx = self.t.rows(lid)
             term = f"cdiv({code(self.labels[lid].extent)}, {bx})" if bx > 1 else code(self.labels[lid].extent)
             grid_terms.append(f"max({term}, 1)" if lid in self.one_tile_at_least else term)
         n_tiles = " * ".join(tiles[lid] for lid in order) or "1"
@@ -757,6 +765,7 @@ class Emitter:
         params += ["TMA: tl.constexpr"] if self.descriptors else []  # the launcher's switch to pointer loads
         dns = f"(do_not_specialize={sorted(s for s in symbols if s in dynamic)!r})" if any(s in dynamic for s in symbols) else ""
         comment = [f"# X{lab.id}: extent {D.fmt(lab.extent)}, {self.t.role[lab.id]}, block {self.t.block[lab.id]}"
+                   + (f" over {self.t.step[lab.id]} indices" if lab.id in self.t.step else "")
                    for lab in self.views.labels]
         src = ["import os", "", "import triton", "import triton.language as tl", "",
                "# Triton's CPU interpreter computes bf16 tl.dot wrongly; it gets fp32 operands there.",
@@ -785,13 +794,13 @@ class Emitter:
                       f"tid{n_id} = " + tile_id(n_id, f"(pmn % ({GROUP} * {nt})) // rows")]
             order = order[2:]
             for lid in (n_id, m_id):
-                lines.append(f"idx{lid} = tid{lid} * {self.t.block[lid]} + tl.arange(0, {self.t.block[lid]})")
+                lines.append(f"idx{lid} = {self.lanes(lid)}")
         for lid in order:
             bx = self.t.block[lid]
             lines.append(f"tid{lid} = " + tile_id(lid, f"pid % {tiles[lid]}"))
             lines.append(f"pid = pid // {tiles[lid]}")
             if bx > 1:
-                lines.append(f"idx{lid} = tid{lid} * {bx} + tl.arange(0, {bx})")
+                lines.append(f"idx{lid} = {self.lanes(lid)}")
         return lines
 
     def descriptor_args(self) -> list:
@@ -799,7 +808,7 @@ class Emitter:
         return [[arg, buf, list(block)] for (buf, block), arg in self.descriptors.items()]
 
     def grid_tiles(self, lid: int) -> str:
-        bx, ext = self.t.block[lid], code(self.labels[lid].extent)
+        bx, ext = self.t.rows(lid), code(self.labels[lid].extent)
         tiles = f"(({ext} + {bx - 1}) // {bx})" if bx > 1 else ext
         return f"max({tiles}, 1)" if lid in self.one_tile_at_least else tiles
 
@@ -824,9 +833,8 @@ class Emitter:
             m = self.valid(lid, dims)
             if m:
                 mask[m] = {lid}
-        elems = _prod([self.t.block[d] for d in dims])
         ty = self.buffer_dtype(st.node)
-        self.stats.traffic(st.buffer, elems * _ITEMSIZE[ty], self.numel(st.node) * _ITEMSIZE[ty])
+        self.stats.traffic(st.buffer, self.distinct(dims) * _ITEMSIZE[ty], self.numel(st.node) * _ITEMSIZE[ty])
         addr = f"{st.buffer}_ptr" + (" + " + " + ".join(terms) if terms else "")
         value = self.align(v, dims)
         if v.dims != dims and v.dims and dims:
@@ -835,7 +843,8 @@ class Emitter:
             value = f"tl.full({[self.t.block[d] for d in dims]}, 0, {v.ty}) + {value}"
         m = self.mask(mask, dims) if mask else ""
         if mask:
-            self.stats.masked_store_bytes = max(self.stats.masked_store_bytes, elems * _ITEMSIZE[ty])
+            lanes = _prod([self.t.block[d] for d in dims])
+            self.stats.masked_store_bytes = max(self.stats.masked_store_bytes, lanes * _ITEMSIZE[ty])
         b.lines.append(f"tl.store({addr}, {convert(value, ty)}{m})")
 
 

@@ -43,7 +43,7 @@ def index_expr(inst, program=None):
 
 def label_range(em, lid: int):
     """Least and greatest index of label lid within one program."""
-    b = em.t.block[lid]
+    b = em.t.rows(lid)
     if em.t.role[lid] == "grid":
         t = tid(lid)
         return (t, t) if b == 1 else (t * b, t * b + b - 1)

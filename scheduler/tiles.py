@@ -27,8 +27,16 @@ def next_pow2(n: int) -> int:
 @dataclass
 class Tiling:
     role: dict[int, str]  # label id -> grid | full | loop
-    block: dict[int, int]
+    block: dict[int, int]  # lanes: the tile's extent along the label in Triton
     static: dict[int, int] = field(default_factory=dict)  # label id -> extent when not dynamic
+    # Grid labels whose tile covers fewer indices than it has lanes: lane l holds index
+    # tid * step + l % step. A decode's 4 query heads per kv head fill a tl.dot's 16
+    # rows four times over instead of taking 4 requests, whose pages differ.
+    step: dict[int, int] = field(default_factory=dict)
+
+    def rows(self, lid: int) -> int:
+        """How many indices of label lid one tile covers."""
+        return self.step.get(lid, self.block[lid])
 
 
 def dot_labels(views: Views) -> set:
@@ -107,6 +115,10 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
                 opts = [b for b in (64, 128, 256) if b < full and b >= floor] + ([full] if full <= 256 else [])
                 if _grouped_rows(lab):  # a decode's rows: a few requests per program spread it over the SMs
                     opts = sorted(set(opts + [b for b in (DOT_MIN, 2 * DOT_MIN) if b < full]))
+                    group = int(lab.extent.as_coeff_Mul()[0])
+                    if group < DOT_MIN:  # or one request per program, its heads replicated over the lanes
+                        out[lab.id] = [("grid", b) for b in opts] + [("grid", DOT_MIN, group)]
+                        continue
                 if lab.id in inner and not dyn and full <= 256:
                     opts = [full]  # the head dim: splitting it recomputes the scores per part
                 elif lab.id in inner and not dyn and full <= target.hold_matmul:
@@ -156,11 +168,13 @@ def enumerate_tilings(views: Views, root_labels: list, env: dict, dynamic: set, 
 
 
 def _tiling(keys, groups, combo, static) -> Tiling:
-    role, block = {}, {}
-    for key, (r, b) in zip(keys, combo):
+    role, block, step = {}, {}, {}
+    for key, option in zip(keys, combo):
         for i in groups[key]:
-            role[i], block[i] = r, b
-    return Tiling(role, block, static=static)
+            role[i], block[i] = option[:2]
+            if len(option) > 2:
+                step[i] = option[2]
+    return Tiling(role, block, static=static, step=step)
 
 
 def launch_options(t: Tiling):

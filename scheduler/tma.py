@@ -47,7 +47,7 @@ def wants_tma(em, target) -> bool:
     tiles = 1
     for lab in em.spec.root_labels:
         extent = em.eval_extent(lab.extent)
-        tiles *= -(-extent // em.t.block[lab.id])
+        tiles *= -(-extent // em.t.rows(lab.id))
     return tiles >= target.sms
 
 
@@ -64,8 +64,8 @@ def tile_load(em, inst, dims, itemsize: int) -> TileLoad | None:
     """The descriptor load that reads what the pointer path's masked load reads, where
     a label's lanes past its extent may differ only where no result depends on them."""
     shape, view = inst.node.shape, inst.view
-    if not dims or len(shape) > 5 or any(gathers(e) for e in view):
-        return None
+    if not dims or len(shape) > 5 or any(gathers(e) for e in view) or any(d in em.t.step for d in dims):
+        return None  # a box is a run of rows, not rows repeated over the lanes
     syms = {em.labels[d].sym: d for d in dims}
     starts = em.names(dims)
     for sym, lid in syms.items():

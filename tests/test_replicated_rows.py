@@ -1,0 +1,88 @@
+"""Grouped rows replicated over a tl.dot's lanes (Tiling.step): a decode's g query heads
+per kv head fill the 16 rows of a dot g rows at a time, repeated, so that one program
+serves one request and loops over its own pages only. Before, a 16-row tile held 16/g
+requests, whose pages lie apart in the packed CSR axis: fewer programs found pages,
+and the ones that did ran the union of their requests' ranges."""
+import torch
+
+import cleave
+from cleave import workloads as W
+from cleave.frontends.capture import capture
+from cleave.interpreter import interpret
+from cleave.runtime.launch import launch
+from cleave.workloads.paged import gqa_paged_decode
+from kernel_check import check_outputs, run_and_check
+
+NAME = "gqa_paged_decode_h32_kv8_d128_ps1"
+
+
+def _replicated(plans, kernel: str):
+    return [p for p in plans if f"{kernel}.X1.rows" in p.tiles]
+
+
+def test_a_large_decode_step_tiles_one_request_per_program():
+    """At 64 requests the model's first plans take one request per program (512 programs
+    over 8 kv heads: every SM streams pages of a single request)."""
+    w = W.get(NAME)
+    cand = cleave.search(w.graph).candidates[0]
+    plans = cleave.schedule(cand, w.presets["h200_large"], top_k=3)
+    replicated = _replicated(plans, f"{NAME}_k0")
+    assert replicated and replicated[0] is plans[0], [p.tiles for p in plans]
+    kernel = plans[0].kernels[0]
+    assert "tl.arange(0, 16) % 4" in kernel.source
+    assert all(loop["fraction"] <= 1 / 64 + 1e-9 for loop in kernel.loops), kernel.loops
+
+
+def test_replicated_rows_match_the_reference_with_an_empty_request():
+    """Every replicated plan of the dynamic ladder (split counts included) at the
+    workload's test batches, an empty request in each, outputs poisoned."""
+    w = W.get(NAME)
+    cand = cleave.search(w.graph).candidates[0]
+    for binding in w.test_bindings:
+        plans = cleave.schedule(cand, binding, dynamic=set(binding), top_k=4)
+        replicated = _replicated(plans, f"{NAME}_k0")
+        assert {c for p in replicated for c in p.split.values()} >= {1, 2}, [(p.split, p.tiles) for p in plans]
+        nnz = binding["num_kv_indices"]
+        ran = []
+        for p in replicated:
+            (s,) = p.split.values()
+            if (s - 1) * -(-nnz // s) < nnz:  # no empty chunk: the plan's constraint
+                run_and_check(cand.graph, p, binding, seed=s)
+                ran.append(s)
+        assert 1 in ran and len(ran) >= 2, ran
+
+
+def test_three_heads_per_kv_head_replicate_over_sixteen_lanes():
+    """g = 3 does not divide 16: lanes hold rows 0, 1, 2, 0, 1, 2, ... of one request.
+    Random scattered pages, a request without any, odd batch and pool sizes."""
+    gen = torch.Generator().manual_seed(3)
+    lens = [5, 0, 9, 1, 7]
+    pool = 31
+    pages = torch.randperm(pool, generator=gen)[:sum(lens)].to(torch.int32)
+    indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(len(lens), 6, 16, generator=gen).to(torch.bfloat16)
+    k_cache, v_cache = (torch.randn(pool, 1, 2, 16, generator=gen).to(torch.bfloat16) for _ in range(2))
+    scale = torch.tensor(0.25)
+    inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "kv_indptr": indptr, "kv_indices": pages,
+              "sm_scale": scale}
+    graph = capture(gqa_paged_decode, *inputs.values(), dynamic={
+        "q": {0: "b"}, "k_cache": {0: "pages"}, "v_cache": {0: "pages"}, "kv_indptr": {0: "b1"},
+        "kv_indices": {0: "nnz"}})
+    cand = cleave.search(graph).candidates[0]
+    env = graph.bind({k: tuple(v.shape) for k, v in inputs.items()})
+    plans = cleave.schedule(cand, env, dynamic={"b", "pages", "b1", "nnz"} & set(env), top_k=4)
+    replicated = [p for p in plans if any(k.endswith(".rows") for k in p.tiles)]
+    assert replicated, [p.tiles for p in plans]
+    ref = interpret(graph, inputs, compute_dtype=torch.float64)
+    assert ref[1][1].isinf().all()  # the empty request: lse -inf (and output 0)
+    ran = []
+    for p in replicated:
+        (s,) = p.split.values() or (1,)
+        if (s - 1) * -(-sum(lens) // s) >= sum(lens):
+            continue  # an empty chunk: the plan's constraint excludes this shape
+        assert any("tl.arange(0, 16) % 3" in k.source for k in p.kernels), [k.source for k in p.kernels]
+        outs = [torch.full(tuple(r.shape), float("nan"), dtype=r.dtype) for r in interpret(graph, inputs)]
+        got = launch(p, inputs, out=outs)
+        check_outputs(got, ref, f"g=3, split {p.split}")
+        ran.append(s)
+    assert ran, [p.split for p in replicated]
