@@ -8,7 +8,8 @@
 # Usage there: bash benchmarks/h200.sh [SECONDS_FOR_THE_PLAN_BENCHMARK] [SECONDS_PER_TRACE]
 # (0 seconds skips that part: the device's 10-minute limit per call may need two calls);
 # PLANS and ARTIFACTS name other directories than .gpu_plans and .gpu_artifacts;
-# TRACE_LIMIT replays only each trace's first steps.
+# TRACE_LIMIT replays only each trace's first steps; SKIP adds baseline name patterns
+# to leave out of the plan benchmark (the list in the table says which were).
 set -u
 repo=$(pwd)
 out=${OUT:-/tmp/cleave_out}
@@ -19,8 +20,9 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site "$repo"/.whl/*
 # Run from /tmp so that the checkout's cleave/ (without cleave.scheduler) does not shadow the wheel.
 export PYTHONPATH=/tmp/site:$repo PYTHONUNBUFFERED=1
 cd /tmp
+read -ra skip <<< "${SKIP:-}"  # words, not globbed: fnmatch patterns such as *flex_attention
 if [ "${1:-380}" != 0 ] && [ -d "$plans" ]; then
-    timeout "${1:-380}" python3 -m benchmarks.run --plans "$plans" --out "$out" --skip "torch.compile max-autotune" \
+    timeout "${1:-380}" python3 -m benchmarks.run --plans "$plans" --out "$out" --skip "torch.compile max-autotune" "${skip[@]}" \
         > "$out/table.md" 2> "$out/run.log"
     echo "benchmarks.run exit $?"
 fi

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -111,3 +112,24 @@ def test_a_replay_captures_the_program_at_its_widest_step():
              {"workload": {"axes": {"len_indptr": 5, "total_q": 40}}},
              {"workload": {"axes": {"len_indptr": 4, "total_q": 90}}}]
     assert _captured_first(steps, 1.0) == [steps[1], steps[0], steps[2]]
+    # A step of fresh prompts (total_q == total_kv) is captured only where no other
+    # step's extents all differ: torch may give equal extents one symbol.
+    steps = [{"workload": {"axes": {"len_indptr": 5, "total_q": 90, "total_kv": 90}}},
+             {"workload": {"axes": {"len_indptr": 3, "total_q": 40, "total_kv": 70}}}]
+    assert _captured_first(steps, 1.0) == [steps[1], steps[0]]
+
+
+def test_a_program_export_cannot_take_whole_says_why():
+    """A replay must not time eager PyTorch as cleave: when torch.export refuses the
+    program (the first call then runs eagerly, later ones through dynamo's graphs), the
+    compiled function keeps the reason, and `replay` raises with it."""
+    def branches(x):
+        return x * 2 if x.sum() > 0 else x - 1  # a data-dependent branch
+
+    compiled = cleave.compile(branches)
+    x = torch.randn(5, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = compiled(x)
+    torch.testing.assert_close(got, branches(x))
+    assert compiled.capture_error, compiled.capture_error

@@ -30,6 +30,9 @@ class CompiledFunction:
         self._runners: dict[tuple, object] = {}
         self._seen: dict[tuple, object] = {}  # exact argument shapes -> runner: skips the signature
         self._dynamo = None
+        # Why torch.export did not take the function whole (it then runs through dynamo's
+        # graphs, its first call eagerly); None when it did, or has not been tried.
+        self.capture_error: str | None = None
 
     @property
     def stats(self) -> dict:
@@ -118,8 +121,9 @@ class CompiledFunction:
         except UnsupportedOpError:  # dynamo cuts the function around that op (its warning names it)
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return None
-        except CaptureError:
+        except CaptureError as err:
             captured = None
+            self.capture_error = str(err)
         if captured is None:
             # Either fn is wrong for these inputs (a shape error), and eager raises its own
             # error here, or torch.export cannot take it whole: dynamo splits it into graphs

@@ -214,13 +214,20 @@ def _meta_args(definition, line, scale, const) -> list:
 
 
 def _captured_first(lines, scale) -> list:
-    """The lines with the one whose smallest var axis is largest moved to the front: the
-    program is captured at the first shape, and torch.export specialises an axis of
-    extent 0 or 1 (a step of one request: indptr[1:-1] is empty). Size-oblivious tracing
-    (capture.py) covers that on torch 2.13, not on 2.11 (an unbacked size)."""
+    """The lines with the one to capture at moved to the front: the program is captured
+    at the first shape. torch.export specialises an axis of extent 0 or 1 (a step of one
+    request: indptr[1:-1] is empty; size-oblivious tracing in capture.py covers that on
+    torch 2.13, not on 2.11, an unbacked size), and may give two axes of one extent one
+    symbol (a prefill step of fresh prompts, total_q == total_kv). So: a step whose var
+    axes all differ, then the one whose smallest var axis is largest."""
     if not lines:
         return lines
-    at = max(range(len(lines)), key=lambda i: (min(_binding(lines[i], scale).values(), default=0), -i))
+
+    def key(i):
+        values = list(_binding(lines[i], scale).values())
+        return len(set(values)) == len(values), min(values, default=0), -i
+
+    at = max(range(len(lines)), key=key)
     return [lines[at]] + lines[:at] + lines[at + 1:]
 
 
@@ -252,6 +259,9 @@ def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = N
         args = _inputs(definition, line, values, device, gen)
         jit_before, specs_before, tunings_before = jit_kernels(), _specs(compiled), compiled.stats["tunings"]
         got = compiled(*args)
+        if compiled.capture_error is not None:
+            raise CleaveError(f"{definition['name']}: torch.export did not capture the program whole at "
+                              f"{binding} ({compiled.capture_error}); it ran through dynamo's graphs instead")
         if compiled.ctx.failed or compiled.ctx.eager_regions:
             raise CleaveError(f"{definition['name']}: cleave ran part of it eagerly ("
                               + "; ".join(compiled.ctx.failed + compiled.ctx.stats()["unsupported"])
@@ -285,10 +295,12 @@ def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = N
 
 
 def _plan_used(compiled, definition, args) -> str:
-    if len(compiled.operators) != 1:  # several regions (dynamo graph breaks): not one plan to name
+    named = dict(zip(definition["inputs"], args))
+    # several regions (dynamo graph breaks), or a graph of dynamo's: not one plan to name
+    if len(compiled.operators) != 1 or not set(compiled.operators[0].graph.inputs) <= set(named):
         return ""
     op = compiled.operators[0]
-    plan, _ = op.select({k: a for k, a in zip(definition["inputs"], args) if k in op.graph.inputs})
+    plan, _ = op.select({k: a for k, a in named.items() if k in op.graph.inputs})
     split = " ".join(f"{k}={v}" for k, v in sorted(plan.split.items()))
     return f"{split + ' ' if split else ''}{len(plan.kernels)} kernel{'s' if len(plan.kernels) > 1 else ''}"
 
