@@ -102,6 +102,31 @@ def test_a_first_step_of_one_request_captures_with_its_axes_dynamic():
         torch.testing.assert_close(g, want.to(g.dtype), rtol=1e-5, atol=1e-5)  # the reference runs in f32
 
 
+def test_a_step_of_two_requests_captures_where_size_oblivious_tracing_leaves_a_size_unbound(monkeypatch):
+    """On torch 2.11 (the H200's image) every prefill trace failed to capture: their
+    steps hold at most two requests, so `indptr[1:-1]` has one element and export
+    specialised len_indptr to 3, and the size-oblivious retry leaves an unbacked size.
+    Here 2.13's retry is made to report one; the capture then traces wider zeros (every
+    short dynamic extent 8 larger) and the graph still serves every batch."""
+    import torch.fx.experimental.symbolic_shapes as shapes
+
+    name = "gqa_ragged_prefill_causal_h32_kv4_d128"
+    kind = F.kind_of(name)
+    const = {"num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 8}
+
+    def inputs(q_lens, kv_lens, seed):
+        q_lens, kv_lens, pages, pool = F._layout(name, q_lens, kv_lens, seed)
+        return F.layout_inputs(name, q_lens, pages, kv_lens, pool, const=const, seed=seed, dtype=torch.float64)
+
+    monkeypatch.setattr(shapes, "free_unbacked_symbols", lambda value: {"u0"})
+    graph = capture_program(kind.program, *inputs([3, 4], [5, 4], 0), dynamic=F.dynamic_axes(kind), name=name).graph
+    assert "len_indptr" in str(graph.inputs["qo_indptr"].shape)
+    args = inputs([2, 0, 3], [4, 0, 9], 1)
+    got = interpret(graph, dict(zip(kind.inputs, args)), compute_dtype=torch.float64)
+    for g, want in zip(got, kind.reference(*args)):
+        torch.testing.assert_close(g, want.to(g.dtype), rtol=1e-5, atol=1e-5)
+
+
 def test_a_replay_captures_the_program_at_its_widest_step():
     """The operator is captured at the first call: a replay starts with the step whose
     smallest var axis is largest, not with a one-request step whose indptr slices are

@@ -136,9 +136,9 @@ def _export(fn, params, inputs, named, auto: bool):
     kind = Dim.AUTO if auto else Dim.DYNAMIC
     specs = [{a: kind for a in named.get(pname, {})} or None for pname in params]
 
-    def trace():
+    def trace(examples=inputs):
         with _quiet_torch():
-            ep = export(_Wrap(fn), _traceable(params, inputs, named), dynamic_shapes=(tuple(specs),))
+            ep = export(_Wrap(fn), _traceable(params, examples, named), dynamic_shapes=(tuple(specs),))
             # export keeps in-place ops; functionalized, each becomes a new value (an output)
             return ep.run_decompositions({}) if _mutates(ep) else ep
 
@@ -156,11 +156,16 @@ def _export(fn, params, inputs, named, auto: bool):
 
             with fx_config.patch(backed_size_oblivious=True):
                 ep = trace()
-            # torch 2.11 gives such a size an unbacked symbol no input binds: the
-            # specialisation, not a data-dependent size, is then what to report
-            if any(free_unbacked_symbols(n.meta.get("val")) for n in ep.graph.nodes):
-                raise err
-            return ep
+            if not any(free_unbacked_symbols(n.meta.get("val")) for n in ep.graph.nodes):
+                return ep
+            # torch 2.11 gives such a size an unbacked symbol no input binds. Traced at
+            # wider examples instead (every short dynamic extent shifted by one amount,
+            # which keeps relations such as len_indptr = batch_size + 1), the graph is
+            # the same; failing that, the specialisation is what to report.
+            try:
+                return trace(_widened(params, inputs, named))
+            except Exception:  # noqa: BLE001 - the first error says what went wrong
+                raise err from None
     except UnsupportedOpError:
         raise
     except Exception as err:  # torch raises many types; keep its message, drop its traceback
@@ -188,6 +193,26 @@ def _quiet_torch():
 def _mutates(ep) -> bool:
     return any(n.op == "call_function" and getattr(getattr(n.target, "_schema", None), "is_mutable", False)
                for n in ep.graph.nodes)
+
+
+# Dynamic extents below WIDEN_BELOW in the examples are traced WIDEN_BY larger when
+# the examples themselves specialise an axis (torch 2.11, `_export`).
+WIDEN_BELOW, WIDEN_BY = 8, 8
+
+
+def _widened(params, inputs, named) -> tuple:
+    """The example inputs with every dynamic extent below WIDEN_BELOW made WIDEN_BY
+    larger, per symbol (axes of one name keep one extent); zeros, as export traces
+    shapes, not values."""
+    extents = {sym: x.shape[a] for pname, x in zip(params, inputs) for a, sym in named.get(pname, {}).items()}
+    grow = {sym for sym, n in extents.items() if n < WIDEN_BELOW}
+    out = []
+    for pname, x in zip(params, inputs):
+        axes = {a: sym for a, sym in named.get(pname, {}).items() if sym in grow}
+        if axes:
+            x = x.new_zeros([n + WIDEN_BY if a in axes else n for a, n in enumerate(x.shape)])
+        out.append(x)
+    return tuple(out)
 
 
 def _traceable(params, inputs, named) -> tuple:
