@@ -18,6 +18,7 @@ from cleave.scheduler.codegen import Emitter
 from cleave.scheduler.exprs import evaluate
 from cleave.scheduler.loop_bounds import Tiles, maximum, minimum, symbol, tid
 from cleave.scheduler.tile_order import trip_direction
+from cleave.scheduler.tiles import Tiling
 from cleave.workloads.attention import NEG_INF, scale
 from cleave.workloads.attention_variants import window_graph
 from fixtures_candidates import CANDIDATES, EXP, _cand, _online_softmax_av
@@ -96,7 +97,8 @@ def test_grouped_order_counted_backwards_is_still_one_program_per_tile(backwards
     """The grouped (swizzled) decode of two MatMul sides, 11 row tiles (a ragged last group
     of 8) by 3 column tiles, then 2 heads, with some tile ids counted from the end."""
     tiles = {3: "11", 2: "3", 1: "2"}
-    em = types.SimpleNamespace(t=types.SimpleNamespace(block={3: 64, 2: 64, 1: 1}))
+    em = types.SimpleNamespace(t=Tiling(role={3: "grid", 2: "grid", 1: "grid"}, block={3: 64, 2: 64, 1: 1}))
+    em.lanes = lambda lid: Emitter.lanes(em, lid)
     source = "\n".join(["    pid = tl.program_id(0)"] + ["    " + ln for ln in
                                                          Emitter.decode(em, [2, 3, 1], tiles, True, backwards)])
     seen = [_tile_ids(source, pid, {}) for pid in range(11 * 3 * 2)]
