@@ -82,7 +82,7 @@ def test_paged_decode_gets_flash_decoding_plans():
 def test_flash_decoding_plans_match_the_reference_with_an_empty_request():
     """Every chunk count of the dynamic ladder that fits the test batches (an empty
     request in each): a chunk holding no token of a request gives its rows max -inf,
-    sum 0 and P·V 0."""
+    sum 0 and P·V 0. Most plans hold one request per program (test_replicated_rows.py)."""
     w = W.get("gqa_paged_decode_h32_kv8_d128_ps1")
     cand = cleave.search(w.graph).candidates[0]
     for binding in w.test_bindings:
@@ -91,5 +91,8 @@ def test_flash_decoding_plans_match_the_reference_with_an_empty_request():
         nnz = binding["num_kv_indices"]
         counts = [s for s in by_count if (s - 1) * -(-nnz // s) < nnz]
         assert len([s for s in counts if s > 1]) >= 2, sorted(by_count)
+        # one request per program (its 4 heads replicated over 16 lanes), split or not
+        replicated = [s for s in counts if any(k.endswith(".rows") for k in by_count[s].tiles)]
+        assert 1 in replicated and len(replicated) >= 2, replicated
         for s in counts:
             run_and_check(cand.graph, by_count[s], binding, seed=s)
