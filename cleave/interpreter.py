@@ -20,6 +20,14 @@ from .ir.ops import COMPARE, per_op
 TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in DType}
 IR_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
 
+def _fmod(x, y):
+    """torch.fmod, and 0 for an integer divided by 0 (an error in eager PyTorch on the CPU,
+    undefined on the GPU): the search evaluates candidates on random integers."""
+    if x.dtype.is_floating_point or y.dtype.is_floating_point:
+        return torch.fmod(x, y)
+    return torch.where(y == 0, 0, torch.fmod(x, torch.where(y == 0, 1, y)))
+
+
 _UNARY = per_op({
     "exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "neg": torch.neg,
     "recip": torch.reciprocal, "silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid,
@@ -30,7 +38,7 @@ _UNARY = per_op({
 }, "unary", where="interpreter")
 _BINARY = per_op({
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
-    "min": torch.minimum, "pow": torch.pow, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
+    "min": torch.minimum, "pow": torch.pow, "fmod": _fmod, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
     "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
 }, "binary", "compare", where="interpreter")
 _EMPTY_REDUCE = per_op(  # a reduction over nothing

@@ -97,6 +97,8 @@ POW = ("tl.where({b} == 0.0, 1.0, tl.where({a} < 0.0, tl.where(tl.floor({b}) == 
        "tl.where(tl.floor({b} * 0.5) * 2.0 == {b}, 1.0, -1.0), float(\"nan\")), 1.0) * tl.exp(tl.log(tl.abs({a})) * {b}))")
 BINARY = per_op({"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
                  "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})", "pow": POW,
+                 # Triton's % is C's fmod on floats (frem, exact) and truncating on integers
+                 "fmod": "{a} % {b}",
                  "lt": "{a} < {b}", "le": "{a} <= {b}", "gt": "{a} > {b}", "ge": "{a} >= {b}", "eq": "{a} == {b}",
                  "ne": "{a} != {b}"}, "binary", "compare", where="codegen")
 

@@ -138,6 +138,7 @@ def csr_pages_by_division(kv_indices):
 
 
 def test_integer_division_of_positions_is_not_captured_yet():
-    """`pos // PAGE` and `pos % PAGE` have no IR op: capture names the op and the line."""
+    """`pos // PAGE` has no IR op on integers (`pos % PAGE` has: fmod, tests/test_modulo_ops.py):
+    capture names the op and the line."""
     with pytest.raises(UnsupportedOpError, match="floor_divide|div.Tensor_mode|remainder"):
         cleave.capture(csr_pages_by_division, torch.arange(4, dtype=torch.int32))

@@ -48,8 +48,71 @@ def _binary(t, node, a):
 
 
 for _name in _BINARY:
-    rule(_name, check=(lambda a, n: "rounding_mode must be None" if a.get("rounding_mode") else None)
-         if _name == "div" else None)(_binary)
+    if _name != "div":
+        rule(_name)(_binary)
+
+
+def _rounding_check(a, n):
+    """A rounding division compiles on f32 and f64 only. torch rounds each step of a bf16
+    or f16 one to that type, where the kernels compute in f32: a quotient a bit off
+    floors to another integer. Integers would go through f32 (exact below 2**24 only)."""
+    dtype = n.meta["val"].dtype
+    if a.get("rounding_mode") and dtype not in (torch.float32, torch.float64):
+        return f"rounding_mode={a['rounding_mode']!r} on {dtype} is not supported"
+    return None
+
+
+@rule("div", check=_rounding_check)
+def _div(t, node, a):
+    """x / y, truncated or floored as torch does it on floats: a floor division is
+    (x - fmod(x, y)) / y, one less where the remainder's sign differs from y's, rounded
+    to the nearest integer; a zero quotient keeps x / y's sign (torch's div_floor)."""
+    mode, x, y = a.get("rounding_mode"), a["self"], a["other"]
+    if mode is None:
+        return binary(t, "div", x, y)
+    x, y = _operands(t, x, y)
+    quotient = binary(t, "div", x, y)
+    if mode == "trunc":
+        return t.add("trunc", quotient)
+    m = binary(t, "fmod", x, y)
+    div = binary(t, "div", binary(t, "sub", x, m), y)
+    div = t.add("where", _sign_differs(t, m, y), binary(t, "sub", div, 1.0), div)
+    floor = t.add("floor", div)
+    floor = t.add("where", binary(t, "gt", binary(t, "sub", div, floor), 0.5), binary(t, "add", floor, 1.0), floor)
+    floor = t.add("where", binary(t, "eq", div, 0.0), binary(t, "mul", quotient, 0.0), floor)
+    # y = 0: x / y (inf or nan), as torch returns it
+    return t.add("where", binary(t, "eq", y, 0.0), quotient, floor)
+
+
+rule("floor_divide", check=lambda a, n: _rounding_check({"rounding_mode": "floor"}, n))(
+    lambda t, n, a: _div(t, n, {**a, "rounding_mode": "floor"}))
+
+
+@rule("fmod", "prims.fmod")
+def _fmod(t, node, a):
+    return binary(t, "fmod", a["self"], a["other"])
+
+
+@rule("remainder", "prims.remainder")
+def _remainder(t, node, a):
+    """Python's modulo: fmod(x, y), plus y where that is not 0 and its sign differs from
+    y's (torch's own algorithm, exact on floats and integers)."""
+    x, y = _operands(t, a["self"], a["other"])
+    m = binary(t, "fmod", x, y)
+    return t.add("where", _sign_differs(t, m, y), binary(t, "add", m, y), m)
+
+
+def _sign_differs(t, m, y):
+    """m != 0 and (m < 0) != (y < 0)."""
+    zero = t.lift(0, m)
+    differs = t.add("ne", t.add("lt", m, zero), t.add("lt", y, t.lift(0, y)))
+    return t.add("where", t.add("ne", m, zero), differs, t.const(False, "bool"))
+
+
+def _operands(t, x, y):
+    """x and y as nodes, a scalar lifted next to the other."""
+    x = x if hasattr(x, "graph") else t.lift(x, y)
+    return x, t.lift(y, x)
 for _name in COMPARE:  # prims.ne(x, x) is isnan's decomposition
     rule(f"prims.{_name}")(_binary)
 rule("max.other", "min.other")(lambda t, n, a: binary(t, "max" if "max" in str(n.target) else "min",

@@ -25,7 +25,7 @@ from .errors import ShapeError
 UNARY = ("exp", "exp2", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh",
          "square", "cos", "sin", "abs", "erf", "log1p", "expm1", "inf_to_zero",
          "floor", "ceil", "trunc", "round", "sign")
-BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
+BINARY = ("add", "sub", "mul", "div", "max", "min", "pow", "fmod")  # fmod: C's, exact (torch.fmod)
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 REDUCE_OPS = ("sum", "max", "min")  # the `op` attribute of `reduce`
 # log2(e) as the float the rules write and the kernels use: exp(x) = exp2(x * LOG2E).

@@ -220,6 +220,16 @@ class Algebra:
             return Fraction(0)
         return self.b.uf(op, self.lift(x))
 
+    def fmod(self, x, y):
+        """x - trunc(x / y) * y, exact on numbers; uninterpreted on symbols."""
+        if is_special(x) or is_special(y):
+            raise Unsupported("fmod of an infinity")
+        if is_num(x) and is_num(y) and y != 0:
+            x, y = Fraction(x), Fraction(y)
+            q = x / y
+            return x - (math.floor(q) if q >= 0 else math.ceil(q)) * y
+        return self.b.uf("fmod", self.lift(x), self.lift(y))
+
     def pow(self, x, y):
         if is_num(y) and Fraction(y).denominator == 1 and 0 <= y <= 8:
             out = Fraction(1)
