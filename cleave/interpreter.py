@@ -42,7 +42,7 @@ _BINARY = per_op({
     "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
 }, "binary", "compare", where="interpreter")
 _EMPTY_REDUCE = per_op(  # a reduction over nothing
-    {"sum": 0.0, "max": float("-inf"), "min": float("inf")}, "reduce", where="interpreter")
+    {"sum": 0.0, "max": float("-inf"), "min": float("inf"), "prod": 1.0}, "reduce", where="interpreter")
 
 
 def interpret(graph: Graph, inputs: Mapping[str, torch.Tensor], compute_dtype: torch.dtype | None = None,
@@ -111,6 +111,8 @@ def _eval(node: Node, args, inputs, env, float_type, device) -> torch.Tensor:
             return out if keep else out.squeeze(axis)
         if a["op"] == "sum":
             return x.sum(axis, keepdim=keep)
+        if a["op"] == "prod":
+            return x.prod(axis, keepdim=keep)
         fn = torch.amax if a["op"] == "max" else torch.amin
         return fn(x, dim=axis, keepdim=keep)
     if op == "broadcast":

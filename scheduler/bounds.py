@@ -161,7 +161,7 @@ def absorbed(acc, consts: dict) -> bool:
     if acc.op == "matmul":
         vals = [value(i, consts, memo) for i in acc.inputs]
         return any(v == 0 for v in vals) and all(v is not _UNKNOWN and (v == FIN or not math.isinf(v)) for v in vals)
-    ident = {"sum": 0.0, "max": -math.inf, "min": math.inf}[acc.node.attrs["op"]]
+    ident = {"sum": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}[acc.node.attrs["op"]]
     return value(acc.inputs[0], consts, memo) == ident
 
 

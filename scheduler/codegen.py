@@ -53,14 +53,16 @@ def float_literal(value) -> str:
     return repr(value)
 
 
-NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}, "reduce", where="codegen")
+NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")', "prod": "1.0"}, "reduce",
+                 where="codegen")
 # max and min propagate NaN, as torch's do (Triton's default, like fmax, drops it; the
 # GPU's max.NaN is as fast).
 NAN_MAX, NAN_MIN = "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)", \
     "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
-COMBINE = per_op({"sum": "{a} + {b}", "max": NAN_MAX, "min": NAN_MIN}, "reduce",
+COMBINE = per_op({"sum": "{a} + {b}", "max": NAN_MAX, "min": NAN_MIN, "prod": "{a} * {b}"}, "reduce",
                  where="codegen")
 REDUCE_IN_TILE = per_op({"sum": "tl.sum({x}, axis={axis})", "max": "reduce_max({x}, {axis})",
+                         "prod": "tl.reduce({x}, {axis}, mul)",
                          "min": "reduce_min({x}, {axis})"}, "reduce", where="codegen")
 UNARY = per_op({"exp": EXP, "exp2": "tl.exp2({x})", "log": "tl.log({x})", "sqrt": "tl.sqrt({x})",
                 "rsqrt": "tl.rsqrt({x})", "neg": "-{x}", "recip": "1.0 / {x}", "silu": "{x} * tl.sigmoid({x})",
@@ -507,6 +509,12 @@ class Emitter:
         if r not in x.dims:  # constant along r (or a single element)
             if op == "sum" and self.t.block[r] > 1:
                 return self.var(b, f"{self.f32(x)} * {self.count(r)}", out, "tl.float32")
+            if op == "prod" and self.t.block[r] > 1:  # x times itself once per valid lane of r
+                dims = tuple(d for d in self.canon if d in set(x.dims) | {r})
+                tile = f"tl.broadcast_to({self.f32(x, dims)}, {[self.t.block[d] for d in dims]})"
+                valid = self.valid(r, dims)
+                tile = f"tl.where({valid}, {tile}, 1.0)" if valid else tile
+                return self.var(b, f"tl.reduce({tile}, {dims.index(r)}, mul)", out, "tl.float32")
             return x
         expr = REDUCE_IN_TILE[op].format(x=self.masked(x, r, NEUTRAL[op]), axis=x.dims.index(r))
         if not inst.node.dtype.is_float:  # a count (segment ids) indexes a load: back to its integer type
@@ -863,6 +871,11 @@ ROUND_BF16 = [
     "        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000",
     "        x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))",
     "    return x.to(tl.bfloat16)",
+    "",
+    "",
+    "@triton.jit",
+    "def mul(a, b):",
+    "    return a * b",
 ] + [line for op, form in (("max", NAN_MAX), ("min", NAN_MIN)) for line in [
     "",
     "",

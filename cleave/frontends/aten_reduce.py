@@ -1,4 +1,4 @@
-"""Reductions and the composite ops built on them: sum/mean/amax/amin/var/std,
+"""Reductions and the composite ops built on them: sum/mean/prod/amax/amin/var/std,
 softmax (as *safe* softmax, exactly the workloads' `safe_softmax`), log_softmax,
 logsumexp, topk."""
 from __future__ import annotations
@@ -57,6 +57,18 @@ def _extreme(op):
         x = a["self"]
         return reduce(t, x, op, axes(a.get("dim"), x.rank), a.get("keepdim", False))
     return fn
+
+
+def _float_result(a, n):
+    dtype = n.meta["val"].dtype
+    return None if dtype.is_floating_point else f"a product in {dtype} is not supported (kernels multiply in f32)"
+
+
+@rule("prod", check=_float_result)
+def _prod(t, node, a):
+    x = _cast_arg(t, a["self"], a.get("dtype"))
+    dims = axes(a.get("dim"), x.rank)
+    return reduce(t, x, "prod", dims, a.get("keepdim", False))
 
 
 rule("amax", "max.default")(_extreme("max"))

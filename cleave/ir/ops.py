@@ -27,7 +27,7 @@ UNARY = ("exp", "exp2", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid
          "floor", "ceil", "trunc", "round", "sign")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow", "fmod")  # fmod: C's, exact (torch.fmod)
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
-REDUCE_OPS = ("sum", "max", "min")  # the `op` attribute of `reduce`
+REDUCE_OPS = ("sum", "max", "min", "prod")  # the `op` attribute of `reduce`
 # log2(e) as the float the rules write and the kernels use: exp(x) = exp2(x * LOG2E).
 LOG2E = 1 / math.log(2.0)
 KINDS = {"unary": UNARY, "binary": BINARY, "compare": COMPARE, "reduce": REDUCE_OPS}

@@ -138,7 +138,8 @@ def _matmul(x: np.ndarray, y: np.ndarray, alg: Algebra) -> np.ndarray:
     return out
 
 
-_IDENTITY = per_op({"sum": Fraction(0), "max": NINF, "min": INF}, "reduce", where="verify/scalarise.py")
+_IDENTITY = per_op({"sum": Fraction(0), "max": NINF, "min": INF, "prod": Fraction(1)}, "reduce",
+                   where="verify/scalarise.py")
 
 
 def _reduce(x: np.ndarray, op: str, axis: int, keep: bool, alg: Algebra) -> np.ndarray:
@@ -151,7 +152,7 @@ def _reduce(x: np.ndarray, op: str, axis: int, keep: bool, alg: Algebra) -> np.n
         else:
             acc = _IDENTITY[op]
             for v in items:
-                acc = alg.max(acc, v) if op == "max" else alg.min(acc, v)
+                acc = alg.mul(acc, v) if op == "prod" else alg.max(acc, v) if op == "max" else alg.min(acc, v)
             out[idx] = acc
     return np.expand_dims(out, axis) if keep else out
 
