@@ -85,7 +85,7 @@ def test_flash_decoding_plans_match_the_reference_with_an_empty_request():
     sum 0 and P·V 0. Most plans hold one request per program (test_replicated_rows.py)."""
     w = W.get("gqa_paged_decode_h32_kv8_d128_ps1")
     cand = cleave.search(w.graph).candidates[0]
-    for binding in w.test_bindings:
+    for binding in w.test_bindings[:1]:  # 3 requests, one empty (the second binding added 33 s, no path)
         plans = cleave.schedule(cand, binding, dynamic=set(binding), top_k=1)
         by_count = {p.split.get("s_num_kv_indices", 1): p for p in reversed(plans)}
         nnz = binding["num_kv_indices"]
