@@ -21,8 +21,6 @@ import functools
 import math
 import sys
 
-import torch
-
 from .paged_baselines import _prepare_padded, copy_ceiling_fraction, decode_bytes, padded_sdpa
 from .strongest import error
 
