@@ -40,8 +40,8 @@ def candidates(name: str, reference):
         want = reference(*inputs.values())
         want = want[0] if isinstance(want, (tuple, list)) else want
         out = []
+        prepared = _prepare_padded(name, inputs, pregather=False)  # the step's layout, once for every form
         for folded, form in ((False, "padded SDPA (enable_gqa)"), (True, "padded SDPA (GQA folded)")):
-            prepared = _prepare_padded(name, inputs, pregather=False)
             fn = padded_sdpa(name, folded)
             for label, backend in _backends():
                 def run(fn=fn, prepared=prepared, backend=backend):
@@ -71,15 +71,14 @@ def main(argv=None) -> int:
     reference = reference_fn(definition)
     make = candidates(name, reference)
     fractions = []
+    step = {}  # the bytes the current step must move (decode only)
 
     def baselines(inputs):
-        nbytes = decode_bytes(name, inputs)
-        if nbytes:
-            baselines.nbytes = nbytes
+        step["bytes"] = decode_bytes(name, inputs)
         return [("reference", functools.partial(reference, *inputs.values()))] + make(inputs)
 
     def progress(i, n, shape):
-        fraction = copy_ceiling_fraction(getattr(baselines, "nbytes", None), shape.cleave_graph_ms)
+        fraction = copy_ceiling_fraction(step.get("bytes"), shape.cleave_graph_ms)
         if fraction is not None:
             fractions.append(fraction)
         print(f"[{i}/{n}] {' '.join(f'{k}={v}' for k, v in shape.axes.items())}  cleave {shape.cleave_ms:.4f} "

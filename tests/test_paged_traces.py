@@ -77,29 +77,41 @@ def test_replay_runs_one_operator_without_recompiling(tmp_path):
     assert {s.baseline for s in result.shapes} == {"returns"}  # the fastest baseline is the one compared
 
 
+RAGGED = "gqa_ragged_prefill_causal_h32_kv4_d128"
+
+
+def _ragged_prefill():
+    """The ragged prefill at small heads: its kind, const axes, and f64 inputs for given
+    query and kv lengths per request."""
+    kind = F.kind_of(RAGGED)
+    const = {"num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 8}
+
+    def inputs(q_lens, kv_lens, seed):
+        q_lens, kv_lens, pages, pool = F._layout(RAGGED, q_lens, kv_lens, seed)
+        return F.layout_inputs(RAGGED, q_lens, pages, kv_lens, pool, const=const, seed=seed, dtype=torch.float64)
+    return kind, const, inputs
+
+
+def _serves_batches_with_an_empty_request(graph, kind, inputs):
+    args = inputs([2, 0, 3], [4, 0, 9], 1)
+    got = interpret(graph, dict(zip(kind.inputs, args)), compute_dtype=torch.float64)
+    for g, want in zip(got, kind.reference(*args)):
+        torch.testing.assert_close(g, want.to(g.dtype), rtol=1e-5, atol=1e-5)  # the reference runs in f32
+
+
 def test_a_first_step_of_one_request_captures_with_its_axes_dynamic():
     """The traces' first prefill step holds one request, so `indptr[1:-1]` is empty and
     torch.export specialised len_indptr to 2: `cleave trace build` failed with "does not
     capture whole" on all four prefill definitions. Traced as if the axis had any extent,
     the graph serves every batch (and schedules: its slice of the interior boundaries is
     len_indptr - 2 as when traced at more requests, not Max(0, len_indptr - 2))."""
-    name = "gqa_ragged_prefill_causal_h32_kv4_d128"
-    kind = F.kind_of(name)
-    const = {"num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 8}
-
-    def inputs(q_lens, kv_lens, seed):
-        q_lens, kv_lens, pages, pool = F._layout(name, q_lens, kv_lens, seed)
-        return F.layout_inputs(name, q_lens, pages, kv_lens, pool, const=const, seed=seed, dtype=torch.float64)
-
-    graph = capture_program(kind.program, *inputs([3], [5], 0), dynamic=F.dynamic_axes(kind), name=name).graph
+    kind, const, inputs = _ragged_prefill()
+    graph = capture_program(kind.program, *inputs([3], [5], 0), dynamic=F.dynamic_axes(kind), name=RAGGED).graph
     assert "len_indptr" in str(graph.inputs["qo_indptr"].shape)
     assert "Max" not in graph.text()  # the interior boundaries' slice: len_indptr - 2, not clamped at 0
     binding = {"total_q": 5, "total_kv": 13, "len_indptr": 4, **const}
     assert cleave.schedule(graph, binding, dynamic={"total_q", "total_kv", "len_indptr"}, top_k=1)
-    args = inputs([2, 0, 3], [4, 0, 9], 1)
-    got = interpret(graph, dict(zip(kind.inputs, args)), compute_dtype=torch.float64)
-    for g, want in zip(got, kind.reference(*args)):
-        torch.testing.assert_close(g, want.to(g.dtype), rtol=1e-5, atol=1e-5)  # the reference runs in f32
+    _serves_batches_with_an_empty_request(graph, kind, inputs)
 
 
 def test_a_step_of_two_requests_captures_where_size_oblivious_tracing_leaves_a_size_unbound(monkeypatch):
@@ -110,21 +122,11 @@ def test_a_step_of_two_requests_captures_where_size_oblivious_tracing_leaves_a_s
     short dynamic extent 8 larger) and the graph still serves every batch."""
     import torch.fx.experimental.symbolic_shapes as shapes
 
-    name = "gqa_ragged_prefill_causal_h32_kv4_d128"
-    kind = F.kind_of(name)
-    const = {"num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 8}
-
-    def inputs(q_lens, kv_lens, seed):
-        q_lens, kv_lens, pages, pool = F._layout(name, q_lens, kv_lens, seed)
-        return F.layout_inputs(name, q_lens, pages, kv_lens, pool, const=const, seed=seed, dtype=torch.float64)
-
+    kind, _, inputs = _ragged_prefill()
     monkeypatch.setattr(shapes, "free_unbacked_symbols", lambda value: {"u0"})
-    graph = capture_program(kind.program, *inputs([3, 4], [5, 4], 0), dynamic=F.dynamic_axes(kind), name=name).graph
+    graph = capture_program(kind.program, *inputs([3, 4], [5, 4], 0), dynamic=F.dynamic_axes(kind), name=RAGGED).graph
     assert "len_indptr" in str(graph.inputs["qo_indptr"].shape)
-    args = inputs([2, 0, 3], [4, 0, 9], 1)
-    got = interpret(graph, dict(zip(kind.inputs, args)), compute_dtype=torch.float64)
-    for g, want in zip(got, kind.reference(*args)):
-        torch.testing.assert_close(g, want.to(g.dtype), rtol=1e-5, atol=1e-5)
+    _serves_batches_with_an_empty_request(graph, kind, inputs)
 
 
 def test_a_replay_captures_the_program_at_its_widest_step():

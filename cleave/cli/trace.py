@@ -52,7 +52,7 @@ def register(sub) -> None:
     b.add_argument("--const", default="", help="as for replay: override const axes")
     b.add_argument("--top-k", type=positive_int, default=4,
                    help="plans kept (each a Triton compile at the replay's first call); a split over a "
-                        "dynamic axis keeps its own number per split count whatever this is")
+                        "dynamic axis keeps this many per split count, at most 6")
     b.set_defaults(func=_build)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 

@@ -113,6 +113,8 @@ def _operands(t, x, y):
     """x and y as nodes, a scalar lifted next to the other."""
     x = x if hasattr(x, "graph") else t.lift(x, y)
     return x, t.lift(y, x)
+
+
 for _name in COMPARE:  # prims.ne(x, x) is isnan's decomposition
     rule(f"prims.{_name}")(_binary)
 rule("max.other", "min.other")(lambda t, n, a: binary(t, "max" if "max" in str(n.target) else "min",
