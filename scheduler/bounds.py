@@ -31,7 +31,7 @@ from sympy.core.function import AppliedUndef
 from cleave.ir import dims as D
 
 from .index_bounds import provable
-from .loop_bounds import Tiles, free_symbols, maximum, minimum, nest, render, symbol, tid, value as bound_value
+from .loop_bounds import Call, Tiles, free_symbols, maximum, minimum, nest, render, symbol, tid, value as bound_value
 from .monotone import monotone_bounds
 from .program_values import ProgramValues, index_expr
 from .tile_order import trip_directions
@@ -255,7 +255,11 @@ def segments(em, h, x: int, order, trips: int) -> list[Segment]:
     if not masks:
         em.stats.loops.append(loop_record(em, x, plain))
         return plain
-    segs, edges = _bounds(em, x, masks, keep, program.defs, divides, chunk)
+    window = _window(em, x, masks, program) if chunk else None
+    if window is not None:
+        em.windows[x] = window
+        masks = window.masks
+    segs, edges = _bounds(em, x, masks, keep, program.defs, divides, chunk, window and window.length)
     loaded = {side: program.inputs(free_symbols(edge)) for side, edge in edges.items()}
     for seg in segs:
         seg.loaded = {side: names for side, names in loaded.items() if names}
@@ -263,7 +267,7 @@ def segments(em, h, x: int, order, trips: int) -> list[Segment]:
     if "lo" in segs[0].loaded:  # a tile of k requests' rows runs the union of their ranges
         csr = segs[0].loaded["lo"] & segs[0].loaded.get("hi", frozenset())
         share = min(1.0, share * _entries_per_program(em, program, csr))
-        if chunk:
+        if chunk and window is None:
             em.stats.active = min(em.stats.active, _active_share(em, x, share))
     _fractions(em, segs, trips, bx, program, share)
     em.stats.loops.append(loop_record(em, x, segs))
@@ -273,13 +277,13 @@ def segments(em, h, x: int, order, trips: int) -> list[Segment]:
 def loop_record(em, x: int, segs: list[Segment]) -> dict:
     """The loop over label x as plain data (a Kernel's `loops`): its extent, first start and
     last stop (code), the graph inputs each side's bound is loaded from, the share of the
-    extent's tiles a program is expected to run (what the cost model counts), and how its
-    trip count moves with each grid tile id its bounds read (tile_order.py)."""
+    extent's tiles a program is expected to run (what the cost model counts), whether it
+    runs a relative split chunk (Window), and how its trip count moves with each grid tile id its bounds read (tile_order.py)."""
     defs = [d for seg in segs for d in seg.defs]
     return {"label": f"X{x}", "extent": render(em.labels[x].extent), "lo": render(segs[0].lo),
             "hi": render(segs[-1].hi),
             "loaded": {side: sorted(names) for side, names in segs[0].loaded.items()},
-            "fraction": round(sum(seg.fraction for seg in segs), 4),
+            "fraction": round(sum(seg.fraction for seg in segs), 4), "relative": x in em.windows,
             "trips": trip_directions(em, segs[0].lo, segs[-1].hi, defs)}
 
 
@@ -386,16 +390,28 @@ def _unmod(e, below: dict):
     return page if u in below and provable(den * e.args[1] - below[u]) else e
 
 
-def _bounds(em, x, masks, keep, defs, divides, chunk):
+def _sides(masks) -> dict:
+    """Per side, per mask, per instance: the (any, all) bounds of its conjuncts."""
+    return {side: [[[(a, b) for s, a, b in span if s == side] for span in spans] for spans in masks]
+            for side in ("lo", "hi")}
+
+
+def _reach(sides, side, loose, tight) -> list:
+    """Per mask whose every instance has a bound on this side, the bound of the lanes it
+    may keep: `tight` over an instance's conjuncts, `loose` over the instances."""
+    return [nest(loose, [nest(tight, [a for a, _ in w]) for w in m]) for m in sides[side] if all(m)]
+
+
+def _bounds(em, x, masks, keep, defs, divides, chunk, window=None):
     """Segments from the masks' bounds: [lo, full_lo) masked, [full_lo, full_hi) whole
     tiles on which every mask holds everywhere (run without them), [full_hi, hi) masked.
     Each mask (a where node: per instance, its conjuncts' (side, any, all) bounds) may
     keep a lane of a tile between its instances' least start and greatest end; a tile
     runs where every mask may (a sliding window's start and the causal end). Also the
-    loop's own bounds, lo and hi, by side, where a mask gives one."""
-    bx, extent = em.t.block[x], em.labels[x].extent
-    sides = {side: [[[(a, b) for s, a, b in span if s == side] for span in spans] for spans in masks]
-             for side in ("lo", "hi")}
+    loop's own bounds, lo and hi, by side, where a mask gives one. `window`: the loop's
+    length when it runs a relative chunk (_window), in place of the label's extent."""
+    bx, extent = em.t.block[x], (em.labels[x].extent if window is None else window)
+    sides = _sides(masks)
     defs = list(defs)
 
     def define(name: str, bound):
@@ -404,9 +420,7 @@ def _bounds(em, x, masks, keep, defs, divides, chunk):
         return sym
 
     def reach(side, loose, tight):
-        """Per mask whose every instance has a bound on this side, the bound of the lanes
-        it may keep: `tight` over an instance's conjuncts, `loose` over the instances."""
-        return [nest(loose, [nest(tight, [a for a, _ in w]) for w in m]) for m in sides[side] if all(m)]
+        return _reach(sides, side, loose, tight)
 
     def alls(side):
         return [b for m in sides[side] for w in m for _, b in w]
@@ -438,6 +452,80 @@ def _bounds(em, x, masks, keep, defs, divides, chunk):
         segs.append(Segment(full["hi"], bound["hi"]))
     segs[0].defs = defs
     return segs, edges
+
+
+@dataclass(frozen=True)
+class Window:
+    """A split chunk run relative to the program's own range (FlashDecoding's split):
+    chunk c of s covers [lo + c*L, lo + (c+1)*L) of the merged index, where [lo, hi) is
+    the union of the program's rows' ranges and L = ceil((hi - lo) / s) rounded up to
+    whole tiles, instead of the fixed [c*n, (c+1)*n) of the split's layout, which
+    holds a short request's pages in one chunk (the others idle). The loop runs t in
+    [0, L) with the label's index j = t + off (off = lo + c*L - c*n), so that every
+    index c*n + j the kernel reads is the merged one it stands for."""
+    off: sympy.Symbol
+    length: sympy.Symbol
+    end: sympy.Symbol  # off + length: where the label's lanes end
+    masks: list  # the masks' bounds in t, the loop's own coordinates
+
+
+def _window(em, x, masks, program) -> Window | None:
+    """The relative chunk of loop x (Window), when x is a split's inner axis whose chunk
+    is one grid index of the program, the masks bound both of its sides, and every index
+    the kernel reads through x is the merged index c*n + x: then the chunks of one row
+    tile partition its range however they are placed (what lies outside holds the
+    accumulators' neutral element, which is why the masks bound the loop). Else None."""
+    c = _chunk_label(em, x)
+    if c is None or not all(isinstance(v, sympy.Basic) for spans in masks for span in spans
+                            for _, a, b in span for v in (a, b)):
+        return None
+    sides, ends = _sides(masks), {}
+    for side, tight, loose in (("lo", "maximum", "minimum"), ("hi", "minimum", "maximum")):
+        reached = _reach(sides, side, loose, tight)
+        if not reached:
+            return None
+        ends[side] = nest(tight, reached)
+    base = tid(c) * em.labels[x].extent  # j-space bounds plus c*n: the merged index's, the same in every chunk
+
+    def define(name, bound):
+        return program.define(f"{name}{x}", bound, free_symbols(bound))
+
+    lo, hi = (define(f"range_{side}", _shifted(ends[side], base)) for side in ("lo", "hi"))
+    span = define("span", maximum(hi - lo, 0))
+    length = define("window", Tiles(sympy.ceiling(span / em.labels[c].extent), em.t.block[x], up=True))
+    off = define("off", lo + tid(c) * length - base)
+    end = define("window_end", off + length)
+    shifted = [[[(side, a - off, b - off) for side, a, b in span] for span in spans] for spans in masks]
+    return Window(off, length, end, shifted)
+
+
+def _shifted(b, k):
+    """Bound b (maximum/minimum of expressions) plus k."""
+    if isinstance(b, Call):
+        return Call(b.fn, tuple(_shifted(a, k) for a in b.args))
+    return b + k
+
+
+def _chunk_label(em, x) -> int | None:
+    """The grid label c of the chunk when loop x runs a split's inner axis, one chunk per
+    program, and every index a load or an iota computes from x is the split's merged
+    index c*n + x (a bare x would read another element once x leaves [0, n))."""
+    xs, n = em.labels[x].sym, em.labels[x].extent
+    chunks = {sympy.sympify(i.view[i.node.attrs["axis"]]) for i in em.views.memo.values()
+              if i.op == "split" and sympy.sympify(i.view[i.node.attrs["axis"] + 1]) == xs}
+    if len(chunks) != 1:
+        return None
+    c = chunks.pop()
+    lab = em.views.by_sym().get(c)
+    if lab is None or em.t.role[lab.id] != "grid" or em.t.block[lab.id] != 1:
+        return None
+    at = {xs: sympy.Dummy("merged", integer=True) - c * n}
+    for inst in em.views.memo.values():
+        if inst.leaf or inst.op == "iota":
+            for e in map(sympy.sympify, inst.view):
+                if xs in e.free_symbols and c in sympy.expand(e.xreplace(at)).free_symbols:
+                    return None
+    return lab.id
 
 
 def _loaded_share(em, loaded: dict) -> float:

@@ -150,6 +150,7 @@ class Emitter:
         self.nest = loop_nest(self.accs, t.role, facts)  # facts: F node id -> (factor node id, rescale)
         self.keep: dict = {}
         self.whole: int | None = None  # the loop label whose current segment has whole tiles only
+        self.windows: dict = {}  # loop label -> its relative split chunk (bounds.Window), set by bounds.segments
         # Lanes of a tiled grid label past its extent compute values that are never stored
         # (stores mask them) and never reduced over (a grid label is not reduced inside its
         # kernel): loads there read what the label's last lane reads instead of being
@@ -242,6 +243,8 @@ class Emitter:
     def valid(self, lid: int, dims) -> str | None:
         lab, b = self.labels[lid], self.t.block[lid]
         static = self.t.static.get(lid)
+        if lid in self.windows:  # a relative chunk's lanes end at its window, not at the extent
+            return None if lid == self.whole else f"({self.idx(lid, dims)} < {self.windows[lid].end})"
         if lid in self.one_tile_at_least:
             return f"({self.idx(lid, dims)} < {code(lab.extent)})"
         # An empty extent is divided by every tile but has no valid index: it keeps its mask.
@@ -495,7 +498,8 @@ class Emitter:
 
     def bounds(self, e):
         """Least and greatest value of an index over its labels' valid ranges."""
-        return index_bounds(e, {sym: lab.extent for sym, lab in self.views.by_sym().items()})
+        return index_bounds(e, {sym: lab.extent for sym, lab in self.views.by_sym().items()
+                                if lab.id not in self.windows})  # a window's index leaves [0, extent)
 
     def masked(self, v: Val, lid: int, neutral: str) -> str:
         valid = self.valid(lid, v.dims)
@@ -682,7 +686,8 @@ class Emitter:
 
     def loop_body(self, body: Block, loop: Loop, accs):
         x = loop.label
-        body.lines.append(f"idx{x} = start{x} + tl.arange(0, {self.t.block[x]})")
+        off = f" + {self.windows[x].off}" if x in self.windows else ""
+        body.lines.append(f"idx{x} = start{x}{off} + tl.arange(0, {self.t.block[x]})")
         alphas = {}
         for a in loop.accs:
             acc = accs[id(a)]

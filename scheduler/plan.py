@@ -40,7 +40,7 @@ class Kernel:
     descriptors: list = field(default_factory=list)
     programs_per_sm: int = 0
     # Each loop over a label's tiles, as the scheduler bounded it (bounds.loop_record):
-    # {"label", "extent", "lo", "hi", "loaded": {"lo"/"hi": [graph inputs]}, "fraction",
+    # {"label", "extent", "lo", "hi", "loaded": {"lo"/"hi": [graph inputs]}, "fraction", "relative",
     # "trips": {grid label: how the trip count moves as its tile id grows}}. Plain data, read
     # by tests and `cleave explain`-style tools; launch does not need it.
     loops: list = field(default_factory=list)
