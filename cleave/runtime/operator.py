@@ -42,6 +42,10 @@ from .mix import compose, fastest_kernels, partition_key, picks_key
 from .profile import rank
 from .waves import waves
 
+# The search's first candidates that schedule, ranked against each other by their best
+# plan's cost: the search orders candidates by its own cost, blind to tiling (the MLA
+# decode's FlashDecoding form comes third, below forms that materialise the scores).
+RANKED_CANDIDATES = 3
 STAT_KEYS = ("calls", "searches", "compiles", "from_cache", "tunings", "search_seconds", "compile_seconds")
 
 
@@ -283,7 +287,7 @@ class CompiledOperator:
     def _build_spec(self, static, env) -> Spec:
         candidates = then_as_written(self._candidates(), self.graph)
         start = time.perf_counter()
-        reasons = []
+        reasons, scheduled = [], []
         for index, cand in enumerate(candidates):
             try:
                 with passes.timed("schedule"):
@@ -291,11 +295,15 @@ class CompiledOperator:
             except CleaveError as err:
                 reasons.append(f"candidate {index}: {err}")
                 continue
-            if plans:
+            if not plans:
+                reasons.append(f"candidate {index}: no plan")
+                continue
+            scheduled.append((min(p.cost for p in plans), index, cand, plans))
+            if len(scheduled) == RANKED_CANDIDATES:
                 break
-            reasons.append(f"candidate {index}: no plan")
-        else:
+        if not scheduled:
             raise CleaveError(f"cannot schedule {self.graph.name}: " + "; ".join(reasons or ["no candidates"]))
+        _, _, cand, plans = min(scheduled, key=lambda t: t[:2])
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - start
         body = {"candidate": _candidate_to_json(cand), "shapes": dict(env), "dynamic": sorted(self.dynamic),

@@ -1,0 +1,26 @@
+"""The runtime ranks the search's first candidates by their scheduled cost
+(operator.RANKED_CANDIDATES), not only by the search's order: the search's cost is
+blind to tiling, and it put the MLA decode's FlashDecoding form third."""
+import torch
+
+import cleave
+from cleave import workloads as W
+from cleave.ir import rebuild
+from cleave.ir.contracts import Candidate
+from cleave.runtime.operator import CompiledOperator
+
+
+def test_a_cheaper_later_candidate_serves_the_operator(tmp_path):
+    """MatMul -> row sum as written (a GEMM, then its rows summed) listed first, the
+    search's X·(W·1) second: the operator serves the second, which the cost model ranks
+    cheaper, and its result matches fp64."""
+    w = W.get("matmul_rowsum")
+    rewritten = cleave.search(w.graph).candidates[0]
+    op = CompiledOperator(w.graph, dynamic=set(), entry=tmp_path / "op")
+    op.candidates = [Candidate(rebuild(w.graph)), rewritten]
+    inputs = w.inputs({"s": 300, "k": 256, "n": 512}, seed=1)
+    got = op(inputs)
+    (spec,) = op.specs.values()
+    assert spec.candidate is rewritten
+    (want,) = w.run_reference({k: v.double() for k, v in inputs.items()})
+    torch.testing.assert_close(got[0].double(), want.double(), rtol=1e-3, atol=1e-3)
