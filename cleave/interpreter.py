@@ -28,6 +28,11 @@ def _fmod(x, y):
     return torch.where(y == 0, 0, torch.fmod(x, torch.where(y == 0, 1, y)))
 
 
+def _idiv(x, y):
+    """torch.div(x, y, rounding_mode="trunc") of integers, and 0 for a division by 0 (as _fmod)."""
+    return torch.where(y == 0, 0, torch.div(x, torch.where(y == 0, 1, y), rounding_mode="trunc"))
+
+
 _UNARY = per_op({
     "exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "neg": torch.neg,
     "recip": torch.reciprocal, "silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid,
@@ -38,7 +43,7 @@ _UNARY = per_op({
 }, "unary", where="interpreter")
 _BINARY = per_op({
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
-    "min": torch.minimum, "pow": torch.pow, "fmod": _fmod, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
+    "min": torch.minimum, "pow": torch.pow, "fmod": _fmod, "idiv": _idiv, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
     "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
 }, "binary", "compare", where="interpreter")
 _EMPTY_REDUCE = per_op(  # a reduction over nothing

@@ -101,6 +101,7 @@ BINARY = per_op({"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "di
                  "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})", "pow": POW,
                  # Triton's % is C's fmod on floats (frem, exact) and truncating on integers
                  "fmod": "{a} % {b}",
+                 "idiv": "{a} // {b}",  # Triton's // truncates integers toward 0, as C's division
                  "lt": "{a} < {b}", "le": "{a} <= {b}", "gt": "{a} > {b}", "ge": "{a} >= {b}", "eq": "{a} == {b}",
                  "ne": "{a} != {b}"}, "binary", "compare", where="codegen")
 

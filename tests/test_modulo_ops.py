@@ -1,7 +1,8 @@
 """Remainders and rounding division (issue 12): fmod is an IR op (Triton's %, C's fmod on
 floats and truncating on integers), remainder and floor division are torch's own
-algorithms over it, so every result is exact, as eager computes it. A rounding division
-of bf16, f16 or integers runs eagerly with a warning that names it."""
+algorithms over it, so every result is exact, as eager computes it; an integer division
+is C's (idiv, Triton's //), floored where the signs differ. A rounding division of bf16
+or f16 runs eagerly with a warning that names it."""
 import warnings
 
 import pytest
@@ -40,10 +41,13 @@ PROGRAMS = {
     "remainder_of_a_scalar": lambda x, y: torch.remainder(x, 2.5) * y,
     "floor_divide": lambda x, y: x // y,
     "trunc_divide": lambda x, y: torch.div(x, y, rounding_mode="trunc"),
+    # a page index as a user computes it, over the whole int64 range
+    "page_of_a_scalar": lambda x, y: x // 64 + torch.div(x * 2**40, -y, rounding_mode="floor"),
 }
 CASES = [("fmod", torch.float32), ("fmod", torch.int32), ("percent", torch.float32), ("percent", torch.bfloat16),
          ("percent", torch.int32), ("remainder_of_a_scalar", torch.float32), ("floor_divide", torch.float32),
-         ("trunc_divide", torch.float32)]
+         ("trunc_divide", torch.float32), ("floor_divide", torch.int32), ("trunc_divide", torch.int32),
+         ("page_of_a_scalar", torch.int64)]
 
 
 @pytest.mark.parametrize("name,dtype", CASES)
@@ -55,7 +59,7 @@ def test_compiles_and_matches_eager_exactly(name, dtype):
     _same(got, PROGRAMS[name](x, y))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
 def test_a_rounding_division_it_cannot_match_runs_eagerly_and_says_so(dtype):
     x, y = _operands(dtype)
     with pytest.warns(UserWarning, match="floor_divide"):

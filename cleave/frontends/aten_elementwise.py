@@ -53,24 +53,32 @@ for _name in _BINARY:
 
 
 def _rounding_check(a, n):
-    """A rounding division compiles on f32 and f64 only. torch rounds each step of a bf16
-    or f16 one to that type, where the kernels compute in f32: a quotient a bit off
-    floors to another integer. Integers would go through f32 (exact below 2**24 only)."""
+    """A rounding division compiles on f32, f64 and integers (an integer division, idiv).
+    torch rounds each step of a bf16 or f16 one to that type, where the kernels compute in
+    f32: a quotient a bit off floors to another integer."""
     dtype = n.meta["val"].dtype
-    if a.get("rounding_mode") and dtype not in (torch.float32, torch.float64):
+    if a.get("rounding_mode") and dtype not in (torch.float32, torch.float64) and \
+            (dtype.is_floating_point or dtype == torch.bool):
         return f"rounding_mode={a['rounding_mode']!r} on {dtype} is not supported"
     return None
 
 
 @rule("div", check=_rounding_check)
 def _div(t, node, a):
-    """x / y, truncated or floored as torch does it on floats: a floor division is
+    """x / y, truncated or floored as torch does it. On floats a floor division is
     (x - fmod(x, y)) / y, one less where the remainder's sign differs from y's, rounded
-    to the nearest integer; a zero quotient keeps x / y's sign (torch's div_floor)."""
+    to the nearest integer; a zero quotient keeps x / y's sign (torch's div_floor). On
+    integers it is C's truncated division (idiv), one less where the remainder's sign
+    differs from y's: exact over the whole range, where f32 would round past 2**24."""
     mode, x, y = a.get("rounding_mode"), a["self"], a["other"]
     if mode is None:
         return binary(t, "div", x, y)
     x, y = _operands(t, x, y)
+    if not node.meta["val"].dtype.is_floating_point:  # integers: C's division, floored where signs differ
+        quotient = binary(t, "idiv", x, y)
+        if mode == "trunc":
+            return quotient
+        return t.add("where", _sign_differs(t, binary(t, "fmod", x, y), y), binary(t, "sub", quotient, 1), quotient)
     quotient = binary(t, "div", x, y)
     if mode == "trunc":
         return t.add("trunc", quotient)

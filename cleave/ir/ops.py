@@ -25,7 +25,8 @@ from .errors import ShapeError
 UNARY = ("exp", "exp2", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh",
          "square", "cos", "sin", "abs", "erf", "log1p", "expm1", "inf_to_zero",
          "floor", "ceil", "trunc", "round", "sign")
-BINARY = ("add", "sub", "mul", "div", "max", "min", "pow", "fmod")  # fmod: C's, exact (torch.fmod)
+BINARY = ("add", "sub", "mul", "div", "max", "min", "pow", "fmod",  # fmod: C's, exact (torch.fmod)
+          "idiv")  # integer division truncated toward 0 (C's; torch.div(rounding_mode="trunc"))
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 REDUCE_OPS = ("sum", "max", "min", "prod")  # the `op` attribute of `reduce`
 # log2(e) as the float the rules write and the kernels use: exp(x) = exp2(x * LOG2E).
@@ -125,7 +126,10 @@ def _infer_cast(x, *, dtype):
 
 def _make_binary(op):
     def infer(a, b):
-        return Result(broadcast_shapes(op, [a.shape, b.shape]), promote(a.dtype, b.dtype))
+        dtype = promote(a.dtype, b.dtype)
+        if op == "idiv" and (dtype.is_float or dtype == DType.bool):
+            _fail(op, f"divides integers, not {dtype}")
+        return Result(broadcast_shapes(op, [a.shape, b.shape]), dtype)
     return infer
 
 

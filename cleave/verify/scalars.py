@@ -230,6 +230,15 @@ class Algebra:
             return x - (math.floor(q) if q >= 0 else math.ceil(q)) * y
         return self.b.uf("fmod", self.lift(x), self.lift(y))
 
+    def idiv(self, x, y):
+        """trunc(x / y), exact on numbers; uninterpreted on symbols."""
+        if is_special(x) or is_special(y):
+            raise Unsupported("idiv of an infinity")
+        if is_num(x) and is_num(y) and y != 0:
+            q = Fraction(x) / Fraction(y)
+            return Fraction(math.floor(q) if q >= 0 else math.ceil(q))
+        return self.b.uf("idiv", self.lift(x), self.lift(y))
+
     def pow(self, x, y):
         if is_num(y) and Fraction(y).denominator == 1 and 0 <= y <= 8:
             out = Fraction(1)
