@@ -7,7 +7,7 @@ import cleave
 from cleave import workloads as W
 from cleave.ir import rebuild
 from cleave.ir.contracts import Candidate
-from cleave.runtime.operator import CompiledOperator
+from cleave.runtime.operator import RANKED_CANDIDATES, CompiledOperator
 
 
 def test_a_cheaper_later_candidate_serves_the_operator(tmp_path):
@@ -24,3 +24,12 @@ def test_a_cheaper_later_candidate_serves_the_operator(tmp_path):
     assert spec.candidate is rewritten
     (want,) = w.run_reference({k: v.double() for k, v in inputs.items()})
     torch.testing.assert_close(got[0].double(), want.double(), rtol=1e-3, atol=1e-3)
+
+
+def test_an_operator_keeping_one_plan_still_ranks_several_candidates(tmp_path):
+    """The number of plans kept (top_k) does not cap the candidates searched: with
+    `--top-k 2` the MLA decode's serving operator searched two and never saw its
+    FlashDecoding form, the third."""
+    w = W.get("mha")
+    op = CompiledOperator(w.graph, dynamic=set(), top_k=1, entry=tmp_path / "op")
+    assert len(op._candidates()) >= RANKED_CANDIDATES

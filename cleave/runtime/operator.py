@@ -331,7 +331,8 @@ class CompiledOperator:
     def _search(self) -> list[Candidate]:
         start = time.perf_counter()
         with passes.timed("search"):
-            result = search(self.graph, top_k=self.top_k, rules=self.rules)
+            # at least the candidates _build_spec ranks, whatever number of plans is kept
+            result = search(self.graph, top_k=max(self.top_k, RANKED_CANDIDATES), rules=self.rules)
         self.stats["searches"] += 1
         self.stats["search_seconds"] += time.perf_counter() - start
         self.search_stats = _jsonable(dict(getattr(result, "stats", {}) or {}))
