@@ -44,7 +44,9 @@ from .waves import waves
 
 # The search's first candidates that schedule, ranked against each other by their best
 # plan's cost: the search orders candidates by its own cost, blind to tiling (the MLA
-# decode's FlashDecoding form comes third, below forms that materialise the scores).
+# decode's FlashDecoding form comes third, below forms that materialise the scores). The
+# graph as written is scheduled only when none of them is: at a short first shape it
+# would outrank the split candidates a dynamic operator needs at long ones.
 RANKED_CANDIDATES = 3
 STAT_KEYS = ("calls", "searches", "compiles", "from_cache", "tunings", "search_seconds", "compile_seconds")
 
@@ -285,10 +287,13 @@ class CompiledOperator:
         return Spec(static, candidate, plans, A.load_tuning(self.entry, static), from_cache=True)
 
     def _build_spec(self, static, env) -> Spec:
-        candidates = then_as_written(self._candidates(), self.graph)
+        searched = self._candidates()
+        candidates = then_as_written(searched, self.graph)
         start = time.perf_counter()
         reasons, scheduled = [], []
         for index, cand in enumerate(candidates):
+            if scheduled and index >= len(searched):
+                break  # the graph as written is a fallback, not a rival: it never splits
             try:
                 with passes.timed("schedule"):
                     plans = schedule(cand, shapes=dict(env), dynamic=set(self.dynamic), top_k=self.top_k)
