@@ -10,12 +10,12 @@ random inputs at small odd shapes and is checked against eager PyTorch in fp64.
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
 
 import cleave
-from cleave.frontends import UnsupportedOpError
 from kernel_check import assert_loops_bounded_by, check_outputs, plan_sources
 
 PAGE = 3  # tokens per page: static, as in a serving engine
@@ -137,8 +137,12 @@ def csr_pages_by_division(kv_indices):
     return kv_indices[pos // PAGE] * PAGE + pos % PAGE
 
 
-def test_integer_division_of_positions_is_not_captured_yet():
-    """`pos // PAGE` has no IR op on integers (`pos % PAGE` has: fmod, tests/test_modulo_ops.py):
-    capture names the op and the line."""
-    with pytest.raises(UnsupportedOpError, match="floor_divide|div.Tensor_mode|remainder"):
-        cleave.capture(csr_pages_by_division, torch.arange(4, dtype=torch.int32))
+def test_integer_division_of_positions_compiles_exactly():
+    """`pos // PAGE` is idiv on integers, `pos % PAGE` fmod (tests/test_modulo_ops.py): a
+    token's page and slot as a user computes them, gathered through the page list, with
+    no fallback (it ran eagerly before idiv)."""
+    kv_indices = torch.tensor([5, 0, 3, 9, 2], dtype=torch.int32)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        got = cleave.compile(csr_pages_by_division, verbose=False)(kv_indices)
+    assert torch.equal(got, csr_pages_by_division(kv_indices))
