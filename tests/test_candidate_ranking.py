@@ -1,6 +1,7 @@
-"""The runtime ranks the search's first candidates by their scheduled cost
-(operator.RANKED_CANDIDATES), not only by the search's order: the search's cost is
-blind to tiling, and it put the MLA decode's FlashDecoding form third."""
+"""An operator asked to (`candidates=`, as `cleave trace build` asks for
+operator.RANKED_CANDIDATES) ranks the search's first candidates by their scheduled cost,
+not only by the search's order: the search's cost is blind to tiling, and it put the MLA
+decode's FlashDecoding form third."""
 import torch
 
 import cleave
@@ -16,7 +17,7 @@ def test_a_cheaper_later_candidate_serves_the_operator(tmp_path):
     cheaper, and its result matches fp64."""
     w = W.get("matmul_rowsum")
     rewritten = cleave.search(w.graph).candidates[0]
-    op = CompiledOperator(w.graph, dynamic=set(), entry=tmp_path / "op")
+    op = CompiledOperator(w.graph, dynamic=set(), entry=tmp_path / "op", candidates=2)
     op.candidates = [Candidate(rebuild(w.graph)), rewritten]
     inputs = w.inputs({"s": 300, "k": 256, "n": 512}, seed=1)
     got = op(inputs)
@@ -31,5 +32,5 @@ def test_an_operator_keeping_one_plan_still_ranks_several_candidates(tmp_path):
     `--top-k 2` the MLA decode's serving operator searched two and never saw its
     FlashDecoding form, the third."""
     w = W.get("mha")
-    op = CompiledOperator(w.graph, dynamic=set(), top_k=1, entry=tmp_path / "op")
+    op = CompiledOperator(w.graph, dynamic=set(), top_k=1, entry=tmp_path / "op", candidates=RANKED_CANDIDATES)
     assert len(op._candidates()) >= RANKED_CANDIDATES

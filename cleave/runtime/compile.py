@@ -20,11 +20,12 @@ from .graph_breaks import Launcher, exact_key, remember_fast
 
 
 class CompiledFunction:
-    def __init__(self, fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbose=None, rules=None):
+    def __init__(self, fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbose=None, rules=None,
+                 candidates: int = 1):
         self.fn = fn
         self.name = _function_name(fn)
         self.dynamic = dynamic
-        self.ctx = Context(device, top_k, artifact, verbose, rules)
+        self.ctx = Context(device, top_k, artifact, verbose, rules, candidates)
         self.calls = 0
         self._signature_of = _call_signature(fn)
         self._runners: dict[tuple, object] = {}
@@ -211,7 +212,7 @@ def _function_name(fn) -> str:
 
 
 def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbose=None,
-            rules=None) -> CompiledFunction:
+            rules=None, candidates: int = 1) -> CompiledFunction:
     """Wrap `fn` so that its first call compiles it with cleave and later calls reuse the result.
 
     `dynamic` names the axes that vary between calls, per argument name:
@@ -222,14 +223,18 @@ def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbos
     False hides them; None leaves it to the "cleave" logger's level (INFO shows them).
     `rules`: rule files (paths) to search with beside the library, as `cleave optimize
     --rules`: their rules are proven here, before anything runs (UnsoundRule names an
-    unsound one with its counterexample), and they are part of the operators' cache key."""
+    unsound one with its counterexample), and they are part of the operators' cache key.
+    `candidates`: how many of the search's first candidates each operator schedules and
+    ranks by the cost model (`cleave trace build` ranks 3; each costs a schedule)."""
     if dynamic is not None and dynamic != "all" and not isinstance(dynamic, dict):
         raise TypeError(f"dynamic must be None, 'all' or a dict of axes per argument, not {dynamic!r}")
     if not (isinstance(top_k, int) and top_k >= 1):
         raise ValueError(f"top_k must be an int >= 1, not {top_k!r}")
+    if not (isinstance(candidates, int) and candidates >= 1):
+        raise ValueError(f"candidates must be an int >= 1, not {candidates!r}")
     if verbose not in (None, True, False):
         raise TypeError(f"verbose must be None, True or False, not {verbose!r}")
-    return CompiledFunction(fn, dynamic, device, top_k, artifact, verbose, _proven_rules(rules))
+    return CompiledFunction(fn, dynamic, device, top_k, artifact, verbose, _proven_rules(rules), candidates)
 
 
 def _proven_rules(files) -> list | None:

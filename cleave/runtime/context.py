@@ -17,9 +17,10 @@ from .operator import STAT_KEYS, CompiledOperator
 
 class Context:
     def __init__(self, device: str | torch.device | None = None, top_k: int = 4, artifact=None, verbose=None,
-                 rules=None):
+                 rules=None, candidates: int = 1):
         self.device = torch.device(device) if device else None
         self.top_k = top_k
+        self.candidates = candidates  # candidates each operator ranks (operator.RANKED_CANDIDATES)
         self.verbose = verbose  # progress lines: True, False, or None (the "cleave" logger's level)
         self.artifact = artifact  # an artifact directory (cleave trace build) to load operators from
         self.rules = rules  # the rules to search with (None: the library)
@@ -33,7 +34,8 @@ class Context:
         self.pass_seconds: dict[str, float] = {}  # compile time per pass (cleave.passes)
 
     def operator(self, graph: Graph, dynamic: set[str], device: torch.device) -> CompiledOperator:
-        op = CompiledOperator(graph, dynamic, self.device or device, self.top_k, rules=self.rules)
+        op = CompiledOperator(graph, dynamic, self.device or device, self.top_k, rules=self.rules,
+                              candidates=self.candidates)
         if op.key not in self.operators and self.artifact is not None:
             op.entry = find_operator(self.artifact, op.fields)
         return self.operators.setdefault(op.key, op)

@@ -42,11 +42,13 @@ from .mix import compose, fastest_kernels, partition_key, picks_key
 from .profile import rank
 from .waves import waves
 
-# The search's first candidates that schedule, ranked against each other by their best
-# plan's cost: the search orders candidates by its own cost, blind to tiling (the MLA
-# decode's FlashDecoding form comes third, below forms that materialise the scores). The
-# graph as written is scheduled only when none of them is: at a short first shape it
-# would outrank the split candidates a dynamic operator needs at long ones.
+# How many of the search's first candidates that schedule an offline build (`cleave trace
+# build`) ranks against each other by their best plan's cost: the search orders
+# candidates by its own cost, blind to tiling (the MLA decode's FlashDecoding form comes
+# third, below forms that materialise the scores). Each costs a schedule (a third more
+# compile time over the test suite's layers), so a compile on first call ranks 1 unless
+# asked. The graph as written is scheduled only when none of them is: at a short first
+# shape it would outrank the split candidates a dynamic operator needs at long ones.
 RANKED_CANDIDATES = 3
 STAT_KEYS = ("calls", "searches", "compiles", "from_cache", "tunings", "search_seconds", "compile_seconds")
 
@@ -78,11 +80,12 @@ class Spec:
 
 class CompiledOperator:
     def __init__(self, graph: Graph, dynamic: set[str], device: str | torch.device = "cpu", top_k: int = 4,
-                 entry=None, rules=None):
+                 entry=None, rules=None, candidates: int = 1):
         self.graph = graph
         self.dynamic = set(dynamic) & {s.name for s in graph.symbols()}
         self.device = torch.device(device)
         self.top_k = top_k
+        self.ranked = candidates  # the first candidates that schedule, ranked by their plans' cost
         self.rules = rules  # None: the library (already keyed by cleave's source hash)
         self.fields = key_fields(graph.key(), self.dynamic, device_name(self.device),
                                  rule_digest(rules) if rules is not None else None)
@@ -304,7 +307,7 @@ class CompiledOperator:
                 reasons.append(f"candidate {index}: no plan")
                 continue
             scheduled.append((min(p.cost for p in plans), index, cand, plans))
-            if len(scheduled) == RANKED_CANDIDATES:
+            if len(scheduled) == self.ranked:
                 break
         if not scheduled:
             raise CleaveError(f"cannot schedule {self.graph.name}: " + "; ".join(reasons or ["no candidates"]))
@@ -337,7 +340,7 @@ class CompiledOperator:
         start = time.perf_counter()
         with passes.timed("search"):
             # at least the candidates _build_spec ranks, whatever number of plans is kept
-            result = search(self.graph, top_k=max(self.top_k, RANKED_CANDIDATES), rules=self.rules)
+            result = search(self.graph, top_k=max(self.top_k, self.ranked), rules=self.rules)
         self.stats["searches"] += 1
         self.stats["search_seconds"] += time.perf_counter() - start
         self.search_stats = _jsonable(dict(getattr(result, "stats", {}) or {}))

@@ -24,6 +24,7 @@ import torch
 from ..interpreter import TORCH_DTYPES
 from ..ir import CleaveError
 from ..ir.dtypes import dtype as ir_dtype
+from .operator import RANKED_CANDIDATES
 from .traces import axis_values, load_trace, reference_fn
 
 
@@ -199,7 +200,7 @@ def build(path, out, scale: float = 1.0, const: dict[str, int] | None = None, to
 
     definition, lines, workload = _setup(path, const)
     compiled = cleave_compile(workload.reference, dynamic=workload.dynamic, device="cpu", top_k=top_k,
-                              artifact=Path(out))
+                              artifact=Path(out), candidates=RANKED_CANDIDATES)  # offline: rank the candidates
     ops = set()
     for line in _captured_first(lines, scale):
         ops.add(compiled.prepare(*_meta_args(definition, line, scale, const)))
