@@ -278,7 +278,8 @@ def loop_record(em, x: int, segs: list[Segment]) -> dict:
     """The loop over label x as plain data (a Kernel's `loops`): its extent, first start and
     last stop (code), the graph inputs each side's bound is loaded from, the share of the
     extent's tiles a program is expected to run (what the cost model counts), whether it
-    runs a relative split chunk (Window), and how its trip count moves with each grid tile id its bounds read (tile_order.py)."""
+    runs a relative split chunk (Window), and how its trip count moves with each grid
+    tile id its bounds read (tile_order.py)."""
     defs = [d for seg in segs for d in seg.defs]
     return {"label": f"X{x}", "extent": render(em.labels[x].extent), "lo": render(segs[0].lo),
             "hi": render(segs[-1].hi),
