@@ -7,11 +7,10 @@ import torch
 
 import cleave
 from cleave import workloads as W
-from cleave.frontends.capture import capture
 from cleave.interpreter import interpret
 from cleave.runtime.launch import launch
-from cleave.workloads.paged import gqa_paged_decode
 from kernel_check import check_outputs
+from paged_decode_case import paged_decode_case
 
 
 def _split(plan) -> int:
@@ -40,21 +39,8 @@ def test_relative_chunks_match_fp64_with_long_short_and_empty_requests():
     """A request longer than a loop tile split over the chunks, short and empty ones, row
     tiles of several requests (their union split) and of one (replicated rows), scattered
     pages and poisoned outputs: every split plan against the fp64 interpreter."""
-    gen = torch.Generator().manual_seed(5)
-    lens = [70, 0, 33, 1, 9]
-    pool = 131
-    pages = torch.randperm(pool, generator=gen)[:sum(lens)].to(torch.int32)
-    indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
-    q = torch.randn(len(lens), 8, 16, generator=gen).to(torch.bfloat16)
-    k_cache, v_cache = (torch.randn(pool, 1, 2, 16, generator=gen).to(torch.bfloat16) for _ in range(2))
-    inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "kv_indptr": indptr, "kv_indices": pages,
-              "sm_scale": torch.tensor(0.25)}
-    graph = capture(gqa_paged_decode, *inputs.values(), dynamic={
-        "q": {0: "b"}, "k_cache": {0: "pages"}, "v_cache": {0: "pages"}, "kv_indptr": {0: "b1"},
-        "kv_indices": {0: "nnz"}})
-    cand = cleave.search(graph).candidates[0]
-    env = graph.bind({k: tuple(v.shape) for k, v in inputs.items()})
-    plans = cleave.schedule(cand, env, dynamic={"b", "pages", "b1", "nnz"} & set(env), top_k=2)
+    graph, inputs, env, dynamic, cand = paged_decode_case([70, 0, 33, 1, 9], pool=131, heads=8, seed=5)
+    plans = cleave.schedule(cand, env, dynamic=dynamic, top_k=2)
     ref = interpret(graph, inputs, compute_dtype=torch.float64)
     ran = set()
     for p in plans:

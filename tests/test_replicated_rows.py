@@ -9,11 +9,10 @@ import torch
 
 import cleave
 from cleave import workloads as W
-from cleave.frontends.capture import capture
 from cleave.interpreter import interpret
 from cleave.runtime.launch import launch
-from cleave.workloads.paged import gqa_paged_decode
 from kernel_check import check_outputs
+from paged_decode_case import paged_decode_case
 
 NAME = "gqa_paged_decode_h32_kv8_d128_ps1"
 
@@ -40,22 +39,9 @@ def test_a_large_decode_step_tiles_one_request_per_program():
 def test_three_heads_per_kv_head_replicate_over_sixteen_lanes():
     """g = 3 does not divide 16: lanes hold rows 0, 1, 2, 0, 1, 2, ... of one request.
     Random scattered pages, a request without any, odd batch and pool sizes."""
-    gen = torch.Generator().manual_seed(3)
     lens = [5, 0, 9, 1, 7]
-    pool = 31
-    pages = torch.randperm(pool, generator=gen)[:sum(lens)].to(torch.int32)
-    indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
-    q = torch.randn(len(lens), 6, 16, generator=gen).to(torch.bfloat16)
-    k_cache, v_cache = (torch.randn(pool, 1, 2, 16, generator=gen).to(torch.bfloat16) for _ in range(2))
-    scale = torch.tensor(0.25)
-    inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "kv_indptr": indptr, "kv_indices": pages,
-              "sm_scale": scale}
-    graph = capture(gqa_paged_decode, *inputs.values(), dynamic={
-        "q": {0: "b"}, "k_cache": {0: "pages"}, "v_cache": {0: "pages"}, "kv_indptr": {0: "b1"},
-        "kv_indices": {0: "nnz"}})
-    cand = cleave.search(graph).candidates[0]
-    env = graph.bind({k: tuple(v.shape) for k, v in inputs.items()})
-    plans = cleave.schedule(cand, env, dynamic={"b", "pages", "b1", "nnz"} & set(env), top_k=4)
+    graph, inputs, env, dynamic, cand = paged_decode_case(lens, pool=31, heads=6, seed=3)
+    plans = cleave.schedule(cand, env, dynamic=dynamic, top_k=4)
     replicated = [p for p in plans if any(k.endswith(".rows") for k in p.tiles)]
     assert replicated, [p.tiles for p in plans]
     ref = interpret(graph, inputs, compute_dtype=torch.float64)
