@@ -113,6 +113,7 @@ class Val:
     ty: str
     zero: bool = False  # a masked load: exactly 0 outside the valid indices
     trans: str | None = None  # the same 2-D tile in the other order (a TMA load's memory order)
+    read: "Val | None" = None  # a masked index load: the lanes that read the tensor (bool tile)
 
 
 @dataclass
@@ -450,8 +451,20 @@ class Emitter:
             v = self.valid(lid, dims)
             if v:
                 mask[v] = {lid}
+        # A lane whose index load was masked holds a stand-in index (0): what it gathers
+        # is masked too, so that such lanes read 0 like any other masked lane (a split's
+        # zero pad over a gathered operand relies on it: `_loaded`).
+        for e in inst.view:
+            for f in gathers(e):
+                read = self.ensure(b, self.views.gathers[f]).read
+                if read is not None:
+                    mask[self.align(read, dims)] = set(read.dims)
         ptr = f"{buffer_name(self.views.graph, node)}_ptr"
         addr = ptr + (" + " + " + ".join(terms) if terms else "")
+        read = None
+        if mask and not node.dtype.is_float:  # an index tile: its mask is kept for the loads it addresses
+            read = self.var(b, self.mask(mask, dims)[len(", mask="):], dims, "tl.int1")
+            mask = {read.name: set(dims)}
         m = f"{self.mask(mask, dims)}, other=0" if mask else ""
         elems = _prod([self.t.block[d] for d in dims])
         ty = self.buffer_dtype(node)
@@ -478,7 +491,7 @@ class Emitter:
             if not b.chain:  # held in registers, as `var` counts a pointer load outside loops
                 self.stats.tile_elems = max(self.stats.tile_elems, elems)
             out.trans = emit_tma(self, b, out.name, desc, tile, dims, f"tl.load({addr}{m})")
-        out.zero = True
+        out.zero, out.read = True, read
         return out
 
     def mask(self, terms: dict, dims) -> str:
@@ -923,7 +936,19 @@ def fact_table(facts) -> dict:
 
 
 def _loaded(inst) -> bool:
-    """Whether inst is a load, possibly behind casts: masked lanes hold exactly 0."""
-    while inst.op == "cast":
+    """Whether inst is a masked load, possibly behind casts, reshapes, permutes and
+    gathers through a loaded index: every lane whose index leaves the tensor holds 0.
+    A slice or a broadcast does not qualify (an index past a slice's stop may still lie
+    inside the tensor); a gathered lane is masked by its index load's mask (`load`)."""
+    while inst.op in ("cast", "reshape", "permute", "take", "gather"):
+        if inst.op in ("take", "gather") and not _direct_load(inst.inputs[1]):
+            return False
+        inst = inst.inputs[0]
+    return inst.op == "load"
+
+
+def _direct_load(inst) -> bool:
+    """A load seen through reshapes and permutes only: its Val carries the load's mask."""
+    while inst.op in ("reshape", "permute"):
         inst = inst.inputs[0]
     return inst.op == "load"
