@@ -85,7 +85,8 @@ UNARY = per_op({"exp": EXP, "exp2": "tl.exp2({x})", "log": "tl.log({x})", "sqrt"
                          "tl.where(tl.floor(tl.floor({x}) * 0.5) * 2.0 == tl.floor({x}), tl.floor({x}), "
                          "tl.where(tl.floor({x}) == -1.0, {x} * 0.0, tl.floor({x}) + 1.0))))",
                 # (0 < x) - (x < 0), as torch computes it: 0 for NaN and for either zero
-                "sign": "tl.where({x} > 0.0, 1.0, tl.where({x} < 0.0, -1.0, 0.0))"}, "unary", where="codegen")
+                "sign": "tl.where({x} > 0.0, 1.0, tl.where({x} < 0.0, -1.0, 0.0))",
+                "erfinv": "erfinv_f32({x})"}, "unary", where="codegen")
 # Unary ops torch computes in an integer dtype on integers (the rest make floats):
 # through f32 they would round past 2^24 and could not index (reflect padding's
 # `9 - |9 - |j - 2||` addressed a load with a float).
@@ -102,6 +103,8 @@ BINARY = per_op({"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "di
                  # Triton's % is C's fmod on floats (frem, exact) and truncating on integers
                  "fmod": "{a} % {b}",
                  "idiv": "{a} // {b}",  # Triton's // truncates integers toward 0, as C's division
+                 "atan2": "atan2_f32({a}, {b})", "hypot": "hypot_f32({a}, {b})",
+                 "copysign": "tl.where(negative({b}), -tl.abs({a}), tl.abs({a}))",
                  "lt": "{a} < {b}", "le": "{a} <= {b}", "gt": "{a} > {b}", "ge": "{a} >= {b}", "eq": "{a} == {b}",
                  "ne": "{a} != {b}"}, "binary", "compare", where="codegen")
 
@@ -799,7 +802,8 @@ class Emitter:
         src = ["import os", "", "import triton", "import triton.language as tl", "",
                "# Triton's CPU interpreter computes bf16 tl.dot wrongly; it gets fp32 operands there.",
                "DOT_BF16 = tl.constexpr(tl.float32 if os.environ.get(\"TRITON_INTERPRET\") == \"1\" else tl.bfloat16)",
-               ""] + ROUND_BF16 + ["", ""] + (FIRST_AT_LEAST + ["", ""] if self.searched else []) + comment + [
+               ""] + ROUND_BF16 + ["", ""] + (FIRST_AT_LEAST + ["", ""] if self.searched else []) + \
+            math_helpers("\n".join(top.lines)) + comment + [
             f"@triton.jit{dns}", f"def {name}({', '.join(params)}):"] + ["    " + ln for ln in top.lines]
         grid = " * ".join(grid_terms) or "1"
         return "\n".join(src) + "\n", bufs, [grid]
@@ -875,6 +879,88 @@ class Emitter:
             lanes = _prod([self.t.block[d] for d in dims])
             self.stats.masked_store_bytes = max(self.stats.masked_store_bytes, lanes * _ITEMSIZE[ty])
         b.lines.append(f"tl.store({addr}, {convert(value, ty)}{m})")
+
+
+# Math the CPU interpreter cannot take from libdevice, in f32 (each within a few ulp),
+# written into a kernel's module where its body calls it. NaN is propagated with
+# selects: tl.maximum/minimum drop it on the GPU.
+MATH = {
+    "negative": [  # the sign bit: true for -0.0 and a negative NaN too
+        "def negative(x):",
+        "    return x.to(tl.int32, bitcast=True) < 0",
+    ],
+    # atan(t), t = min(|x|, |y|) / max(|x|, |y|) in [0, 1], past tan(pi/8) as
+    # pi/4 + atan((t - 1) / (t + 1)); then mirrored into the operands' quadrant.
+    # Cephes' atanf polynomial on |u| <= tan(pi/8): about 1e-7 relative.
+    "atan2_f32": [
+        "def atan2_f32(y, x):",
+        "    ax = tl.abs(x)",
+        "    ay = tl.abs(y)",
+        "    hi = tl.maximum(ax, ay)",
+        "    lo = tl.minimum(ax, ay)",
+        "    t = tl.where(hi == 0.0, 0.0, tl.where(lo == float(\"inf\"), 1.0, lo / hi))",
+        "    big = t > 0.41421356237309503",
+        "    u = tl.where(big, (t - 1.0) / (t + 1.0), t)",
+        "    z = u * u",
+        "    p = (((0.0805374449538 * z - 0.138776856032) * z + 0.199777106478) * z - 0.333329491539) * z * u + u",
+        "    r = tl.where(big, 0.7853981633974483 + p, p)",
+        "    r = tl.where(ay > ax, 1.5707963267948966 - r, r)",
+        "    r = tl.where(negative(x), 3.141592653589793 - r, r)",
+        "    r = tl.where(negative(y), -r, r)",
+        "    return tl.where(x != x, x, tl.where(y != y, y, r))",
+    ],
+    # max * sqrt(1 + (min / max)^2): no overflow before the result's; inf beside a NaN (C's hypot)
+    "hypot_f32": [
+        "def hypot_f32(a, b):",
+        "    hi = tl.maximum(tl.abs(a), tl.abs(b))",
+        "    lo = tl.minimum(tl.abs(a), tl.abs(b))",
+        "    q = tl.where(hi == 0.0, 0.0, lo / hi)",
+        "    r = tl.where(a != a, a, tl.where(b != b, b, hi * tl.sqrt(1.0 + q * q)))",
+        "    r = tl.where(tl.abs(b) == float(\"inf\"), float(\"inf\"), r)",
+        "    return tl.where(tl.abs(a) == float(\"inf\"), float(\"inf\"), r)",
+    ],
+    # Giles' single-precision erfinv ("Approximating the erfinv function", 2010):
+    # w = -log(1 - x^2), one polynomial in w below 5 and one in sqrt(w) above;
+    # +-1 give +-inf, |x| > 1 NaN (the log of a negative).
+    "erfinv_f32": [
+        "def erfinv_f32(x):",
+        "    w = -tl.log((1.0 - x) * (1.0 + x))",
+        "    a = w - 2.5",
+        "    p = 2.81022636e-08",
+        "    p = 3.43273939e-07 + p * a",
+        "    p = -3.5233877e-06 + p * a",
+        "    p = -4.39150654e-06 + p * a",
+        "    p = 0.00021858087 + p * a",
+        "    p = -0.00125372503 + p * a",
+        "    p = -0.00417768164 + p * a",
+        "    p = 0.246640727 + p * a",
+        "    p = 1.50140941 + p * a",
+        "    c = tl.sqrt(w) - 3.0",
+        "    q = -0.000200214257",
+        "    q = 0.000100950558 + q * c",
+        "    q = 0.00134934322 + q * c",
+        "    q = -0.00367342844 + q * c",
+        "    q = 0.00573950773 + q * c",
+        "    q = -0.0076224613 + q * c",
+        "    q = 0.00943887047 + q * c",
+        "    q = 1.00167406 + q * c",
+        "    q = 2.83297682 + q * c",
+        "    r = tl.where(w < 5.0, p, q) * x",
+        "    return tl.where(tl.abs(x) == 1.0, x * float(\"inf\"), r)",
+    ],
+}
+
+
+def math_helpers(body: str) -> list[str]:
+    """The MATH functions `body` calls, directly or through another, callees first."""
+    used, text = [], body
+    for name in reversed(MATH):  # a helper only calls those defined before it
+        if f"{name}(" in text:
+            used.insert(0, name)
+            text += "\n".join(MATH[name])
+    return [line for name in used for line in ["@triton.jit", *MATH[name], "", ""]]
+
+
 
 
 # A cast to bf16 rounds to nearest even on the GPU; Triton's CPU interpreter truncates,

@@ -96,6 +96,31 @@ rule("floor_divide", check=lambda a, n: _rounding_check({"rounding_mode": "floor
     lambda t, n, a: _div(t, n, {**a, "rounding_mode": "floor"}))
 
 
+def _in_out_dtype(t, node, x):
+    """x cast to torch's result dtype (atan2 of integers computes in the default float)."""
+    dtype = t.out_dtype(node)
+    return x if x.dtype == dtype else t.add("cast", x, dtype=dtype)
+
+
+@rule("atan2", "arctan2", "prims.atan2", "hypot", "prims.hypot", "copysign.Tensor", "copysign.Scalar")
+def _float_binary(t, node, a):
+    op = node.target._schema.name.split("::")[-1].replace("arctan2", "atan2")
+    x, y = _operands(t, a["self"], a["other"])
+    return t.add(op, _in_out_dtype(t, node, x), _in_out_dtype(t, node, y))
+
+
+@rule("signbit", "prims.signbit")
+def _signbit(t, node, a):
+    """The sign bit, of -0.0 and a negative NaN too: copysign(1, x) < 0; x < 0 on integers."""
+    x = a["self"]
+    if not x.dtype.is_float:
+        return t.add("lt", x, t.lift(0, x))
+    return t.add("lt", t.add("copysign", t.lift(1.0, x), x), t.lift(0.0, x))
+
+
+rule("prims.erf_inv")(lambda t, node, a: t.add("erfinv", _in_out_dtype(t, node, a["self"])))
+
+
 @rule("fmod", "prims.fmod")
 def _fmod(t, node, a):
     return binary(t, "fmod", a["self"], a["other"])

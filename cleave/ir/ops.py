@@ -24,9 +24,10 @@ from .errors import ShapeError
 # The elementwise vocabulary, by kind; the structural ops are registered at the end.
 UNARY = ("exp", "exp2", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh",
          "square", "cos", "sin", "abs", "erf", "log1p", "expm1", "inf_to_zero",
-         "floor", "ceil", "trunc", "round", "sign")
+         "floor", "ceil", "trunc", "round", "sign", "erfinv")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow", "fmod",  # fmod: C's, exact (torch.fmod)
-          "idiv")  # integer division truncated toward 0 (C's; torch.div(rounding_mode="trunc"))
+          "idiv",  # integer division truncated toward 0 (C's; torch.div(rounding_mode="trunc"))
+          "atan2", "hypot", "copysign")  # torch's: atan2(y, x); copysign reads b's sign bit (-0.0, -NaN)
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 REDUCE_OPS = ("sum", "max", "min", "prod")  # the `op` attribute of `reduce`
 # log2(e) as the float the rules write and the kernels use: exp(x) = exp2(x * LOG2E).
@@ -129,6 +130,8 @@ def _make_binary(op):
         dtype = promote(a.dtype, b.dtype)
         if op == "idiv" and (dtype.is_float or dtype == DType.bool):
             _fail(op, f"divides integers, not {dtype}")
+        if op in ("atan2", "hypot", "copysign") and not dtype.is_float:
+            _fail(op, f"takes floating-point operands, not {dtype} (cast them first, as torch does)")
         return Result(broadcast_shapes(op, [a.shape, b.shape]), dtype)
     return infer
 

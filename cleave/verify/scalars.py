@@ -239,6 +239,21 @@ class Algebra:
             return Fraction(math.floor(q) if q >= 0 else math.ceil(q))
         return self.b.uf("idiv", self.lift(x), self.lift(y))
 
+    def atan2(self, x, y):
+        return self._transcendental("atan2", x, y)
+
+    def hypot(self, x, y):
+        return self._transcendental("hypot", x, y)
+
+    def copysign(self, x, y):
+        return self._transcendental("copysign", x, y)
+
+    def _transcendental(self, op, x, y):
+        """Uninterpreted: no rule rewrites these ops, so their values need only be equal."""
+        if is_special(x) or is_special(y):
+            raise Unsupported(f"{op} of an infinity")
+        return self.b.uf(op, self.lift(x), self.lift(y))
+
     def pow(self, x, y):
         if is_num(y) and Fraction(y).denominator == 1 and 0 <= y <= 8:
             out = Fraction(1)
