@@ -28,6 +28,11 @@ def _fmod(x, y):
     return torch.where(y == 0, 0, torch.fmod(x, torch.where(y == 0, 1, y)))
 
 
+def _wrapped(index: torch.Tensor, extent: int) -> torch.Tensor:
+    index = index.long()
+    return torch.where(index < 0, index + extent, index)
+
+
 def _idiv(x, y):
     """torch.div(x, y, rounding_mode="trunc") of integers, and 0 for a division by 0 (as _fmod)."""
     return torch.where(y == 0, 0, torch.div(x, torch.where(y == 0, 1, y), rounding_mode="trunc"))
@@ -137,10 +142,11 @@ def _eval(node: Node, args, inputs, env, float_type, device) -> torch.Tensor:
         for x in args[1:]:
             common = torch.promote_types(common, x.dtype)
         return torch.cat([x.to(common) for x in args], dim=a["axis"])
-    if op == "gather":
-        return torch.gather(args[0], a["axis"], args[1].long())
+    if op == "gather":  # a negative index counts from the end of the axis, as in x[index]
+        return torch.gather(args[0], a["axis"], _wrapped(args[1], args[0].shape[a["axis"]]))
     if op == "take":
-        x, index, axis = args[0], args[1].long(), a["axis"]
+        x, axis = args[0], a["axis"]
+        index = _wrapped(args[1], x.shape[axis])
         flat = torch.index_select(x, axis, index.reshape(-1))
         return flat.reshape(x.shape[:axis] + index.shape + x.shape[axis + 1:])
     if op == "topk":

@@ -258,8 +258,29 @@ class Emitter:
         names = self.names(dims)
         for e in exprs:
             for f in gathers(e):
-                names[f] = self.align(self.ensure(b, self.views.gathers[f]), dims)
+                names[f] = self.align(self.wrapped_index(b, f), dims)
         return names
+
+    def wrapped_index(self, b: Block, f) -> Val:
+        """The index tensor's value read through gathered application f, a negative index
+        counted from the end of the axis it indexes (torch's x[index]: -1 is the last)."""
+        inst = self.views.gathers[f]
+        index = self.ensure(b, inst)
+        home = b  # where the index's value is: the wrapped value goes beside it
+        while home.parent is not None and home.cache.get(id(inst)) is not index:
+            home = home.parent
+        key = ("wrapped", id(inst))
+        if key in home.cache:
+            return home.cache[key]
+        (extent, *others) = self.views.gather_extents[f]
+        if others:
+            raise ShapeError(f"scheduler: index tensor %{inst.node.id} indexes axes of different extents "
+                             f"({', '.join(sorted(D.fmt(x) for x in [extent, *others]))}): a negative index has no one meaning")
+        n = code(extent)
+        wrapped = self.var(home, f"tl.where({index.name} < 0, {index.name} + {n}, {index.name})", index.dims, index.ty)
+        wrapped.read = index.read
+        home.cache[key] = wrapped
+        return wrapped
 
     def valid(self, lid: int, dims) -> str | None:
         lab, b = self.labels[lid], self.t.block[lid]
@@ -475,7 +496,7 @@ class Emitter:
         # lanes read 0 like any other masked lane (`zero_padded_load`).
         for e in inst.view if id(inst) in self.masked_gathers else ():
             for f in gathers(e):
-                read = self.ensure(b, self.views.gathers[f]).read
+                read = self.wrapped_index(b, f).read
                 if read is not None:
                     mask[self.align(read, dims)] = set(read.dims)
         ptr = f"{buffer_name(self.views.graph, node)}_ptr"

@@ -68,6 +68,9 @@ class Views:
     memo: dict = field(default_factory=dict)
     roots: list = field(default_factory=list)  # (instance, store view over the stored node's dims)
     gathers: dict = field(default_factory=dict)  # gathered(index, view) -> the index's instance there
+    # gathered(index, view) -> the extents of the axes it indexes: a negative index counts
+    # from the end of that axis, as torch's x[index] does
+    gather_extents: dict = field(default_factory=dict)
     # most instances one kernel may derive: a node read under k maps is k instances, and
     # below a stack of layers that compounds (k^layers) before any cut is made
     budget: int | None = None
@@ -167,6 +170,7 @@ class Views:
             at = view[axis:axis + rank]
             idx = self.get(index, at)
             self.gathers[gathered(index, at)] = idx
+            self.gather_extents.setdefault(gathered(index, at), set()).add(x.shape[axis])
             inst = self.get(x, view[:axis] + (gathered(index, at),) + view[axis + rank:])
             return Instance(n, view, [inst, idx], inst.labels | idx.labels)
         if op == "gather":  # torch.gather: the index has the result's shape
@@ -174,6 +178,7 @@ class Views:
             axis = n.attrs["axis"]
             idx = self.get(index, view)
             self.gathers[gathered(index, view)] = idx
+            self.gather_extents.setdefault(gathered(index, view), set()).add(x.shape[axis])
             inst = self.get(x, view[:axis] + (gathered(index, view),) + view[axis + 1:])
             return Instance(n, view, [inst, idx], inst.labels | idx.labels)
         if op == "split":

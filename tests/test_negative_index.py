@@ -1,0 +1,39 @@
+"""A negative index counts from the end of the axis it indexes, as torch's x[index]
+does: x[:, [-1, 0, -8]] reads the last, the first and (of 8) the first column. The
+kernels read such an index through a select before it addresses the load; the
+interpreter wraps it the same way. index_select and gather, which raise on a negative
+index in eager, read it the same way once compiled."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import warnings
+
+import pytest
+import torch
+
+import cleave
+
+
+def columns(x, index):
+    return x[:, index] * 2.0
+
+
+def rows_of_pages(cache, index):
+    return cache[index].sum(-1)
+
+
+@pytest.mark.parametrize("fn, shape, extent_axis", [(columns, (6, 8), 1), (rows_of_pages, (9, 4, 5), 0)])
+def test_negative_indices_count_from_the_end(fn, shape, extent_axis):
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(*shape, generator=gen)
+    n = shape[extent_axis]
+    index = torch.tensor([-1, 0, -n, 3, -2, n - 1])
+    f = cleave.compile(fn, verbose=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")  # an eager fallback warns
+        got = f(x, index)
+    assert f.stats["failed"] == 0 and f.stats["graph_breaks"] == 0, f.stats
+    torch.testing.assert_close(got, fn(x, index), rtol=1e-5, atol=1e-6)  # a sum's order may differ
+    index = torch.tensor([2, 1])  # the same operator, non-negative indices
+    torch.testing.assert_close(f(x, index), fn(x, index), rtol=1e-5, atol=1e-6)
