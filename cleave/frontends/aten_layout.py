@@ -210,19 +210,16 @@ def _embedding(t, node, a):
     return t.add("take", a["weight"], a["indices"], axis=0)
 
 
-def _static_dims(a, n):
-    x, dims = a.get("self", a.get("a")), a["dims"]
-    symbolic = [d % x.dim() for d in dims if not isinstance(x.shape[d % x.dim()], int)]
-    return f"flips dynamic axis {symbolic[0]}: its reversed index needs the extent as a value" if symbolic else None
-
-
-@rule("flip", "prims.rev", check=_static_dims)
+@rule("flip", "prims.rev")
 def _flip(t, node, a):
-    """Each axis read backwards: take(x, n - 1 - i) over an iota of its static extent n."""
+    """Each axis read backwards: take(x, n - 1 - i) over an iota of its extent n (a
+    dynamic extent as a `size` value, an integer there)."""
     x = a.get("self", a.get("a"))
     for d in sorted({d % x.rank for d in a["dims"]}):
-        n = int(x.shape[d])
-        back = t.add("sub", t.const(n - 1, "i64"), t.add("iota", shape=(n,), axis=0, dtype="i64"))
+        n = x.shape[d]
+        last = t.const(int(n) - 1, "i64") if n.is_number else \
+            t.add("sub", t.add("size", value=n, dtype="i64"), t.const(1, "i64"))
+        back = t.add("sub", last, t.add("iota", shape=(n,), axis=0, dtype="i64"))
         x = t.add("take", x, back, axis=d)
     return x
 

@@ -1,0 +1,27 @@
+"""torch.flip reads each axis backwards, take(x, n - 1 - iota(n)): over a static axis
+with n a constant, over a dynamic one with n an integer `size` value, so one compiled
+operator serves every extent (an empty one too)."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import warnings
+
+import torch
+
+import cleave
+
+
+def flipped(x):
+    return torch.flip(x, dims=[0, -1]) * 2.0
+
+
+def test_flip_over_a_dynamic_and_a_static_axis():
+    f = cleave.compile(flipped, dynamic={"x": {0: "n"}}, verbose=False)
+    gen = torch.Generator().manual_seed(3)
+    for n in (5, 9, 1, 0):
+        x = torch.randn(n, 7, generator=gen)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="cleave")  # an eager fallback warns
+            assert torch.equal(f(x), flipped(x)), n
+    assert f.stats["compiles"] + f.stats["from_cache"] == 1 and f.stats["graph_breaks"] == 0, f.stats
