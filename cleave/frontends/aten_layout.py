@@ -2,6 +2,8 @@
 cat/stack, gather/index_select/index/embedding, and the matmul family."""
 from __future__ import annotations
 
+import sympy
+
 from ..ir import dims as D
 from .aten_elementwise import binary
 from .aten_map import rule
@@ -167,22 +169,39 @@ def _constant_pad(t, node, a):
     """F.pad's constant mode: per axis from the last, a negative pad crops (a slice) and
     a positive one concatenates a block holding the value. Its wider decomposition
     writes into a new tensor (prims.copy_to), which AOTAutograd rejects."""
-    x, pads, value = a["self"], list(a["pad"]), a.get("value", 0)
+    x, value = a["self"], a.get("value", 0)
+    pads = [_signed(t, sympy.Integer(p) if isinstance(p, int) else D.dim(p)) for p in a["pad"]]
     for k in range(len(pads) // 2):
         axis = x.rank - 1 - k
-        before, after = pads[2 * k], pads[2 * k + 1]
-        if before < 0 or after < 0:
-            extent = x.shape[axis]
-            start = D.dim(-min(before, 0))
-            x = t.add("slice", x, axis=axis, start=start, stop=extent + min(after, 0), step=1)
-        def block(width):
-            shape = tuple(D.dim(width) if i == axis else d for i, d in enumerate(x.shape))
-            return t.add("broadcast", t.lift(value, x), shape=shape)
-
-        parts = ([block(before)] if before > 0 else []) + [x] + ([block(after)] if after > 0 else [])
+        (before, grow_before), (after, grow_after) = pads[2 * k], pads[2 * k + 1]
+        if not (grow_before and grow_after):  # a negative side crops
+            start = 0 if grow_before else -before
+            stop = x.shape[axis] + (0 if grow_after else after)
+            x = t.add("slice", x, axis=axis, start=D.dim(start), stop=stop, step=1)
+        # a dynamic width (up to a multiple: (-n) % 4) may be 0 on a call: its block is then empty
+        left = _pad_block(t, x, axis, before, value) if grow_before and not D.equal(before, 0) else None
+        right = _pad_block(t, x, axis, after, value) if grow_after and not D.equal(after, 0) else None
+        parts = [part for part in (left, x, right) if part is not None]
         if len(parts) > 1:
             x = t.add("concat", *parts, axis=axis)
     return x
+
+
+def _pad_block(t, x, axis, width, value):
+    """A block of x's shape, `width` wide along axis, holding value."""
+    shape = tuple(width if i == axis else d for i, d in enumerate(x.shape))
+    return t.add("broadcast", t.lift(value, x), shape=shape)
+
+
+def _signed(t, p):
+    """(p, True) for a pad that adds (p >= 0), (p, False) for one that crops; a dynamic
+    amount of unknown sign cannot be lowered."""
+    if p.is_nonnegative:
+        return p, True
+    if p.is_nonpositive:
+        return p, False
+    raise CaptureError(f"{t.op}: pad amount {D.fmt(p)} may be negative or positive" + (f" (at {t.loc})" if t.loc else "")
+                       + "; its sign decides between padding and cropping")
 
 
 @rule("stack")
