@@ -367,18 +367,19 @@ def test_a_first_call_with_an_empty_batch_compiles(ctx):
     assert ctx.stats()["failed"] == 0
 
 
-def test_flip_over_static_axes_compiles_and_a_dynamic_one_breaks_with_a_warning(ctx):
-    """flip (aten.flip, prims.rev) reads each axis through n - 1 - iota(n): exact, for an
-    axis of static extent. Over a dynamic axis the reversed index would need the extent
-    as a value: that flip runs eagerly, named in a warning."""
+def test_flip_over_static_and_dynamic_axes_compiles(ctx):
+    """flip (aten.flip, prims.rev) reads each axis through n - 1 - iota(n): exact, with n
+    a constant over a static axis and an integer size value over a dynamic one."""
     fn = lambda x, y: torch.tanh(x.flip(1)) + y.flip(0, -1) * 2  # noqa: E731
     g = torch.Generator().manual_seed(3)
     x, y = torch.randn(5, 7, generator=g), torch.randn(5, 7, generator=g)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="cleave")
         torch.testing.assert_close(torch.compile(fn, backend="cleave")(x, y), fn(x, y))
-    assert ctx.stats()["failed"] == 0
-    torch._dynamo.reset()
-    with pytest.warns(UserWarning, match="aten.flip"):
-        got = torch.compile(fn, backend="cleave", dynamic=True)(x, y)
-    torch.testing.assert_close(got, fn(x, y))
+        torch._dynamo.reset()
+        f = torch.compile(fn, backend="cleave", dynamic=True)
+        for rows in (5, 9):
+            x, y = torch.randn(rows, 7, generator=g), torch.randn(rows, 7, generator=g)
+            torch.testing.assert_close(f(x, y), fn(x, y))
+    st = ctx.stats()
+    assert st["failed"] == 0 and st["graph_breaks"] == 0, st
