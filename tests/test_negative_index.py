@@ -37,3 +37,11 @@ def test_negative_indices_count_from_the_end(fn, shape, extent_axis):
     torch.testing.assert_close(got, fn(x, index), rtol=1e-5, atol=1e-6)  # a sum's order may differ
     index = torch.tensor([2, 1])  # the same operator, non-negative indices
     torch.testing.assert_close(f(x, index), fn(x, index), rtol=1e-5, atol=1e-6)
+
+
+def test_one_index_into_two_extents_runs_eagerly_and_says_why():
+    f = cleave.compile(lambda a, b, i: a[i] + b[i] * 2, verbose=False)
+    a, b, i = torch.randn(10, 4), torch.randn(7, 4), torch.tensor([-1, 2, 0])
+    with pytest.warns(UserWarning, match="indexes axes of different extents"):
+        got = f(a, b, i)
+    assert torch.equal(got, a[i] + b[i] * 2)
