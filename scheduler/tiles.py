@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from cleave.ir import BindingError
 from cleave.ir import dims as D
 
 from .views import Instance, Label, Views
@@ -135,6 +136,11 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
             out[lab.id] = [("grid", b) for b in opts]
             continue
         loops = [("loop", b) for b in (32, 64, 128) if (b < full or dyn) and b >= floor] or [("loop", DOT_MIN)]
+        if lab.origin == "topk" and dyn:
+            # topk keeps the whole axis in one tile: a tile sized at this binding would
+            # drop the elements past it at a longer one
+            raise BindingError(f"scheduler: topk over an axis of dynamic extent {D.fmt(lab.extent)} "
+                               f"(it needs the whole axis in one tile)")
         if lab.origin == "topk" or (not dyn and full <= target.full_matmul):
             out[lab.id] = [("full", full)]
         elif not dyn and full <= target.full_reduce:  # a whole row, or a loop: the cost model picks

@@ -1,0 +1,48 @@
+"""topk (and argmax, topk with k = 1) keeps the whole reduced axis in one tile. Over an
+axis of dynamic extent that tile was sized at the binding the operator was scheduled
+for, and a longer axis lost its elements past it: a silent wrong answer. Such a region
+now runs eagerly with a warning that names topk; over a static axis it still compiles."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import warnings
+
+import pytest
+import torch
+
+import cleave
+
+
+def top2(x):
+    return torch.topk(x, 2, dim=-1).values * 2.0
+
+
+def first_max(x):
+    return torch.argmax(x, dim=0)
+
+
+@pytest.mark.parametrize("fn, axis", [(top2, 1), (first_max, 0)])
+def test_topk_over_a_dynamic_axis_runs_eagerly_and_exactly(fn, axis):
+    f = cleave.compile(fn, dynamic={"x": {axis: "n"}}, verbose=False)
+    gen = torch.Generator().manual_seed(5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (5, 40, 300):
+            shape = [3, 3]
+            shape[axis] = n
+            x = torch.randn(*shape, generator=gen)
+            assert torch.equal(f(x), fn(x)), n
+    said = [str(w.message) for w in caught if "cleave" in str(w.message)]
+    assert len(said) == 1 and "topk over an axis of dynamic extent n" in said[0], said
+
+
+def test_topk_over_a_static_axis_with_dynamic_rows_compiles():
+    f = cleave.compile(top2, dynamic={"x": {0: "n"}}, verbose=False)
+    gen = torch.Generator().manual_seed(6)
+    for n in (5, 17):
+        x = torch.randn(n, 37, generator=gen)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="cleave")  # an eager fallback warns
+            assert torch.equal(f(x), top2(x)), n
+    assert f.stats["compiles"] + f.stats["from_cache"] == 1 and f.stats["graph_breaks"] == 0, f.stats
