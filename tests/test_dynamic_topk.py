@@ -1,7 +1,9 @@
-"""topk (and argmax, topk with k = 1) keeps the whole reduced axis in one tile. Over an
-axis of dynamic extent that tile was sized at the binding the operator was scheduled
-for, and a longer axis lost its elements past it: a silent wrong answer. Such a region
-now runs eagerly with a warning that names topk; over a static axis it still compiles."""
+"""topk keeps the whole reduced axis in one tile. Over an axis of dynamic extent that
+tile was sized at the binding the operator was scheduled for, and a longer axis lost
+its elements past it: a silent wrong answer. Such a region now runs eagerly with a
+warning that names topk; over a static axis it still compiles. argmax and argmin (a
+top-1 before) are a min over the indices that hit the extreme, two reductions that
+tile in a loop: over a dynamic axis they compile, exact, NaN and ties as torch."""
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -18,11 +20,15 @@ def top2(x):
     return torch.topk(x, 2, dim=-1).values * 2.0
 
 
-def first_max(x):
-    return torch.argmax(x, dim=0)
+def top1(x):
+    return torch.topk(x, 1, dim=0).values
 
 
-@pytest.mark.parametrize("fn, axis", [(top2, 1), (first_max, 0)])
+def extremes(x):
+    return torch.argmax(x, dim=0), torch.argmin(x, dim=0), x.max(0).indices
+
+
+@pytest.mark.parametrize("fn, axis", [(top2, 1), (top1, 0)])
 def test_topk_over_a_dynamic_axis_runs_eagerly_and_exactly(fn, axis):
     f = cleave.compile(fn, dynamic={"x": {axis: "n"}}, verbose=False)
     gen = torch.Generator().manual_seed(5)
@@ -46,3 +52,17 @@ def test_topk_over_a_static_axis_with_dynamic_rows_compiles():
             warnings.filterwarnings("error", message="cleave")  # an eager fallback warns
             assert torch.equal(f(x), top2(x)), n
     assert f.stats["compiles"] + f.stats["from_cache"] == 1 and f.stats["graph_breaks"] == 0, f.stats
+
+
+def test_argmax_over_a_dynamic_axis_compiles_exactly():
+    f = cleave.compile(extremes, dynamic={"x": {0: "n"}}, verbose=False)
+    gen = torch.Generator().manual_seed(7)
+    for n in (5, 300, 1):
+        x = torch.randint(-3, 4, (n, 6), generator=gen).float()  # ties: the first index wins
+        x[n // 2, 1] = float("nan")  # a NaN wins, the first one
+        x[:, 2] = float("-inf")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="cleave")  # an eager fallback warns
+            for got, want in zip(f(x), extremes(x)):
+                assert torch.equal(got, want), n
+    assert f.stats["failed"] == 0 and f.stats["graph_breaks"] == 0, f.stats

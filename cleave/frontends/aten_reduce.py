@@ -9,6 +9,7 @@ import sympy
 import torch
 
 from ..interpreter import TORCH_DTYPES
+from ..ir import dims as D
 
 from .aten_map import rule
 
@@ -73,6 +74,24 @@ def _prod(t, node, a):
 
 rule("amax", "max.default")(_extreme("max"))
 rule("amin", "min.default")(_extreme("min"))
+
+
+def _prim_reduction(op):
+    """prims.sum/prod/amax/amin, what PyTorch's own decompositions leave (cumsum and
+    cumprod are a sum or product over a triangular mask): no keepdim, and the result in
+    `output_dtype` where one is given."""
+    def fn(t, node, a):
+        x = a["inp"]
+        out = reduce(t, x, op, axes(a.get("dims"), x.rank), False)
+        dtype = a.get("output_dtype")
+        return out if dtype is None else _cast_arg(t, out, dtype)
+    return fn
+
+
+rule("prims.sum")(_prim_reduction("sum"))
+rule("prims.prod", check=_float_result)(_prim_reduction("prod"))
+rule("prims.amax")(_prim_reduction("max"))
+rule("prims.amin")(_prim_reduction("min"))
 
 
 def variance(t, x, dims, correction, keepdim):
@@ -207,13 +226,66 @@ def _logsumexp(t, node, a):
 
 
 def _arg_extreme(t, x, axis: int, largest: bool, keepdim: bool):
-    """argmax/argmin as the index of a top-1 (torch picks the first of equal values;
-    topk picks any of them)."""
-    src = x if largest else t.add("neg", x)
-    index = t.add("topk", src, k=1, axis=axis, which="indices")
-    if keepdim:
-        return index
-    return t.add("reshape", index, shape=index.shape[:axis] + index.shape[axis + 1:])
+    """argmax/argmin: the first index holding the extreme, or the first NaN (torch's
+    choice), as a min over the indices that hit it. Two reductions, so a dynamic axis
+    tiles in a loop (a top-1 keeps the whole axis in one tile)."""
+    best = t.add("reduce", x, op="max" if largest else "min", axis=axis, keepdim=True)
+    hit = t.add("where", t.add("ne", x, x), t.const(True, "bool"), t.add("eq", x, best))
+    n = x.shape[axis]
+    past = t.const(int(n), "i64") if n.is_number else t.add("size", value=n, dtype="i64")
+    at = t.add("iota", shape=tuple(x.shape), axis=axis, dtype="i64")
+    return t.add("reduce", t.add("where", hit, at, past), op="min", axis=axis, keepdim=bool(keepdim))
+
+
+def _prefix(t, x, axis: int, fill):
+    """x over the triangle j <= i of its axis, `fill` elsewhere: [.., n_j, n_i, ..], the
+    form PyTorch's own cumsum decomposition takes. Its reduction over j is the prefix
+    reduction; the tiles past the diagonal are outside the loop's bounds, and a loop over
+    a dynamic axis serves every extent."""
+    n = x.shape[axis]
+    before = t.add("reshape", x, shape=x.shape[:axis + 1] + (D.dim(1),) + x.shape[axis + 1:])
+    upto = t.add("le", t.add("iota", shape=(n, n), axis=0, dtype="i64"), t.add("iota", shape=(n, n), axis=1, dtype="i64"))
+    upto = t.add("reshape", upto, shape=(n, n) + (D.dim(1),) * (x.rank - axis - 1))
+    return t.add("where", upto, before, t.lift(fill, x))
+
+
+def _lowest(x, largest: bool):
+    """The neutral element of a running max (min): -inf (inf), or the integer type's end."""
+    if x.dtype.is_float:
+        return float("-inf") if largest else float("inf")
+    info = torch.iinfo(TORCH_DTYPES[x.dtype])
+    return info.min if largest else info.max
+
+
+@rule("logcumsumexp")
+def _logcumsumexp(t, node, a):
+    x = a["self"]
+    axis = a["dim"] % x.rank
+    return log_sum_exp(t, _prefix(t, x, axis, float("-inf")), axis, keepdim=False, guard=True)
+
+
+def _running_extreme(largest: bool):
+    """cummax/cummin: the running extreme (NaN once one is seen), and the last index
+    holding it, or the last NaN, as torch's kernels choose (they update on >= / <=)."""
+    def fn(t, node, a):
+        x = a["self"]
+        axis = a["dim"] % x.rank
+        seen = _prefix(t, x, axis, _lowest(x, largest))
+        best = t.add("reduce", seen, op="max" if largest else "min", axis=axis, keepdim=True)
+        before = t.add("reshape", x, shape=x.shape[:axis + 1] + (D.dim(1),) + x.shape[axis + 1:])
+        hit = t.add("where", t.add("ne", before, before), t.const(True, "bool"), t.add("eq", seen, best))
+        at = t.add("iota", shape=tuple(seen.shape), axis=axis, dtype="i64")
+        # a j past i fills `seen` with the neutral element, which may equal the extreme:
+        # it is not a candidate (the upper triangle is outside the loop's bounds anyway)
+        upto = t.add("le", at, t.add("iota", shape=tuple(seen.shape), axis=axis + 1, dtype="i64"))
+        last = t.add("where", t.add("where", upto, hit, t.const(False, "bool")), at, t.const(-1, "i64"))
+        values = t.add("reshape", best, shape=tuple(x.shape))
+        return values, t.add("reduce", last, op="max", axis=axis, keepdim=False)
+    return fn
+
+
+rule("cummax")(_running_extreme(True))
+rule("cummin")(_running_extreme(False))
 
 
 def _extreme_dim(op):

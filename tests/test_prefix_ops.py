@@ -1,0 +1,60 @@
+"""Prefix reductions compile: cumsum and cumprod through PyTorch's own decomposition (a
+prims.sum or prims.prod over the triangle j <= i), logcumsumexp, cummax and cummin as
+cleave's rules over the same triangle. The loop over j stops at each row tile's diagonal,
+so one operator serves every extent of a dynamic axis. They ran eagerly before."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import warnings
+
+import pytest
+import torch
+
+import cleave
+
+
+def _special(x):
+    """NaN, infinities and ties where there is room for them."""
+    if x.shape[1] > 8:
+        x[1, 3] = float("nan")
+        x[2, 5:] = float("-inf")
+        x[0, 4] = float("inf")
+        x[3, 2] = x[3, 7] = 5.0
+    return x
+
+
+PROGRAMS = {
+    "cumsum": lambda x: torch.cumsum(x, dim=1) * 2.0,
+    "cumprod": lambda x: torch.cumprod(x.clamp(-1.5, 1.5), dim=1),
+    "logcumsumexp": lambda x: torch.logcumsumexp(x, dim=1),
+    "cummax": lambda x: torch.cummax(x, dim=1),
+    "cummin": lambda x: torch.cummin(x, dim=1),
+    "positions": lambda x: (x > 0).long().cumsum(-1) - 1,  # position ids from a mask
+    "cummax_int": lambda x: torch.cummax((x * 3).to(torch.int32), dim=1),
+    "cumsum_bf16": lambda x: torch.cumsum(x.to(torch.bfloat16), dim=1),
+}
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_prefix_reduction_over_a_dynamic_axis(name):
+    fn = PROGRAMS[name]
+    f = cleave.compile(fn, dynamic={"x": {1: "n"}}, verbose=False)
+    gen = torch.Generator().manual_seed(11)
+    for n in (13, 70):
+        x = _special(torch.randn(5, n, generator=gen))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="cleave")  # an eager fallback warns
+            got = f(x)
+        eager = fn(x)
+        want = fn(x.double()) if name in ("cumsum", "cumprod", "logcumsumexp") else eager
+        got, want, eager = (got, want, eager) if isinstance(got, tuple) else ((got,), (want,), (eager,))
+        for g, w, e in zip(got, want, eager):
+            assert g.shape == e.shape and g.dtype == e.dtype, (name, n)
+            if w.dtype.is_floating_point:
+                tol = 1e-2 if g.dtype == torch.bfloat16 else 1e-5
+                torch.testing.assert_close(g.double(), w.double(), rtol=tol, atol=tol, equal_nan=True)
+            else:
+                assert torch.equal(g, w), (name, n)
+    assert f.stats["graph_breaks"] == 0 and f.stats["failed"] == 0, f.stats
+    assert f.stats["compiles"] + f.stats["from_cache"] == 1, f.stats
