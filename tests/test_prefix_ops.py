@@ -1,4 +1,4 @@
-"""Prefix reductions compile: cumsum and cumprod through PyTorch's own decomposition (a
+"""Prefix reductions compile: cumsum and cumprod as PyTorch's own decomposition writes them (a
 prims.sum or prims.prod over the triangle j <= i), logcumsumexp, cummax and cummin as
 cleave's rules over the same triangle. The loop over j stops at each row tile's diagonal,
 so one operator serves every extent of a dynamic axis. They ran eagerly before."""
@@ -31,7 +31,7 @@ PROGRAMS = {
     "cummax": lambda x: torch.cummax(x, dim=1),
     "cummin": lambda x: torch.cummin(x, dim=1),
     "positions": lambda x: (x > 0).long().cumsum(-1) - 1,  # position ids from a mask
-    "cummax_int": lambda x: torch.cummax((x * 3).to(torch.int32), dim=1),
+    "cummax_int": lambda x: torch.cummax((x.nan_to_num(0.0, 9.0, -9.0) * 3).to(torch.int32), dim=1),
     "cumsum_bf16": lambda x: torch.cumsum(x.to(torch.bfloat16), dim=1),
 }
 
@@ -58,3 +58,17 @@ def test_prefix_reduction_over_a_dynamic_axis(name):
                 assert torch.equal(g, w), (name, n)
     assert f.stats["graph_breaks"] == 0 and f.stats["failed"] == 0, f.stats
     assert f.stats["compiles"] + f.stats["from_cache"] == 1, f.stats
+
+
+def test_cumsum_captures_as_a_reduction_over_the_triangle():
+    """cleave.capture (no decompositions) maps aten.cumsum itself: an int32 input sums in
+    int64, as torch's result; a 0-d input is its own prefix."""
+    from cleave.interpreter import interpret
+
+    g = cleave.capture(lambda x: torch.cumsum(x, dim=0), torch.zeros(6, 3, dtype=torch.int32))
+    assert [n.op for n in g.live_nodes()].count("reduce") == 1
+    x = torch.randint(-2**30, 2**30, (6, 3), dtype=torch.int32)
+    assert torch.equal(interpret(g, {"x": x})[0], torch.cumsum(x, dim=0))
+    f = cleave.compile(lambda x: torch.cumsum(x * 2, dim=0), verbose=False)
+    x = torch.randn(())
+    assert torch.equal(f(x), torch.cumsum(x * 2, dim=0))

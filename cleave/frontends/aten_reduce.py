@@ -257,6 +257,23 @@ def _lowest(x, largest: bool):
     return info.min if largest else info.max
 
 
+def _prefix_reduction(op, fill):
+    """cumsum/cumprod: the reduction over the triangle, in torch's result dtype (an integer
+    or bool input accumulates in int64), as PyTorch's decomposition writes it."""
+    def fn(t, node, a):
+        x, dtype = a["self"], node.meta["val"].dtype
+        x = x if TORCH_DTYPES[x.dtype] == dtype else _cast_arg(t, x, dtype)
+        if not x.rank:  # a 0-d tensor is its own prefix
+            return x
+        axis = a["dim"] % x.rank
+        return t.add("reduce", _prefix(t, x, axis, fill), op=op, axis=axis, keepdim=False)
+    return fn
+
+
+rule("cumsum")(_prefix_reduction("sum", 0))
+rule("cumprod", check=_float_result)(_prefix_reduction("prod", 1))
+
+
 @rule("logcumsumexp")
 def _logcumsumexp(t, node, a):
     x = a["self"]
