@@ -30,6 +30,9 @@ class Captured:
     state: dict[str, str] = field(default_factory=dict)
     # graph output -> the function input it is the new value of (an in-place op on it)
     writes: dict[str, str] = field(default_factory=dict)
+    # the user outputs eager returns as views of an input or parameter (`x.t()`, `x[0]`,
+    # `x` itself), named: a kernel's result would be a new tensor, not an alias
+    views: list[str] = field(default_factory=list)
 
 
 def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:
@@ -273,13 +276,39 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Captured:
             state[input_name] = key
         shape = tuple(t.size(d) for d in val.shape)
         t.set(node, graph.input(input_name, shape, ir_dtype(val.dtype, f"input {input_name!r}")))
-    writes = {}
+    writes, views = {}, []
     for node in ep.graph.nodes:
         if node.op == "call_function" and not aten_map.is_ignored(node):
             t.translate(node)
         elif node.op == "output":
             writes = _outputs(t, graph, node, ep.graph_signature, user_names)
-    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes)
+            views = _view_outputs(node, ep.graph_signature, graph.output_names)
+    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes, views)
+
+
+def _view_outputs(node, signature, names) -> list[str]:
+    """The user outputs that reach an input through ops returning an alias of their first
+    operand only (views, in-place ops): a placeholder, or an input's new value where an
+    in-place op changed it (`x.mul_(2); return x, x.t()`)."""
+    from torch.export.graph_signature import OutputKind
+
+    written = {raw for raw, spec in zip(node.args[0], signature.output_specs)
+               if spec.kind == OutputKind.USER_INPUT_MUTATION}
+
+    def aliases(raw) -> bool:
+        if raw in written:
+            return True
+        while isinstance(raw, torch.fx.Node) and raw.op == "call_function":
+            returns = raw.target._schema.returns if isinstance(raw.target, torch._ops.OpOverload) else ()
+            if not (returns and returns[0].alias_info is not None):
+                return False
+            raw = raw.args[0]
+            if raw in written:
+                return True
+        return isinstance(raw, torch.fx.Node) and raw.op == "placeholder"
+
+    return [name for name, raw, spec in zip(names, node.args[0], signature.output_specs)
+            if spec.kind == OutputKind.USER_OUTPUT and aliases(raw)]
 
 
 def state_input_name(key: str, taken: set[str]) -> str:

@@ -125,6 +125,12 @@ class CompiledFunction:
         except CaptureError as err:
             captured = None
             self.capture_error = str(err)
+        if captured is not None and captured.views:
+            # eager returns these outputs as views of an input (writing to one writes the
+            # input); dynamo's graphs, through AOTAutograd, regenerate them as views
+            self.capture_error = f"output(s) {', '.join(captured.views)} are views of an input"
+            self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
+            return None
         if captured is None:
             # Either fn is wrong for these inputs (a shape error), and eager raises its own
             # error here, or torch.export cannot take it whole: dynamo splits it into graphs
