@@ -21,11 +21,14 @@ def capture(fn, *example_inputs, dynamic=None, name=None):
     return _capture(fn, *example_inputs, dynamic=dynamic, name=name)
 
 
-def compile(fn, dynamic=None, device=None, top_k=4, verbose=None, rules=None):
-    """Compile `fn` once for every shape along its dynamic axes (see cleave.runtime.compile)."""
+def compile(fn, dynamic=None, device=None, top_k=4, verbose=None, rules=None, artifact=None):
+    """Compile `fn` once for every shape along its dynamic axes (see cleave.runtime.compile).
+    `artifact`: a directory its operators are written to (`compiled.prepare` on meta
+    tensors, where egglog and z3 are) and loaded from (on a GPU box with torch and triton)."""
     from .runtime.compile import compile as _compile
 
-    return _compile(fn, dynamic=dynamic, device=device, top_k=top_k, verbose=verbose, rules=rules)
+    return _compile(fn, dynamic=dynamic, device=device, top_k=top_k, verbose=verbose, rules=rules,
+                    artifact=artifact)
 
 
 def explain(compiled, *args, **kwargs):
