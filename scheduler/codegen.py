@@ -128,6 +128,15 @@ class Block:
     trips: float = 1.0  # iterations of this block per program
 
 
+def _computes_matmul(inst, seen=None) -> bool:
+    """Whether a tile instance is, or is computed from, a MatMul (a tl.dot)."""
+    seen = set() if seen is None else seen
+    if id(inst) in seen:
+        return False
+    seen.add(id(inst))
+    return inst.op == "matmul" or any(_computes_matmul(i, seen) for i in inst.inputs)
+
+
 class Emitter:
     def __init__(self, spec: KernelSpec, t: Tiling, facts: dict, env: dict, dynamic: set, target=None):
         self.spec, self.t, self.env, self.dynamic = spec, t, env, dynamic
@@ -713,6 +722,8 @@ class Emitter:
     def emit_loop(self, h: Block, loop: Loop):
         """Loop `loop` (decided by loops.py) rendered in block h, its accumulators cached there."""
         x = loop.label
+        dot_fed = [a.op == "matmul" or _computes_matmul(a.inputs[0]) for a in loop.accs]
+        self.stats.side_reduction |= any(dot_fed) and not all(dot_fed)
         accs = {}
         for a in loop.accs:
             dims = self.dims(a.labels)

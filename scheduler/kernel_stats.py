@@ -23,6 +23,9 @@ class Stats:
     epilogue_smem: int = 0  # scratch the epilogue needs beside the loop's stages (persistent kernels)
     masked_store_bytes: int = 0  # the largest tile stored under a mask
     tma_in_loop: bool = False  # a loop loads tiles through TMA descriptors
+    # a loop beside its tl.dot reduces a value no dot computed (RMSNorm's sum of squares of
+    # the x tile its MatMul reads): triton 3.6 miscompiles that pipelined at 8 warps
+    side_reduction: bool = False
     # share of the grid's programs that run their loop (the rest find their bounds empty:
     # a split chunk beside their requests' pages); the counts above average over all
     active: float = 1.0

@@ -44,18 +44,25 @@ class Kernel:
     # "trips": {grid label: how the trip count moves as its tile id grows}}. Plain data, read
     # by tests and `cleave explain`-style tools; launch does not need it.
     loops: list = field(default_factory=list)
+    # > 0: more warps than this only unpipelined (one stage), where triton miscompiles the
+    # pipelined loop (kernel_stats.Stats.side_reduction); the runtime's tuning keeps to it
+    max_pipelined_warps: int = 0
 
     def to_json(self) -> dict:
         return {"name": self.name, "source": self.source, "grid": list(self.grid), "args": list(self.args),
                 "num_warps": self.num_warps, "num_stages": self.num_stages,
                 "descriptors": [list(d) for d in self.descriptors], "programs_per_sm": self.programs_per_sm,
-                "loops": list(self.loops)}
+                "loops": list(self.loops), "max_pipelined_warps": self.max_pipelined_warps}
+
+    def launches(self, num_warps: int, num_stages: int) -> bool:
+        """Whether this launch configuration is one the kernel may run with."""
+        return not (self.max_pipelined_warps and num_warps > self.max_pipelined_warps and num_stages > 1)
 
     @classmethod
     def from_json(cls, d: dict) -> "Kernel":
         return cls(d["name"], d["source"], list(d["grid"]), list(d["args"]), d["num_warps"], d["num_stages"],
                    [list(x) for x in d.get("descriptors", [])], d.get("programs_per_sm", 0),
-                   loops=list(d.get("loops", [])))
+                   loops=list(d.get("loops", [])), max_pipelined_warps=d.get("max_pipelined_warps", 0))
 
 
 @dataclass

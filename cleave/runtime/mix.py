@@ -78,7 +78,7 @@ def launch_variants(kernel) -> list[tuple[int, int]]:
     found = [(w, kernel.num_stages) for w in WARPS if w != kernel.num_warps]
     if kernel.loops:
         found += [(kernel.num_warps, s) for s in (kernel.num_stages - 1, kernel.num_stages + 1) if 1 <= s <= MAX_STAGES]
-    return found
+    return [(w, s) for w, s in found if kernel.launches(w, s)]
 
 
 def compose(plans: list[Plan], picks: list[Pick]) -> Plan:
