@@ -16,6 +16,19 @@ from cleave.scheduler import H200
 LOOPS = dataclasses.replace(H200, full_reduce=16, full_matmul=16, hold_matmul=16)
 
 
+def assert_one_exact_compile(compiled, fn, calls):
+    """compiled(*args) equals eager fn(*args) exactly for every args in `calls`, none of
+    them through an eager fallback (which warns), and one compile served them all."""
+    import warnings
+
+    for args in calls:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="cleave")
+            assert torch.equal(compiled(*args), fn(*args)), [tuple(a.shape) for a in args]
+    stats = compiled.stats
+    assert stats["compiles"] + stats["from_cache"] == 1 and stats["graph_breaks"] == 0, stats
+
+
 def tolerance(dtype: torch.dtype) -> float:
     return 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5
 
