@@ -278,13 +278,10 @@ class Emitter:
         home = b  # where the index's value is: the wrapped value goes beside it
         while home.parent is not None and home.cache.get(id(inst)) is not index:
             home = home.parent
-        key = ("wrapped", id(inst))
+        extent = self.views.gather_extents[f]
+        key = ("wrapped", id(inst), str(extent))
         if key in home.cache:
             return home.cache[key]
-        (extent, *others) = self.views.gather_extents[f]
-        if others:
-            raise ShapeError(f"scheduler: index tensor %{inst.node.id} indexes axes of different extents "
-                             f"({', '.join(sorted(D.fmt(x) for x in [extent, *others]))}): a negative index has no one meaning")
         n = code(extent)
         wrapped = self.var(home, f"tl.where({index.name} < 0, {index.name} + {n}, {index.name})", index.dims, index.ty)
         wrapped.read = index.read

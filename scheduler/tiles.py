@@ -253,6 +253,6 @@ def remap(views: Views, alias: dict[int, int]) -> Views:
 
     new.roots = [go(r) for r in views.roots]
     new.gathers = {f.xreplace(subs): go(i) for f, i in views.gathers.items()}
-    for f, extents in views.gather_extents.items():
-        new.gather_extents.setdefault(f.xreplace(subs), set()).update(extents)
+    new.gather_extents = {f.xreplace(subs): extent for f, extent in views.gather_extents.items()}
+    new.index_extents = views.index_extents
     return new

@@ -68,9 +68,12 @@ class Views:
     memo: dict = field(default_factory=dict)
     roots: list = field(default_factory=list)  # (instance, store view over the stored node's dims)
     gathers: dict = field(default_factory=dict)  # gathered(index, view) -> the index's instance there
-    # gathered(index, view) -> the extents of the axes it indexes: a negative index counts
+    # gathered(index, view) -> the extent of the axis it indexes: a negative index counts
     # from the end of that axis, as torch's x[index] does
     gather_extents: dict = field(default_factory=dict)
+    # index node id -> the extents it indexes, in the order met: one application per extent
+    # (a[i] + b[i] over tables of 10 and 7 rows wraps -1 to 9 in one, 6 in the other)
+    index_extents: dict = field(default_factory=dict)
     # most instances one kernel may derive: a node read under k maps is k instances, and
     # below a stack of layers that compounds (k^layers) before any cut is made
     budget: int | None = None
@@ -88,6 +91,20 @@ class Views:
     def by_sym(self) -> dict:
         """symbol -> label."""
         return self._by_sym
+
+    def gathered_into(self, index: Node, view: tuple, extent, inst: Instance) -> sympy.Expr:
+        """index's value at view, as the index of an axis of `extent`: one application per
+        extent it indexes, so each wraps a negative entry into its own axis. Reads of one
+        extent share it (K and V pages through one page list)."""
+        extents = self.index_extents.setdefault(index.id, [])
+        k = next((i for i, e in enumerate(extents) if _eq(e, extent)), None)
+        if k is None:
+            k = len(extents)
+            extents.append(extent)
+        f = gathered(index, view, k)
+        self.gathers[f] = inst
+        self.gather_extents[f] = extent
+        return f
 
     def labels_of(self, exprs) -> frozenset:
         table = self.by_sym()
@@ -169,17 +186,15 @@ class Views:
             axis, rank = n.attrs["axis"], n.inputs[1].rank
             at = view[axis:axis + rank]
             idx = self.get(index, at)
-            self.gathers[gathered(index, at)] = idx
-            self.gather_extents.setdefault(gathered(index, at), set()).add(x.shape[axis])
-            inst = self.get(x, view[:axis] + (gathered(index, at),) + view[axis + rank:])
+            f = self.gathered_into(index, at, x.shape[axis], idx)
+            inst = self.get(x, view[:axis] + (f,) + view[axis + rank:])
             return Instance(n, view, [inst, idx], inst.labels | idx.labels)
         if op == "gather":  # torch.gather: the index has the result's shape
             x, index = n.inputs
             axis = n.attrs["axis"]
             idx = self.get(index, view)
-            self.gathers[gathered(index, view)] = idx
-            self.gather_extents.setdefault(gathered(index, view), set()).add(x.shape[axis])
-            inst = self.get(x, view[:axis] + (gathered(index, view),) + view[axis + 1:])
+            f = self.gathered_into(index, view, x.shape[axis], idx)
+            inst = self.get(x, view[:axis] + (f,) + view[axis + 1:])
             return Instance(n, view, [inst, idx], inst.labels | idx.labels)
         if op == "split":
             axis = n.attrs["axis"]
@@ -272,10 +287,12 @@ def merged_offset(offset, extents: dict):
 GATHER = "take_index_"
 
 
-def gathered(index: Node, view: tuple) -> sympy.Expr:
+def gathered(index: Node, view: tuple, extent_number: int = 0) -> sympy.Expr:
     """The value of node `index` at `view`, as an index expression: an application of a
-    function named after the node (its arguments are remapped with the labels)."""
-    return sympy.Function(f"{GATHER}{index.id}", integer=True)(*view)
+    function named after the node and which of the extents it indexes this is (its
+    arguments are remapped with the labels)."""
+    suffix = f"_{extent_number}" if extent_number else ""
+    return sympy.Function(f"{GATHER}{index.id}{suffix}", integer=True)(*view)
 
 
 def gathers(e) -> list:

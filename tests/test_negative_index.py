@@ -39,9 +39,14 @@ def test_negative_indices_count_from_the_end(fn, shape, extent_axis):
     torch.testing.assert_close(f(x, index), fn(x, index), rtol=1e-5, atol=1e-6)
 
 
-def test_one_index_into_two_extents_runs_eagerly_and_says_why():
-    f = cleave.compile(lambda a, b, i: a[i] + b[i] * 2, verbose=False)
-    a, b, i = torch.randn(10, 4), torch.randn(7, 4), torch.tensor([-1, 2, 0])
-    with pytest.warns(UserWarning, match="indexes axes of different extents"):
-        got = f(a, b, i)
-    assert torch.equal(got, a[i] + b[i] * 2)
+def test_one_index_into_two_extents_wraps_into_each():
+    """a[i] + b[i] over tables of 10 and 7 rows: -1 is row 9 of a and row 6 of b. Each
+    extent gets its own gathered application (it ran eagerly, session 11's limit)."""
+    fn = lambda a, b, i: a[i] + b[i] * 2  # noqa: E731
+    f = cleave.compile(fn, verbose=False)
+    a, b = torch.randn(10, 4), torch.randn(7, 4)
+    for i in (torch.tensor([-1, 2, 0, -7]), torch.tensor([6, -3, 1, 0])):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="cleave")  # an eager fallback warns
+            assert torch.equal(f(a, b, i), fn(a, b, i))
+    assert f.stats["failed"] == 0 and f.stats["compiles"] + f.stats["from_cache"] == 1, f.stats
