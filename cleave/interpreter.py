@@ -8,6 +8,8 @@ merely computes in a narrow type (a bf16 add) are exact in fp64.
 """
 from __future__ import annotations
 
+import math
+
 from typing import Mapping
 
 import torch
@@ -164,5 +166,8 @@ def _split(x: torch.Tensor, axis: int, count: int, pad) -> torch.Tensor:
     if missing:
         shape = list(x.shape)
         shape[axis] = missing
+        if not x.dtype.is_floating_point and math.isinf(pad):  # a max's or min's neutral element
+            info = torch.iinfo(x.dtype)
+            pad = info.min if pad < 0 else info.max
         x = torch.cat([x, torch.full(shape, pad, dtype=x.dtype, device=x.device)], dim=axis)
     return x.reshape(x.shape[:axis] + (count, inner) + x.shape[axis + 1:])

@@ -55,6 +55,14 @@ def float_literal(value) -> str:
 
 NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")', "prod": "1.0"}, "reduce",
                  where="codegen")
+_INT_RANGE = {DType.i32: (-2 ** 31, 2 ** 31 - 1), DType.i64: (-2 ** 63, 2 ** 63 - 1)}
+
+
+def int_neutral(op: str, dtype: DType) -> str:
+    """The neutral element of an integer reduction in its own type (an int64 max or sum
+    through f32 rounds past 2^24)."""
+    lo, hi = _INT_RANGE[dtype]
+    return {"sum": "0", "prod": "1", "max": str(lo), "min": str(hi)}[op]
 # max and min propagate NaN, as torch's do (Triton's default, like fmax, drops it; the
 # GPU's max.NaN is as fast).
 NAN_MAX, NAN_MIN = "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)", \
@@ -461,8 +469,13 @@ class Emitter:
                 # exactly where the merged index is in range (same tensor, same index).
                 # Re-masking would also round-trip the tile through fp32.
                 return args[0]
-            lit = float_literal(pad)
             at = code(merged, self.index_names(b, inst.view, dims))
+            if n.dtype.is_int:  # the pad is a reduction's neutral element: that integer's
+                ty = TL[n.dtype]
+                lo, hi = _INT_RANGE[n.dtype]
+                lit = str(lo if pad == float("-inf") else hi if pad == float("inf") else int(pad))
+                return self.var(b, f"tl.where({at} < {bound}, {self.align(args[0], dims)}.to({ty}), {lit})", dims, ty)
+            lit = float_literal(pad)
             return self.var(b, f"tl.where({at} < {bound}, {self.f32(args[0], dims)}, {lit})", dims, "tl.float32")
         if op == "reduce":
             return self.partial_reduce(b, inst, args[0])
@@ -562,15 +575,29 @@ class Emitter:
         return index_bounds(e, {sym: lab.extent for sym, lab in self.views.by_sym().items()
                                 if lab.id not in self.windows})  # a window's index leaves [0, extent)
 
-    def masked(self, v: Val, lid: int, neutral: str) -> str:
+    def masked(self, v: Val, lid: int, neutral: str, ty: str = "tl.float32") -> str:
+        """v with the lanes of label lid past its extent set to `neutral`, in `ty`."""
         valid = self.valid(lid, v.dims)
-        x = self.f32(v)
+        x = self.f32(v) if ty == "tl.float32" else (v.name if v.ty == ty else f"{v.name}.to({ty})")
         return f"tl.where({valid}, {x}, {neutral})" if valid else x
 
     def partial_reduce(self, b: Block, inst, x: Val) -> Val:
         """Reduce x over the instance's reduced label within one tile."""
         op, r = inst.node.attrs["op"], inst.reduced.id
         out = tuple(d for d in x.dims if d != r)
+        if inst.node.dtype.is_int:  # in its own integer type, exact
+            ty = TL[inst.node.dtype]
+            if r not in x.dims:
+                if op == "sum" and self.t.block[r] > 1:
+                    valid = self.valid(r, (r,))
+                    n = f"tl.sum(({valid}).to({ty}), axis=0)" if valid else str(self.t.block[r])
+                    return self.var(b, f"{self.masked(x, r, '0', ty)} * {n}", out, ty)
+                return x
+            masked = self.masked(x, r, int_neutral(op, inst.node.dtype), ty)
+            call = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}.get(op)
+            expr = f"{call}({masked}, axis={x.dims.index(r)})" if call else \
+                f"tl.reduce({masked}, {x.dims.index(r)}, mul)"
+            return self.var(b, expr, out, ty)
         if r not in x.dims:  # constant along r (or a single element)
             if op == "sum" and self.t.block[r] > 1:
                 return self.var(b, f"{self.f32(x)} * {self.count(r)}", out, "tl.float32")
@@ -582,8 +609,6 @@ class Emitter:
                 return self.var(b, f"tl.reduce({tile}, {dims.index(r)}, mul)", out, "tl.float32")
             return x
         expr = REDUCE_IN_TILE[op].format(x=self.masked(x, r, NEUTRAL[op]), axis=x.dims.index(r))
-        if not inst.node.dtype.is_float:  # a count (segment ids) indexes a load: back to its integer type
-            return self.var(b, f"{expr}.to({TL[inst.node.dtype]})", out, TL[inst.node.dtype])
         return self.var(b, expr, out, "tl.float32")
 
     def count(self, lid: int) -> str:
@@ -698,8 +723,11 @@ class Emitter:
             # where the k axis is a single index (argmax is topk with k = 1)
             kexpr = code(inst.view[node.attrs["axis"]], self.names(dims))
             pos = x.dims.index(r)
-            work = self.var(b, self.masked(x, r, 'float("-inf")'), x.dims, "tl.float32")
-            vals = self.var(b, f"tl.zeros({[self.t.block[d] for d in dims]}, tl.float32)", dims, "tl.float32")
+            dtype = node.inputs[0].dtype  # an integer topk compares in its own type (exact)
+            ty = TL[dtype] if dtype.is_int else "tl.float32"
+            lowest = int_neutral("max", dtype) if dtype.is_int else 'float("-inf")'
+            work = self.var(b, self.masked(x, r, lowest, ty), x.dims, ty)
+            vals = self.var(b, f"tl.zeros({[self.t.block[d] for d in dims]}, {ty})", dims, ty)
             idxs = self.var(b, f"tl.zeros({[self.t.block[d] for d in dims]}, tl.int64)", dims, "tl.int64")
             red = Val("", tuple(d for d in x.dims if d != r), "")
             ri, ki = self.idx(r, x.dims), kexpr
@@ -709,7 +737,7 @@ class Emitter:
                 f"    hit = tl.min(tl.where({work.name} == {self.align(Val('best', red.dims, ''), x.dims)}, {ri}, {self.t.block[r]}), axis={pos})",
                 f"    {vals.name} = tl.where({ki} == kk, {self.align(Val('best', red.dims, ''), dims)}, {vals.name})",
                 f"    {idxs.name} = tl.where({ki} == kk, {self.align(Val('hit', red.dims, ''), dims)}, {idxs.name})",
-                f"    {work.name} = tl.where({ri} == {self.align(Val('hit', red.dims, ''), x.dims)}, float(\"-inf\"), {work.name})",
+                f"    {work.name} = tl.where({ri} == {self.align(Val('hit', red.dims, ''), x.dims)}, {lowest}, {work.name})",
             ]
             b.cache[key] = (vals, idxs)
         vals, idxs = b.cache[key]
@@ -726,9 +754,14 @@ class Emitter:
             dims = self.dims(a.labels)
             kind = "sum" if a.op == "matmul" else a.node.attrs["op"]
             shape = [self.t.block[d] for d in dims]
-            # an integer sum (a segment id counted over a loop) stays an integer: it may index a load
-            ty = TL[a.node.dtype] if kind == "sum" and a.node.dtype.is_int else "tl.float32"
-            init = f"tl.zeros({{s}}, {ty})" if kind == "sum" else f"tl.full({{s}}, {NEUTRAL[kind]}, tl.float32)"
+            # an integer reduction stays in its integer type: exact (and a count of segment ids
+            # may index a load)
+            if a.node.dtype.is_int:
+                ty = TL[a.node.dtype]
+                init = f"tl.full({{s}}, {int_neutral(kind, a.node.dtype)}, {ty})"
+            else:
+                ty = "tl.float32"
+                init = f"tl.zeros({{s}}, {ty})" if kind == "sum" else f"tl.full({{s}}, {NEUTRAL[kind]}, tl.float32)"
             accs[id(a)] = self.var(h, init.format(s=shape), dims, ty, prefix="acc")
             self.stats.acc_elems += max(1, _prod(shape))
         bx = self.t.block[x]

@@ -39,9 +39,18 @@ def _cast_arg(t, x, dtype):
     return x if dtype is None else t.add("cast", x, dtype=str(dtype))
 
 
+def _widened(t, node, x):
+    """An integer or bool operand of a sum or product in torch's result type (int64): the
+    reduction then runs in it, as torch's does, and an int32 sum past 2^31 does not wrap."""
+    want = node.meta["val"].dtype
+    if x.dtype.is_float or want.is_floating_point or TORCH_DTYPES[x.dtype] == want:
+        return x
+    return _cast_arg(t, x, want)
+
+
 @rule("sum")
 def _sum(t, node, a):
-    x = _cast_arg(t, a["self"], a.get("dtype"))
+    x = _widened(t, node, _cast_arg(t, a["self"], a.get("dtype")))
     return reduce(t, x, "sum", axes(a.get("dim"), x.rank), a.get("keepdim", False))
 
 
@@ -81,7 +90,7 @@ def _prim_reduction(op):
     cumprod are a sum or product over a triangular mask): no keepdim, and the result in
     `output_dtype` where one is given."""
     def fn(t, node, a):
-        x = a["inp"]
+        x = _widened(t, node, a["inp"]) if op in ("sum", "prod") else a["inp"]
         out = reduce(t, x, op, axes(a.get("dims"), x.rank), False)
         dtype = a.get("output_dtype")
         return out if dtype is None else _cast_arg(t, out, dtype)
