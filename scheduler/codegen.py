@@ -58,11 +58,17 @@ NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")', "
 _INT_RANGE = {DType.i32: (-2 ** 31, 2 ** 31 - 1), DType.i64: (-2 ** 63, 2 ** 63 - 1)}
 
 
+def int_literal(value: int) -> str:
+    """An integer as kernel source: the type's minimum as (min + 1) - 1, since the literal
+    2**63 in -9223372036854775808 does not fit an int64."""
+    return f"({value + 1} - 1)" if value < 0 else str(value)
+
+
 def int_neutral(op: str, dtype: DType) -> str:
     """The neutral element of an integer reduction in its own type (an int64 max or sum
     through f32 rounds past 2^24)."""
     lo, hi = _INT_RANGE[dtype]
-    return {"sum": "0", "prod": "1", "max": str(lo), "min": str(hi)}[op]
+    return {"sum": "0", "prod": "1", "max": int_literal(lo), "min": str(hi)}[op]
 # max and min propagate NaN, as torch's do (Triton's default, like fmax, drops it; the
 # GPU's max.NaN is as fast).
 NAN_MAX, NAN_MIN = "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)", \
@@ -473,7 +479,7 @@ class Emitter:
             if n.dtype.is_int:  # the pad is a reduction's neutral element: that integer's
                 ty = TL[n.dtype]
                 lo, hi = _INT_RANGE[n.dtype]
-                lit = str(lo if pad == float("-inf") else hi if pad == float("inf") else int(pad))
+                lit = int_literal(lo if pad == float("-inf") else hi if pad == float("inf") else int(pad))
                 return self.var(b, f"tl.where({at} < {bound}, {self.align(args[0], dims)}.to({ty}), {lit})", dims, ty)
             lit = float_literal(pad)
             return self.var(b, f"tl.where({at} < {bound}, {self.f32(args[0], dims)}, {lit})", dims, "tl.float32")
