@@ -194,16 +194,19 @@ def safe_softmax(t, x, axis: int):
     return t.add("div", e, t.add("reduce", e, op="sum", axis=axis, keepdim=True))
 
 
-def log_sum_exp(t, x, axis: int, keepdim: bool, guard: bool):
-    """log(sum(exp(x - m))) + m. With `guard` an infinite max reads as 0, as torch's
-    logsumexp computes it: a row of -inf gives -inf (not -inf - -inf = NaN), a row
-    holding +inf gives +inf. log_softmax subtracts the max unguarded (NaN there)."""
+def log_sum_exp(t, x, axis, keepdim: bool, guard: bool):
+    """log(sum(exp(x - m))) + m over one axis or a list of them. With `guard` an infinite
+    max reads as 0, as torch's logsumexp computes it: a row of -inf gives -inf (not -inf -
+    -inf = NaN), a row holding +inf gives +inf. log_softmax subtracts the max unguarded
+    (NaN there)."""
+    dims = [axis] if isinstance(axis, int) else list(axis)
+
     def row_max(keep):
-        m = t.add("reduce", x, op="max", axis=axis, keepdim=keep)
+        m = reduce(t, x, "max", dims, keep)
         return t.add("inf_to_zero", m) if guard else m
 
     m = row_max(True)
-    total = t.add("reduce", t.add("exp", t.add("sub", x, m)), op="sum", axis=axis, keepdim=keepdim)
+    total = reduce(t, t.add("exp", t.add("sub", x, m)), "sum", dims, keepdim)
     return t.add("add", t.add("log", total), m if keepdim else row_max(False))
 
 
@@ -227,11 +230,10 @@ def _log_softmax(t, node, a):
     return t.add("sub", x, log_sum_exp(t, x, axis, keepdim=True, guard=False))
 
 
-@rule("logsumexp", check=lambda a, n: None if isinstance(a["dim"], int) or len(a["dim"]) == 1
-      else "only one axis is supported")
+@rule("logsumexp")
 def _logsumexp(t, node, a):
     x = a["self"]
-    return log_sum_exp(t, x, axes(a["dim"], x.rank)[0], a.get("keepdim", False), guard=True)
+    return log_sum_exp(t, x, axes(a["dim"], x.rank), a.get("keepdim", False), guard=True)
 
 
 def _arg_extreme(t, x, axis: int, largest: bool, keepdim: bool):
