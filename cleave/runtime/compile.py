@@ -74,8 +74,8 @@ class CompiledFunction:
         if runner is None:
             runner = self._build(args)
         if not isinstance(runner, Launcher):
-            raise CleaveError(f"{self.name} does not capture whole "
-                              f"({', '.join(self.ctx.stats()['unsupported']) or 'graph break'}): nothing to prepare")
+            why = self.capture_error or ", ".join(self.ctx.stats()["unsupported"]) or "graph break"
+            raise CleaveError(f"{self.name} does not capture whole ({why}): nothing to prepare")
         self._runners[sig] = runner
         runner.op.prepare({k: tuple(v.shape) for k, v in runner.inputs(args).items()})
         return runner.op
