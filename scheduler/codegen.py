@@ -69,6 +69,8 @@ def int_neutral(op: str, dtype: DType) -> str:
     through f32 rounds past 2^24)."""
     lo, hi = _INT_RANGE[dtype]
     return {"sum": "0", "prod": "1", "max": int_literal(lo), "min": str(hi)}[op]
+
+
 # max and min propagate NaN, as torch's do (Triton's default, like fmax, drops it; the
 # GPU's max.NaN is as fast).
 NAN_MAX, NAN_MIN = "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)", \
@@ -593,11 +595,11 @@ class Emitter:
         out = tuple(d for d in x.dims if d != r)
         if inst.node.dtype.is_int:  # in its own integer type, exact
             ty = TL[inst.node.dtype]
-            if r not in x.dims:
+            if r not in x.dims:  # constant along r: a sum is x times the valid lanes, max and min x
                 if op == "sum" and self.t.block[r] > 1:
                     valid = self.valid(r, (r,))
                     n = f"tl.sum(({valid}).to({ty}), axis=0)" if valid else str(self.t.block[r])
-                    return self.var(b, f"{self.masked(x, r, '0', ty)} * {n}", out, ty)
+                    return self.var(b, f"{x.name}.to({ty}) * {n}", out, ty)
                 return x
             masked = self.masked(x, r, int_neutral(op, inst.node.dtype), ty)
             call = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}.get(op)
