@@ -167,7 +167,6 @@ def _split(x: torch.Tensor, axis: int, count: int, pad) -> torch.Tensor:
         shape = list(x.shape)
         shape[axis] = missing
         if not x.dtype.is_floating_point and math.isinf(pad):  # a max's or min's neutral element
-            info = torch.iinfo(x.dtype)
-            pad = info.min if pad < 0 else info.max
+            pad = torch.iinfo(x.dtype).min if pad < 0 else torch.iinfo(x.dtype).max
         x = torch.cat([x, torch.full(shape, pad, dtype=x.dtype, device=x.device)], dim=axis)
     return x.reshape(x.shape[:axis] + (count, inner) + x.shape[axis + 1:])

@@ -55,9 +55,6 @@ def float_literal(value) -> str:
 
 NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")', "prod": "1.0"}, "reduce",
                  where="codegen")
-_INT_RANGE = {DType.i32: (-2 ** 31, 2 ** 31 - 1), DType.i64: (-2 ** 63, 2 ** 63 - 1)}
-
-
 def int_literal(value: int) -> str:
     """An integer as kernel source: the type's minimum as (min + 1) - 1, since the literal
     2**63 in -9223372036854775808 does not fit an int64."""
@@ -67,7 +64,7 @@ def int_literal(value: int) -> str:
 def int_neutral(op: str, dtype: DType) -> str:
     """The neutral element of an integer reduction in its own type (an int64 max or sum
     through f32 rounds past 2^24)."""
-    lo, hi = _INT_RANGE[dtype]
+    lo, hi = dtype.int_range
     return {"sum": "0", "prod": "1", "max": int_literal(lo), "min": str(hi)}[op]
 
 
@@ -144,13 +141,17 @@ class Block:
     trips: float = 1.0  # iterations of this block per program
 
 
-def _computes_matmul(inst, seen=None) -> bool:
+def _computes_matmul(inst) -> bool:
     """Whether a tile instance is, or is computed from, a MatMul (a tl.dot)."""
-    seen = set() if seen is None else seen
-    if id(inst) in seen:
-        return False
-    seen.add(id(inst))
-    return inst.op == "matmul" or any(_computes_matmul(i, seen) for i in inst.inputs)
+    stack, seen = [inst], set()
+    while stack:
+        i = stack.pop()
+        if i.op == "matmul":
+            return True
+        if id(i) not in seen:
+            seen.add(id(i))
+            stack += i.inputs
+    return False
 
 
 class Emitter:
@@ -480,7 +481,7 @@ class Emitter:
             at = code(merged, self.index_names(b, inst.view, dims))
             if n.dtype.is_int:  # the pad is a reduction's neutral element: that integer's
                 ty = TL[n.dtype]
-                lo, hi = _INT_RANGE[n.dtype]
+                lo, hi = n.dtype.int_range
                 lit = int_literal(lo if pad == float("-inf") else hi if pad == float("inf") else int(pad))
                 return self.var(b, f"tl.where({at} < {bound}, {self.align(args[0], dims)}.to({ty}), {lit})", dims, ty)
             lit = float_literal(pad)
@@ -594,6 +595,8 @@ class Emitter:
         op, r = inst.node.attrs["op"], inst.reduced.id
         out = tuple(d for d in x.dims if d != r)
         if inst.node.dtype.is_int:  # in its own integer type, exact
+            if op == "prod":  # the frontend refuses them (`aten_reduce._float_result`)
+                raise ShapeError(f"scheduler: reduce %{inst.node.id} multiplies integers, which kernels do not")
             ty = TL[inst.node.dtype]
             if r not in x.dims:  # constant along r: a sum is x times the valid lanes, max and min x
                 if op == "sum" and self.t.block[r] > 1:
@@ -602,10 +605,7 @@ class Emitter:
                     return self.var(b, f"{x.name}.to({ty}) * {n}", out, ty)
                 return x
             masked = self.masked(x, r, int_neutral(op, inst.node.dtype), ty)
-            call = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}.get(op)
-            expr = f"{call}({masked}, axis={x.dims.index(r)})" if call else \
-                f"tl.reduce({masked}, {x.dims.index(r)}, mul)"
-            return self.var(b, expr, out, ty)
+            return self.var(b, f"tl.{op}({masked}, axis={x.dims.index(r)})", out, ty)
         if r not in x.dims:  # constant along r (or a single element)
             if op == "sum" and self.t.block[r] > 1:
                 return self.var(b, f"{self.f32(x)} * {self.count(r)}", out, "tl.float32")

@@ -254,18 +254,22 @@ def _prefix(t, x, axis: int, fill):
     reduction; the tiles past the diagonal are outside the loop's bounds, and a loop over
     a dynamic axis serves every extent."""
     n = x.shape[axis]
-    before = t.add("reshape", x, shape=x.shape[:axis + 1] + (D.dim(1),) + x.shape[axis + 1:])
+    before = _as_j(t, x, axis)
     upto = t.add("le", t.add("iota", shape=(n, n), axis=0, dtype="i64"), t.add("iota", shape=(n, n), axis=1, dtype="i64"))
     upto = t.add("reshape", upto, shape=(n, n) + (D.dim(1),) * (x.rank - axis - 1))
     return t.add("where", upto, before, t.lift(fill, x))
+
+
+def _as_j(t, x, axis: int):
+    """x indexed by j: a unit axis after `axis`, where the triangle's i goes."""
+    return t.add("reshape", x, shape=x.shape[:axis + 1] + (D.dim(1),) + x.shape[axis + 1:])
 
 
 def _lowest(x, largest: bool):
     """The neutral element of a running max (min): -inf (inf), or the integer type's end."""
     if x.dtype.is_float:
         return float("-inf") if largest else float("inf")
-    info = torch.iinfo(TORCH_DTYPES[x.dtype])
-    return info.min if largest else info.max
+    return x.dtype.int_range[0 if largest else 1]
 
 
 def _prefix_reduction(op, fill):
@@ -300,7 +304,7 @@ def _running_extreme(largest: bool):
         axis = a["dim"] % x.rank
         seen = _prefix(t, x, axis, _lowest(x, largest))
         best = t.add("reduce", seen, op="max" if largest else "min", axis=axis, keepdim=True)
-        before = t.add("reshape", x, shape=x.shape[:axis + 1] + (D.dim(1),) + x.shape[axis + 1:])
+        before = _as_j(t, x, axis)
         hit = t.add("where", t.add("ne", before, before), t.const(True, "bool"), t.add("eq", seen, best))
         at = t.add("iota", shape=tuple(seen.shape), axis=axis, dtype="i64")
         # a j past i fills `seen` with the neutral element, which may equal the extreme:

@@ -296,16 +296,14 @@ def _view_outputs(node, signature, names) -> list[str]:
                if spec.kind == OutputKind.USER_INPUT_MUTATION}
 
     def aliases(raw) -> bool:
-        if raw in written:
-            return True
-        while isinstance(raw, torch.fx.Node) and raw.op == "call_function":
+        while isinstance(raw, torch.fx.Node):
+            if raw in written or raw.op == "placeholder":
+                return True
             returns = raw.target._schema.returns if isinstance(raw.target, torch._ops.OpOverload) else ()
             if not (returns and returns[0].alias_info is not None):
                 return False
             raw = raw.args[0]
-            if raw in written:
-                return True
-        return isinstance(raw, torch.fx.Node) and raw.op == "placeholder"
+        return False
 
     return [name for name, raw, spec in zip(names, node.args[0], signature.output_specs)
             if spec.kind == OutputKind.USER_OUTPUT and aliases(raw)]

@@ -42,6 +42,14 @@ class DType(enum.Enum):
         """Bytes per element."""
         return _TABLE[self].itemsize
 
+    @property
+    def int_range(self) -> tuple[int, int]:
+        """(min, max) of an integer type: the neutral elements of its max and min."""
+        if not self.is_int:
+            raise ValueError(f"{self} is not an integer type")
+        bits = 8 * self.itemsize
+        return -2 ** (bits - 1), 2 ** (bits - 1) - 1
+
 
 class _Row(NamedTuple):
     torch: str
