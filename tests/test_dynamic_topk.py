@@ -62,3 +62,15 @@ def test_argmax_over_a_dynamic_axis_compiles_exactly():
             for got, want in zip(f(x), extremes(x)):
                 assert torch.equal(got, want), n
     assert f.stats["failed"] == 0 and f.stats["graph_breaks"] == 0, f.stats
+
+
+def test_argmax_over_an_axis_empty_at_run_time_raises_eagers_error():
+    """Eager rejects argmax over nothing; the compiled operator's graph requires index 0
+    (a top-1's k <= n did before), so no plan serves n = 0 and eager's IndexError is raised,
+    not an index past the axis."""
+    f = cleave.compile(extremes, dynamic={"x": {0: "n"}}, verbose=False)
+    f(torch.randn(5, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback says why it runs eagerly
+        with pytest.raises(IndexError, match="non-zero size"):
+            f(torch.randn(0, 6))

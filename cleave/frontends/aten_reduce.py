@@ -243,8 +243,12 @@ def _arg_extreme(t, x, axis: int, largest: bool, keepdim: bool):
     best = t.add("reduce", x, op="max" if largest else "min", axis=axis, keepdim=True)
     hit = t.add("where", t.add("ne", x, x), t.const(True, "bool"), t.add("eq", x, best))
     n = x.shape[axis]
-    past = t.const(int(n), "i64") if n.is_number else t.add("size", value=n, dtype="i64")
     at = t.add("iota", shape=tuple(x.shape), axis=axis, dtype="i64")
+    # no hit reads n, one past the end: as index 0 + n, so that the graph requires index 0
+    # (the slice's constraint 1 <= n): over an axis empty at run time no plan serves and
+    # eager raises its IndexError, as a top-1's k <= n did
+    first = t.add("slice", at, axis=axis, start=D.dim(0), stop=D.dim(1), step=1)
+    past = t.add("add", first, t.const(int(n), "i64") if n.is_number else t.add("size", value=n, dtype="i64"))
     return t.add("reduce", t.add("where", hit, at, past), op="min", axis=axis, keepdim=bool(keepdim))
 
 
