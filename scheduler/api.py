@@ -10,6 +10,7 @@ from cleave.ir import dims as D
 from cleave.ir.graph import rebuild
 
 from .codegen import Emitter, fact_table
+from .combine import fuse_combines
 from .cost import kernel_time, resident_programs
 from .exprs import code, evaluate
 from .partition import KernelSpec, Store, partition, stored_dtype
@@ -38,7 +39,7 @@ def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
     with passes.timed("codegen"):
         em = Emitter(spec, t, facts, env, dynamic, target=target)
         source, bufs, grid = em.program(spec.name, symbols, dynamic)
-    return em.stats, evaluate(grid[0], env), source, bufs, grid, em.descriptor_args(), em.persistent
+    return spec, em.stats, evaluate(grid[0], env), source, bufs, grid, em.descriptor_args(), em.persistent
 
 
 def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
@@ -46,8 +47,8 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
     errors = []
     for t in enumerate_tilings(spec.views, spec.root_labels, env, dynamic, target):
         try:
-            stats, programs, source, bufs, grid, descs, persistent = _compile(spec, t, facts, env, dynamic, symbols,
-                                                                              target)
+            emitted, stats, programs, source, bufs, grid, descs, persistent = _compile(spec, t, facts, env, dynamic,
+                                                                                       symbols, target)
         except (BindingError, ValueError) as err:
             errors.append(str(err))
             continue
@@ -64,7 +65,7 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
                 kernel = Kernel(spec.name, source, grid, args, warps, stages, descs, per_sm, loops=stats.loops,
                                 max_pipelined_warps=limit)
                 if kernel.launches(warps, stages):
-                    found.append((seconds, kernel, tiles))
+                    found.append((seconds, kernel, tiles, (emitted, t)))
     if not found:
         raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
                            + (f" ({errors[0]})" if errors else ""))
@@ -78,7 +79,9 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
         tiers[0 if tiling not in seen[0] else 1 if warps not in seen[1] else 2].append(f)
         seen[0].add(tiling)
         seen[1].add(warps)
-    return (tiers[0] + tiers[1] + tiers[2])[:keep]
+    # All are returned: plans take the first `keep`, a combine run by its partial kernel
+    # the first whose tiles fit the partial's (combine.py)
+    return tiers[0] + tiers[1] + tiers[2]
 
 
 # Split counts kept for a split over a dynamic extent: the plans must serve every
@@ -321,17 +324,21 @@ def _schedule_at(graph, facts, env, dynamic, symbols, target, top_k, split=None)
     kernels = partition(graph, env, lambda s: _kernel_options(s, facts, env, dynamic, symbols, target, top_k),
                         long_extent=target.full_matmul, dynamic=dynamic, target=target,
                         hold_extent=target.hold_matmul)
-    specs, per_kernel = [s for s, _ in kernels], [options for _, options in kernels]
+    specs, every = [s for s, _ in kernels], [options for _, options in kernels]
+    per_kernel = [options[:top_k] for options in every]
     plans = []
     for rank in range(top_k):
         chosen = [opts[min(rank, len(opts) - 1)] for opts in per_kernel]
         if rank and all(len(o) <= rank for o in per_kernel):
             break
-        kernels = [c[1] for c in chosen]
+        chosen, kernels = fuse_combines([[c] + [o for o in opts if o is not c] for c, opts in zip(chosen, every)],
+                                        facts, env, dynamic, symbols, target)
         tiles = {}
         for spec, c in zip(specs, chosen):
             tiles.update({f"{spec.name}.{k}": v for k, v in c[2].items()})
-        plans.append(_plan(graph, specs, kernels, tiles, sum(c[0] for c in chosen), env, dynamic, split or {}))
+        fused = len(chosen) - len(kernels)
+        plans.append(_plan(graph, specs, kernels, tiles, sum(c[0] for c in chosen) - fused * target.launch_overhead,
+                           env, dynamic, split or {}))
     return plans
 
 

@@ -216,6 +216,7 @@ class Emitter:
         self.persistent = False  # a tile loop in each program (tiled MatMuls): set by program()
         self.descriptors: dict = {}  # (buffer, block) -> descriptor argument name
         self.searched = False  # a loop bound searches a never-decreasing buffer (monotone.py)
+        self.uncached: set = set()  # buffers read past L1: other programs of this launch write them (combine.py)
 
     # -- small helpers ----------------------------------------------------
     def within_numel(self, dims) -> None:
@@ -551,7 +552,8 @@ class Emitter:
         dense = node.dtype.is_float
         tile = tile_load(self, inst, dims, _ITEMSIZE[ty]) if self.tma and dot_only and dense else None
         if tile is None:
-            out = self.var(b, f"tl.load({addr}{m})", dims, ty)
+            cg = ", cache_modifier=\".cg\"" if name in self.uncached else ""
+            out = self.var(b, f"tl.load({addr}{m}{cg})", dims, ty)
         else:
             desc = self.descriptors.setdefault((name, tile.block), f"{name}_desc{len(self.descriptors)}")
             self.stats.tma_in_loop |= bool(b.chain)
@@ -823,6 +825,15 @@ class Emitter:
 
     # -- the kernel -------------------------------------------------------
     def program(self, name: str, symbols: list, dynamic: list) -> tuple[str, list, list]:
+        fn = self.function(name, symbols, dynamic)
+        return module([fn]), fn.bufs, fn.grid
+
+    def function(self, name: str, symbols: list, dynamic: list, tile_args: bool = False,
+                 extra_bufs: tuple = (), epilogue: tuple = ()) -> "Function":
+        """The kernel as a jitted function. With `tile_args` its grid labels' tile ids are
+        parameters (`tid<label>`, after the symbols) instead of decoded from the program id:
+        another kernel calls it for tiles it chooses (combine.py). `extra_bufs` are pointer
+        parameters the body does not read itself, `epilogue` lines that run after the stores."""
         top = Block(None, ())
         g = self.spec.views.graph
         grid_terms = []
@@ -833,7 +844,7 @@ class Emitter:
             term = f"cdiv({code(self.labels[lid].extent)}, {bx})" if bx > 1 else code(self.labels[lid].extent)
             grid_terms.append(f"max({term}, 1)" if lid in self.one_tile_at_least else term)
         n_tiles = " * ".join(tiles[lid] for lid in order) or "1"
-        grouped = len(order) >= 2 and all(self.t.block[i] > 1 for i in order[:2]) and \
+        grouped = not tile_args and len(order) >= 2 and all(self.t.block[i] > 1 for i in order[:2]) and \
             set(order[:2]) <= dot_labels(self.views)
         # Persistent: a plain tiled GEMM, one MatMul accumulated in its loop and no tile
         # read beside it in the epilogue. On the H200 (triton 3.6) a persistent loop with
@@ -843,7 +854,8 @@ class Emitter:
         epilogue_tiles = any(inst.leaf and self.dims(inst.labels) and
                              not any(self.t.role[lid] == "loop" for lid in inst.labels)
                              for inst in self.views.memo.values())
-        self.persistent = grouped and [a.op for a in self.accs] == ["matmul"] and not epilogue_tiles
+        self.persistent = not tile_args and grouped and [a.op for a in self.accs] == ["matmul"] \
+            and not epilogue_tiles
         wide = any(self.numel(inst.node) >= 2 ** 30 for inst in self.views.memo.values() if inst.leaf) or \
             any(self.numel(st.node) >= 2 ** 30 for st in self.spec.stores) or bool(self.dynamic)
         # int32 offsets when every buffer (and a tile of overhang) stays below 2**31 elements
@@ -857,10 +869,17 @@ class Emitter:
         for st in self.spec.stores:
             v = self.ensure(top, st.inst)
             self.store(top, st, v)
-        # The decode goes before the body but is written after it: the loops emitted in the
-        # body tell which tile ids to decode heaviest first (tile_order.py).
-        decode = self.decode(order, tiles, grouped, descending(self.stats.loops))
-        top.lines = ["pid = tile" if self.persistent else f"pid = {pid}"] + decode + top.lines
+        top.lines += list(epilogue)
+        if tile_args:
+            # a tensor of the offsets' type, also where the caller passes a plain int
+            decode = [f"tid{lid} = tl.zeros([], {'tl.int64' if wide else 'tl.int32'}) + tid{lid}" for lid in order] + \
+                [f"idx{lid} = {self.lanes(lid)}" for lid in order if self.t.block[lid] > 1]
+        else:
+            # The decode goes before the body but is written after it: the loops emitted in
+            # the body tell which tile ids to decode heaviest first (tile_order.py).
+            decode = [f"pid = {'tile' if self.persistent else pid}"] + \
+                self.decode(order, tiles, grouped, descending(self.stats.loops))
+        top.lines = decode + top.lines
         if self.persistent:
             # The next tile's loads are in flight while this tile's epilogue converts its
             # result through shared memory: both are live at once. Measured on the H200
@@ -878,22 +897,19 @@ class Emitter:
             if inst.leaf:
                 bufs.append(buffer_name(g, inst.node))
         outs = [st.buffer for st in self.spec.stores]
-        bufs = list(dict.fromkeys(sorted(set(bufs)) + outs))
+        bufs = list(dict.fromkeys(sorted(set(bufs)) + outs + list(extra_bufs)))
         params = [f"{b}_ptr" for b in bufs] + [arg for arg, _, _ in self.descriptor_args()] + \
             [s if s in dynamic else f"{s}: tl.constexpr" for s in symbols]
+        params += [f"tid{lid}" for lid in self.canon_grid()] if tile_args else []
         params += ["TMA: tl.constexpr"] if self.descriptors else []  # the launcher's switch to pointer loads
-        dns = f"(do_not_specialize={sorted(s for s in symbols if s in dynamic)!r})" if any(s in dynamic for s in symbols) else ""
+        dns = f"(do_not_specialize={sorted(s for s in symbols if s in dynamic)!r})" \
+            if any(s in dynamic for s in symbols) and not tile_args else ""
         comment = [f"# X{lab.id}: extent {D.fmt(lab.extent)}, {self.t.role[lab.id]}, block {self.t.block[lab.id]}"
                    + (f" over {self.t.step[lab.id]} indices" if lab.id in self.t.step else "")
                    for lab in self.views.labels]
-        src = ["import os", "", "import triton", "import triton.language as tl", "",
-               "# Triton's CPU interpreter computes bf16 tl.dot wrongly; it gets fp32 operands there.",
-               "DOT_BF16 = tl.constexpr(tl.float32 if os.environ.get(\"TRITON_INTERPRET\") == \"1\" else tl.bfloat16)",
-               ""] + ROUND_BF16 + ["", ""] + (FIRST_AT_LEAST + ["", ""] if self.searched else []) + \
-            math_helpers("\n".join(top.lines)) + comment + [
-            f"@triton.jit{dns}", f"def {name}({', '.join(params)}):"] + ["    " + ln for ln in top.lines]
-        grid = " * ".join(grid_terms) or "1"
-        return "\n".join(src) + "\n", bufs, [grid]
+        lines = comment + [f"@triton.jit{dns}", f"def {name}({', '.join(params)}):"] + \
+            ["    " + ln for ln in top.lines]
+        return Function(name, lines, bufs, [" * ".join(grid_terms) or "1"], self.searched)
 
     def decode(self, order: list, tiles: dict, grouped: bool, backwards: set) -> list:
         """The lines that decode `pid` into each grid label's tile id (`order`: fastest
@@ -1036,6 +1052,31 @@ MATH = {
         "    return tl.where(tl.abs(x) == 1.0, x * float(\"inf\"), r)",
     ],
 }
+
+
+@dataclass
+class Function:
+    """One jitted function of a kernel's module: its lines (comments, decorator, def),
+    the buffers its pointer parameters name, in order, and the kernel's grid."""
+    name: str
+    lines: list[str]
+    bufs: list[str]
+    grid: list[str]
+    searched: bool  # it calls monotone.FIRST_AT_LEAST
+
+
+def module(functions: list[Function]) -> str:
+    """A kernel's source: the shared helpers its functions call, then the functions (a
+    function is defined before the one that calls it)."""
+    body = "\n".join(ln for fn in functions for ln in fn.lines)
+    src = ["import os", "", "import triton", "import triton.language as tl", "",
+           "# Triton's CPU interpreter computes bf16 tl.dot wrongly; it gets fp32 operands there.",
+           "DOT_BF16 = tl.constexpr(tl.float32 if os.environ.get(\"TRITON_INTERPRET\") == \"1\" else tl.bfloat16)",
+           ""] + ROUND_BF16 + ["", ""] + \
+        (FIRST_AT_LEAST + ["", ""] if any(fn.searched for fn in functions) else []) + math_helpers(body)
+    for i, fn in enumerate(functions):
+        src += (["", ""] if i else []) + fn.lines
+    return "\n".join(src) + "\n"
 
 
 def math_helpers(body: str) -> list[str]:

@@ -47,12 +47,18 @@ class Kernel:
     # > 0: more warps than this only unpipelined (one stage), where triton miscompiles the
     # pipelined loop (kernel_stats.Stats.side_reduction); the runtime's tuning keeps to it
     max_pipelined_warps: int = 0
+    # [buffer, groups]: the kernel runs a split's combine in the last program of each group
+    # to finish (combine.py), counting arrivals in an int32 buffer of `groups` slots (an
+    # expression like `grid`) that the launcher passes as the argument `buffer`, zero
+    # before the launch; the kernel leaves it zero again
+    arrivals: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"name": self.name, "source": self.source, "grid": list(self.grid), "args": list(self.args),
                 "num_warps": self.num_warps, "num_stages": self.num_stages,
                 "descriptors": [list(d) for d in self.descriptors], "programs_per_sm": self.programs_per_sm,
-                "loops": list(self.loops), "max_pipelined_warps": self.max_pipelined_warps}
+                "loops": list(self.loops), "max_pipelined_warps": self.max_pipelined_warps,
+                "arrivals": list(self.arrivals)}
 
     def launches(self, num_warps: int, num_stages: int) -> bool:
         """Whether this launch configuration is one the kernel may run with."""
@@ -62,7 +68,8 @@ class Kernel:
     def from_json(cls, d: dict) -> "Kernel":
         return cls(d["name"], d["source"], list(d["grid"]), list(d["args"]), d["num_warps"], d["num_stages"],
                    [list(x) for x in d.get("descriptors", [])], d.get("programs_per_sm", 0),
-                   loops=list(d.get("loops", [])), max_pipelined_warps=d.get("max_pipelined_warps", 0))
+                   loops=list(d.get("loops", [])), max_pipelined_warps=d.get("max_pipelined_warps", 0),
+                   arrivals=list(d.get("arrivals", [])))
 
 
 @dataclass

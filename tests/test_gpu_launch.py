@@ -100,3 +100,37 @@ def test_an_output_shared_through_cuda_ipc_is_not_reused():
     out.untyped_storage()._share_cuda_()
     del out
     assert launch(plan, inputs)[0].data_ptr() != address
+
+
+def test_a_combine_run_by_its_partial_kernel_is_exact_in_any_arrival_order():
+    """On the GPU the programs of a group arrive in any order: every call, eager, on a
+    second stream and replayed from a CUDA graph, matches the fp64 reference, and the
+    arrival counters are zero after each."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from cleave.runtime import launch as L
+
+    env = {"b": 5, "hkv": 2, "g": 4, "L": 3001, "d": 64}
+    plan = schedule(CANDIDATES["gqa_decode"](), env, dynamic={"b", "L"}, top_k=1, split={"sp": 24})[0]
+    assert [bool(k.arrivals) for k in plan.kernels] == [True]
+    graph_of = W.get("gqa_decode").graph
+    for b, length in ((5, 3001), (64, 4099), (1, 777)):
+        inputs = W.get("gqa_decode").inputs({**env, "b": b, "L": length}, seed=b)
+        ref = interpret(graph_of, inputs, compute_dtype=torch.float64)[0]
+        inputs = {k: v.cuda() for k, v in inputs.items()}
+        first = launch(plan, inputs)[0].clone()
+        assert ((first.double().cpu() - ref).norm() / ref.norm()).item() < 1e-2
+        for _ in range(20):  # many launches: arrival orders differ, results must not
+            assert torch.equal(launch(plan, inputs)[0], first)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            on_side = launch(plan, inputs)[0]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side):
+                captured = launch(plan, inputs)[0]
+            for _ in range(3):
+                graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(on_side, first) and torch.equal(captured, first)
+        assert all(int(t.abs().sum()) == 0 for t in L._ARRIVALS.values())

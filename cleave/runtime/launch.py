@@ -50,6 +50,10 @@ WORKSPACE_ALIGN = 256  # bytes: what cudaMalloc guarantees (the caching allocato
 WORKSPACE_KEPT_BYTES = 64 << 20
 OUTPUT_KEPT_BYTES = 64 << 20
 _WORKSPACES: dict = {}  # lane -> uint8 tensor, grown to the largest need
+# lane -> int32 zeros, the arrival counters of kernels that run a split's combine
+# (Kernel.arrivals): each such kernel leaves its counters zero again, so every kernel on
+# the lane, which runs after the one before it, may use the same ones
+_ARRIVALS: dict = {}
 LANES_KEPT = 16
 # Copies kept per output of a prepared shape and lane: a result the caller still holds
 # (the previous layer's, an input of this call) is skipped for a free one.
@@ -157,6 +161,7 @@ class _Prepared:
         # Each kernel's compiled form, shared by every shape of the plan (dynamic ints are
         # not specialised): its registers and shared memory give the occupancy.
         self.compiled: list = _cached(plan).setdefault("compiled", [None] * len(self.kernels))
+        self.arrivals = [(k.arrivals[0], evaluate(k.arrivals[1], env)) for k in plan.kernels if k.arrivals]
         ints = [value for _, _, args, _ in self.kernels for name, value in args if name is None]
         self.direct_ok = all(abs(v) < 2 ** 31 for v in ints)
         self.kept: dict[tuple, _Pool] = {}  # (lane, inference mode) -> this shape's kept outputs
@@ -271,6 +276,9 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
             tensors.update((name, base + offset) for name, offset, _, _ in prepared.intermediates)
         else:  # the JIT reads each buffer's dtype off a tensor
             tensors.update(_views(prepared, workspace))
+    if prepared.arrivals:
+        counters = _arrivals(max(n for _, n in prepared.arrivals), device, lane)
+        tensors.update((name, counters) for name, _ in prepared.arrivals)
     stream = None
     for i, (fn, grid, args, options) in enumerate(prepared.kernels):
         if not prepared.launches[i]:  # nothing to compute, and a GPU rejects an empty grid
@@ -353,6 +361,20 @@ def _workspace(nbytes: int, device: torch.device, lane: tuple | None) -> torch.T
         if len(_WORKSPACES) >= LANES_KEPT:  # short-lived threads or streams: forget the old lanes
             _WORKSPACES.clear()
         kept = _WORKSPACES[lane] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return kept
+
+
+def _arrivals(slots: int, device: torch.device, lane: tuple | None) -> torch.Tensor:
+    """Zeroed int32 counters for kernels that count their programs' arrivals: kept per
+    lane, since each such kernel leaves them zero. During a capture the graph's pool
+    serves them, zeroed by the graph itself at each replay."""
+    if lane is None:
+        return torch.zeros(slots, dtype=torch.int32, device=device)
+    kept = _ARRIVALS.get(lane)
+    if kept is None or kept.numel() < slots:
+        if len(_ARRIVALS) >= LANES_KEPT:
+            _ARRIVALS.clear()
+        kept = _ARRIVALS[lane] = torch.zeros(max(slots, 1), dtype=torch.int32, device=device)
     return kept
 
 
