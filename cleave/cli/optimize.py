@@ -47,7 +47,7 @@ def report(result, plan=None, candidate_index=None, shapes=None) -> dict:
             "candidate": candidate_index, "shapes": shapes,
             "kernels": [{"name": k.name, "grid": k.grid, "num_warps": k.num_warps, "num_stages": k.num_stages,
                          "descriptors": k.descriptors, "programs_per_sm": k.programs_per_sm,
-                         "source": k.source} for k in plan.kernels],
+                         "arrivals": k.arrivals, "source": k.source} for k in plan.kernels],
             "split": plan.split, "tiles": plan.tiles, "cost": plan.cost,
         }
     return out
@@ -113,8 +113,10 @@ def emit(plan, directory: str) -> list[str]:
                    "descriptors and TMA=False\n") if k.descriptors else ""
             persistent = (f"# persistent: launch min(grid, SMs x {k.programs_per_sm}) programs\n"
                           if k.programs_per_sm else "")
+            arrivals = (f"# {k.arrivals[0]}: int32 zeros, {k.arrivals[1]} of them (the kernel leaves them zero)\n"
+                        if k.arrivals else "")
             f.write(f"# grid: {k.grid}, num_warps={k.num_warps}, num_stages={k.num_stages}\n"
-                    f"# launch arguments, in order: {', '.join(k.args)}\n" + tma + persistent + k.source)
+                    f"# launch arguments, in order: {', '.join(k.args)}\n" + tma + persistent + arrivals + k.source)
         written.append(path)
     with open(os.path.join(directory, "plan.json"), "w") as f:
         json.dump(plan.to_json(), f, indent=1)
