@@ -65,7 +65,7 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
                 kernel = Kernel(spec.name, source, grid, args, warps, stages, descs, per_sm, loops=stats.loops,
                                 max_pipelined_warps=limit)
                 if kernel.launches(warps, stages):
-                    found.append((seconds, kernel, tiles, (emitted, t)))
+                    found.append((seconds, kernel, tiles, (emitted, t), stats))
     if not found:
         raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
                            + (f" ({errors[0]})" if errors else ""))

@@ -22,7 +22,8 @@ and the combine may read a partial only within its own tile, or across the chunk
 from __future__ import annotations
 
 from .codegen import Emitter, module
-from .exprs import code
+from .cost import kernel_time, registers
+from .exprs import evaluate
 from .partition import KernelSpec, buffer_name
 from .plan import Kernel
 from .tiles import Tiling, is_full
@@ -79,10 +80,11 @@ def arrivals_name(graph) -> str:
 
 
 def fuse(p: KernelSpec, pt: Tiling, pk: Kernel, c: KernelSpec, ct: Tiling, ck: Kernel, facts, env, dynamic,
-         symbols, target) -> Kernel | None:
+         symbols, target, c_stats=None, limit: float | None = None, p_stats=None) -> Kernel | None:
     """The partial kernel `pk` running the combine `ck` in its last program of each group,
-    or None where the tilings do not allow it (`tile_map`) or the combine cannot be
-    called for given tiles."""
+    or None where the tilings do not allow it (`tile_map`), the combine cannot be called
+    for given tiles, or its serialized tail (with `c_stats`, the combine's per-program
+    work) would cost `limit` seconds or more."""
     tiles = tile_map(p, pt, c, ct)
     if tiles is None:
         return None
@@ -102,6 +104,11 @@ def fuse(p: KernelSpec, pt: Tiling, pk: Kernel, c: KernelSpec, ct: Tiling, ck: K
             group.append(f"tid{pl}" + "".join(f" * {s}" for s in stride))
             stride.append(pem.grid_tiles(pl))
     groups = " * ".join(stride) or "1"
+    if c_stats is not None and limit is not None:
+        tail = serial_tail(c_stats, evaluate(ck.grid[0], env), evaluate(groups, env), pk.num_warps, ck.num_stages,
+                           target, p_stats)
+        if tail is None or tail >= limit:
+            return None
     chunks = " * ".join(pem.grid_tiles(pl) for pl in p_order if pl not in paired) or "1"
     epilogue = [
         "# the last program of this group to arrive combines its partials",
@@ -137,19 +144,40 @@ def fuse(p: KernelSpec, pt: Tiling, pk: Kernel, c: KernelSpec, ct: Tiling, ck: K
                   max_pipelined_warps=min(limits) if limits else 0, arrivals=[arrivals, groups])
 
 
+def serial_tail(stats, programs: int, groups: int, warps: int, stages: int, target, p_stats=None) -> float | None:
+    """Seconds the last program of a group adds to the partial kernel by running the
+    group's combine tiles one after another (each a program's work, with its latency),
+    or None where the combine's tile does not fit at the partial kernel's warp count.
+    On the H200, 4 combine tiles of 17 to 66 chunks each added 6 us to GQA decode's
+    partial kernel (b = 8 and 1; RESULTS.md, 2026-12-02 session 13), and 32 of 264
+    chunks 0.55 ms to MQA's: the cost model fuses only where this is under the
+    combine kernel's own time. A combine whose registers and the partial kernel's
+    (`p_stats`) together pass the 255 a thread has: None. Triton allocates a kernel's
+    registers for its largest need, and does not always reuse the partial's for the
+    combine: GQA decode at 8 warps (224 estimated for each part) ran 19 us slower fused,
+    same run."""
+    one = kernel_time(stats, 1, warps, stages, target)
+    if one is None or (p_stats is not None and registers(stats, warps) + registers(p_stats, warps) - 32 > 255):
+        return None
+    return -(-programs // max(groups, 1)) * (one - target.launch_overhead)
+
+
 def fuse_combines(options: list, facts, env, dynamic, symbols, target) -> tuple[list, list]:
     """options: per kernel in launch order, its options as `api._kernel_options` gives
     them, the chosen one first. Each partial kernel is fused with the combine that
-    follows it, in the first of the combine's options whose tiles fit the partial's.
+    follows it where the model finds it faster (`serial_tail`), in the first of the
+    combine's options whose tiles fit the partial's at the partial's warp count.
     Returns the option each kernel now takes, and the kernels to launch."""
     chosen, out, i = [opts[0] for opts in options], [], 0
     while i < len(options):
-        _, kernel, _, (spec, t) = chosen[i]
+        _, kernel, _, (spec, t), p_stats = chosen[i]
         found = None
         if i + 1 < len(options):
+            limit = chosen[i + 1][0]
             found = next(((fused, option) for option in options[i + 1]
-                          if (fused := fuse(spec, t, kernel, *option[3], option[1], facts, env, dynamic, symbols,
-                                            target)) is not None), None)
+                          if option[1].num_warps == kernel.num_warps
+                          and (fused := fuse(spec, t, kernel, *option[3], option[1], facts, env, dynamic, symbols,
+                                             target, option[4], limit, p_stats)) is not None), None)
         if found is None:
             out.append(kernel)
             i += 1

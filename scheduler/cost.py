@@ -35,16 +35,21 @@ def resident_programs(stats: Stats, num_warps: int, num_stages: int, target) -> 
                       REGS_PER_SM // int(regs * threads)))
 
 
+def registers(stats: Stats, num_warps: int) -> float:
+    """Registers per thread: fp32 accumulators and the loop's largest tile (with its
+    low-precision copy), plus addressing; outside the loops, the largest tile alone (the
+    epilogue takes the accumulators' registers: MLA's 64 x 512 one fits 8 warps, counted
+    once)."""
+    return 32 + max(stats.acc_elems + 1.5 * stats.loop_elems, 1.5 * stats.tile_elems) / (32 * num_warps)
+
+
 def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, target) -> float | None:
     """Seconds, or None when the tile does not fit the target."""
     smem = stats.smem(num_stages)
     if smem > target.smem_per_block:
         return None
     threads = 32 * num_warps
-    # fp32 accumulators and the loop's largest tile (with its low-precision copy), plus
-    # addressing; outside the loops, the largest tile alone (the epilogue takes the
-    # accumulators' registers: MLA's 64 x 512 one fits 8 warps, counted once)
-    regs = 32 + max(stats.acc_elems + 1.5 * stats.loop_elems, 1.5 * stats.tile_elems) / threads
+    regs = registers(stats, num_warps)
     if regs > 255:
         return None
     if programs == 0:  # an empty output or intermediate: launch skips the kernel

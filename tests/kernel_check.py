@@ -29,6 +29,12 @@ def assert_one_exact_compile(compiled, fn, calls):
     assert stats["compiles"] + stats["from_cache"] == 1 and stats["graph_breaks"] == 0, stats
 
 
+def computed_kernels(plan) -> int:
+    """The kernels a plan computes: a partial kernel that runs its split's combine
+    (`Kernel.arrivals`, scheduler/combine.py) counts as the two it stands for."""
+    return sum(2 if k.arrivals else 1 for k in plan.kernels)
+
+
 def tolerance(dtype: torch.dtype) -> float:
     return 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5
 

@@ -57,9 +57,11 @@ def _matmul_inputs(m, k, n, seed):
     return {"x": torch.randn(m, k, generator=gen).bfloat16(), "w": torch.randn(k, n, generator=gen).bfloat16()}
 
 
-def test_split_k_combines_in_the_partial_kernel_for_every_ranked_tiling():
-    """The combine's best tiling may be wider than the partial's tile: the first of its
-    tilings that fits is taken, so every plan is one launch."""
+def test_every_ranked_split_k_tiling_can_combine_in_the_partial_kernel(monkeypatch):
+    """Where the model would fuse (its serialized tail forced to 0 here), every plan is one
+    launch: the combine's best tiling may be wider than the partial's tile, and the
+    first of its tilings that fits is taken."""
+    monkeypatch.setattr(combine, "serial_tail", lambda *args, **kwargs: 0.0)
     g, env = split_k(), {"m": 300, "k": 200, "n": 260}
     plans = schedule(g, env, top_k=4, split={"s": 3})
     assert len(plans) == 4 and all([bool(k.arrivals) for k in p.kernels] == [True] for p in plans)
@@ -67,14 +69,32 @@ def test_split_k_combines_in_the_partial_kernel_for_every_ranked_tiling():
         _check(g, p, _matmul_inputs(300, 200, 260, seed=len(p.kernels[0].source)))
 
 
-def test_a_persistent_split_k_gemm_combines_per_tile():
+def test_a_persistent_split_k_gemm_combines_per_tile(monkeypatch):
     """A persistent GEMM's programs loop over tiles: each tile arrives in its group."""
+    monkeypatch.setattr(combine, "serial_tail", lambda *args, **kwargs: 0.0)
     g = split_k()
     (plan,) = schedule(g, {"m": 4096, "k": 4096, "n": 4096}, dynamic={"m", "k", "n"}, top_k=1, split={"s": 2})
     (kernel,) = plan.kernels
     assert kernel.arrivals and kernel.programs_per_sm > 0
     for m, k, n in ((37, 70, 45), (130, 33, 300)):  # more tiles than the interpreter's 4 SMs run at once
         _check(g, plan, _matmul_inputs(m, k, n, seed=m))
+
+
+def test_a_long_serial_combine_keeps_its_own_kernel(monkeypatch):
+    """MQA decode at b = 1: one group holds all 32 heads, whose combine tiles the last
+    program would run one after another (0.55 ms on the H200 against 0.04 for the two
+    kernels): the tiles fit, the model refuses."""
+    tails = []
+    real = combine.serial_tail
+
+    def spy(*args, **kwargs):
+        tails.append(real(*args, **kwargs))
+        return tails[-1]
+
+    monkeypatch.setattr(combine, "serial_tail", spy)
+    env = W.get("mqa_decode").presets["b1_L131072"]
+    plans = schedule(CANDIDATES["mqa_decode"](), env, top_k=2, split={"sp": 264})
+    assert tails and all(len(p.kernels) == 2 and not any(k.arrivals for k in p.kernels) for p in plans)
 
 
 def test_a_combine_tile_wider_than_the_partial_tile_is_refused(monkeypatch):

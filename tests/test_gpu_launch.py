@@ -102,13 +102,16 @@ def test_an_output_shared_through_cuda_ipc_is_not_reused():
     assert launch(plan, inputs)[0].data_ptr() != address
 
 
-def test_a_combine_run_by_its_partial_kernel_is_exact_in_any_arrival_order():
+def test_a_combine_run_by_its_partial_kernel_is_exact_in_any_arrival_order(monkeypatch):
     """On the GPU the programs of a group arrive in any order: every call, eager, on a
     second stream and replayed from a CUDA graph, matches the fp64 reference, and the
-    arrival counters are zero after each."""
+    arrival counters are zero after each (the fusion forced: the model decides it)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     from cleave.runtime import launch as L
+    from cleave.scheduler import combine
+
+    monkeypatch.setattr(combine, "serial_tail", lambda *args, **kwargs: 0.0)
 
     env = {"b": 5, "hkv": 2, "g": 4, "L": 3001, "d": 64}
     plan = schedule(CANDIDATES["gqa_decode"](), env, dynamic={"b", "L"}, top_k=1, split={"sp": 24})[0]

@@ -13,7 +13,7 @@ import torch
 from cleave import workloads as W
 from cleave.scheduler import H200, schedule
 from fixtures_candidates import CANDIDATES
-from kernel_check import loaded, run_and_check
+from kernel_check import computed_kernels, loaded, run_and_check
 
 # The H200's thresholds scaled down to test shapes: MatMul dims over 16 loop unless held
 # whole, up to 32 (the keys, 53 of them, always loop).
@@ -33,15 +33,14 @@ def test_mla_decode_preset_is_one_kernel_reading_ckv_once():
 
 def test_mla_decode_held_whole_runs_at_odd_shapes():
     """The same decision at test shapes (c = 32 between the scaled thresholds): one
-    kernel unsplit, one partial kernel that runs its combine split, all exact. At these
+    kernel unsplit, one partial kernel plus its combine split, all exact. At these
     shapes the model ranks a loop over c inside the key loop about level with c
     whole (latency-bound), so both are offered and both are checked."""
     cand, w = CANDIDATES["mla_decode"](), W.get("mla_decode")
     env = {"b": 2, "h": 5, "c": 32, "r": 8, "L": 53}
-    for sp in (1, 3):
+    for sp, kernels in ((1, 1), (3, 2)):
         plans = schedule(cand, env, target=SMALL, top_k=4, split={"sp": sp})
-        assert all([bool(k.arrivals) for k in p.kernels] == [sp > 1] and (sp > 1 or not p.intermediates)
-                   for p in plans)
+        assert all(computed_kernels(p) == kernels and (sp > 1 or not p.intermediates) for p in plans)
         whole = [p for p in plans if len(loaded(p.kernels[0].source, "ckv")) == 1]
         assert whole, "no plan holds the latent whole (one ckv load per key step)"
         for plan in {id(p): p for p in (plans[0], whole[0])}.values():
