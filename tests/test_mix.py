@@ -100,6 +100,20 @@ def test_a_faster_launch_configuration_is_picked_and_runs_exactly():
     torch.testing.assert_close(b.double(), x.double().max(1).values, rtol=0, atol=0)
 
 
+def test_a_second_partition_tuned_may_overtake_the_fastest_plan():
+    """The fastest plan of the next partition in the ranking is tuned too: here it runs
+    slower as ranked but faster at the other warp count, and the picks come from it."""
+    plans = two_kernel_plans()
+    other = schedule(TWO_KERNELS, {**ENV, "k": 40}, top_k=1)[0]  # a partition of its own
+    plans = plans + [other]
+    costs = {(slot, i): (3.0 if i == 3 else 2.0) for slot in range(2) for i in range(4)}
+    own = other.kernels[0].num_warps
+    faster = lambda slot, k: 0.5 if k.source == other.kernels[slot].source and k.num_warps != own else 1.0  # noqa: E731
+    picks = fastest_kernels(plans, [0, 3, 1, 2], {}, time=fake_time(costs, plans, [], faster))
+    assert picks and all((p if isinstance(p, int) else p[0]) == 3 for p in picks)
+    assert partition_key(compose(plans, picks)) == partition_key(other)
+
+
 def test_no_mix_when_no_swap_pays_or_nothing_shares_the_partition():
     plans = two_kernel_plans()
     flat = {(slot, i): 1.0 for slot in range(2) for i in range(3)}

@@ -12,9 +12,11 @@ distinct option, not one per combination. Each kernel's launch configuration is 
 the same way: the picked option with the other warp count, and around a loop with one
 pipeline stage fewer or more (the model cannot rank them well: the paged decode's
 kernel ran 14% faster with 4 warps and 3 stages than with the 8 and 4 it ranked first).
-The result is one pick per kernel, a plan index or [plan index, warps, stages], that
-`compose` turns back into a plan; it is saved with the bucket's ranking so that later
-processes compose without timing."""
+The fastest plan of each of the first two partitions is tuned so (a partition whose
+kernels gain more from it may overtake). The result is one pick per kernel, a plan
+index or [plan index, warps, stages], all of one partition, that `compose` turns back
+into a plan; it is saved with the bucket's ranking so that later processes compose
+without timing."""
 from __future__ import annotations
 
 import dataclasses
@@ -96,20 +98,44 @@ def compose(plans: list[Plan], picks: list[Pick]) -> Plan:
                 first.cost, list(first.dynamic), dict(first.env), list(first.requires))
 
 
+# Partitions whose fastest plan is tuned: a partition tuned may overtake a faster one
+# untuned (the MLA paged decode's two-kernel split at 4 warps, 0.156 ms, against the
+# fastest plan as ranked, one kernel running its combine, 0.19; H200, session 13).
+PARTITIONS_TUNED = 2
+
+
 def fastest_kernels(plans: list[Plan], ranking: list[int], inputs: dict[str, torch.Tensor],
                     time: Callable[[Plan], float] | None = None) -> list[Pick] | None:
-    """Per kernel of plans[ranking[0]] (the fastest whole plan), the option (and launch
-    configuration) that made the whole plan fastest, or None when no swap pays (or
-    nothing can be timed: off the GPU, under the interpreter). `time` measures a plan in
-    ms (default: CUDA-graph replays on `inputs`)."""
+    """Per kernel of the fastest tuned plan, the option (and launch configuration) that
+    made it fastest, or None when nothing beats plans[ranking[0]] as it is (or nothing
+    can be timed: off the GPU, under the interpreter). The fastest plan of each of the
+    first PARTITIONS_TUNED partitions in `ranking` is tuned, and the picks all come
+    from one partition. `time` measures a plan in ms (default: CUDA-graph replays on
+    `inputs`)."""
     if time is None:
         device = next(iter(inputs.values())).device
         if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
             return None
         time = lambda plan: graph_ms(lambda: launch(plan, inputs))  # noqa: E731
-    first = ranking[0]
-    key = partition_key(plans[first])
-    group = [i for i in ranking[1:] if partition_key(plans[i]) == key]
+    firsts, keys = [], []
+    for i in ranking:
+        key = partition_key(plans[i])
+        if key not in keys and len(firsts) < PARTITIONS_TUNED:
+            keys.append(key)
+            firsts.append(i)
+    best, picks = None, None
+    for first, key in zip(firsts, keys):
+        tuned, ms = _tuned(plans, first, [i for i in ranking if i != first and partition_key(plans[i]) == key],
+                           inputs, time)
+        if best is None or ms < best * (1 - MIN_GAIN):
+            best, picks = ms, tuned
+    return None if all(p == ranking[0] for p in picks) else picks
+
+
+def _tuned(plans: list[Plan], first: int, group: list[int], inputs, time) -> tuple[list[Pick], float]:
+    """Starting from plans[first], each kernel's option among the plans of `group` (its
+    partition) and launch configuration that make the whole plan fastest, one kernel at
+    a time: the picks and their time."""
     picks: list[Pick] = [first] * len(plans[first].kernels)
     best = time(compose(plans, picks))
     for slot in range(len(picks)):
@@ -132,7 +158,7 @@ def fastest_kernels(plans: list[Plan], ranking: list[int], inputs: dict[str, tor
         index = _index(picks[slot])
         for warps, stages in launch_variants(_kernel(plans, slot, picks[slot])):
             attempt([index, warps, stages])
-    return None if all(p == first for p in picks) else picks
+    return picks, best
 
 
 def _timed(time: Callable[[Plan], float], plan: Plan, slot: int, inputs) -> float | None:

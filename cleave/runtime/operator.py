@@ -194,12 +194,14 @@ class CompiledOperator:
                 self._tune(spec, sub, fits, inputs)
             key = sub
             ranking = [i for i in spec.tuning.get(sub, []) if i in fits]
-        return self._mixed(spec, ranking[0], spec.tuning.get(_picks_key(key)))
+        return self._mixed(spec, ranking, spec.tuning.get(_picks_key(key)))
 
-    def _mixed(self, spec: Spec, first: int, picks: list | None) -> Plan:
-        """plans[first], or the plan composed of each kernel's fastest option where the
-        bucket's tuning found one (mix.fastest_kernels); a saved mix that no longer
-        matches the plans (another build) is ignored."""
+    def _mixed(self, spec: Spec, ranking: list[int], picks: list | None) -> Plan:
+        """plans[ranking[0]], or the plan composed of each kernel's fastest option where
+        the bucket's tuning found one (mix.fastest_kernels), from plans that serve this
+        shape (`ranking`); a saved mix that no longer matches the plans (another build)
+        is ignored."""
+        first = ranking[0]
         if not picks:
             return spec.plans[first]
         plan = spec.mixes.get(picks_key(picks))
@@ -209,7 +211,8 @@ class CompiledOperator:
             except (ValueError, IndexError, TypeError):
                 return spec.plans[first]
             spec.mixes[picks_key(picks)] = plan
-        return plan if partition_key(plan) == partition_key(spec.plans[first]) else spec.plans[first]
+        served = {partition_key(spec.plans[i]) for i in ranking}
+        return plan if partition_key(plan) in served else spec.plans[first]
 
     def _empty_outputs(self, env: dict) -> list[bool]:
         """Which outputs have no elements at env. A kernel with nothing to store has no
