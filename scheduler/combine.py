@@ -21,6 +21,10 @@ and the combine may read a partial only within its own tile, or across the chunk
 """
 from __future__ import annotations
 
+import math
+
+from cleave.ir import dims as D
+
 from .codegen import Emitter, module
 from .cost import kernel_time, registers
 from .exprs import evaluate
@@ -88,6 +92,14 @@ def fuse(p: KernelSpec, pt: Tiling, pk: Kernel, c: KernelSpec, ct: Tiling, ck: K
     tiles = tile_map(p, pt, c, ct)
     if tiles is None:
         return None
+    paired = {pl for pl, _, aligned in tiles.values() if aligned}
+    p_order = [lab.id for lab in p.root_labels]
+    if c_stats is not None and limit is not None:  # before any code is emitted: most options stop here
+        groups_here = math.prod(-(-D.evaluate(p.views.labels[pl].extent, env) // pt.rows(pl)) for pl in paired)
+        tail = serial_tail(c_stats, evaluate(ck.grid[0], env), groups_here, pk.num_warps, ck.num_stages, target,
+                           p_stats)
+        if tail is None or tail >= limit:
+            return None
     cem = Emitter(c, ct, facts, env, dynamic)  # no TMA: the combine reads a few small tiles
     if cem.one_tile_at_least:  # it writes where the partial kernel may have no program
         return None
@@ -96,19 +108,12 @@ def fuse(p: KernelSpec, pt: Tiling, pk: Kernel, c: KernelSpec, ct: Tiling, ck: K
     cfn = cem.function(cname, symbols, dynamic, tile_args=True)
     pem = Emitter(p, pt, facts, env, dynamic, target=target)
     arrivals = arrivals_name(p.views.graph)
-    paired = {pl for pl, _, aligned in tiles.values() if aligned}
-    p_order = [lab.id for lab in p.root_labels]
     group, stride = [], []
     for pl in p_order:
         if pl in paired:
             group.append(f"tid{pl}" + "".join(f" * {s}" for s in stride))
             stride.append(pem.grid_tiles(pl))
     groups = " * ".join(stride) or "1"
-    if c_stats is not None and limit is not None:
-        tail = serial_tail(c_stats, evaluate(ck.grid[0], env), evaluate(groups, env), pk.num_warps, ck.num_stages,
-                           target, p_stats)
-        if tail is None or tail >= limit:
-            return None
     chunks = " * ".join(pem.grid_tiles(pl) for pl in p_order if pl not in paired) or "1"
     epilogue = [
         "# the last program of this group to arrive combines its partials",
