@@ -42,7 +42,7 @@ def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
     return spec, em.stats, evaluate(grid[0], env), source, bufs, grid, em.descriptor_args(), em.persistent
 
 
-def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
+def _kernel_options(spec, facts, env, dynamic, symbols, target):
     found = []
     errors = []
     for t in enumerate_tilings(spec.views, spec.root_labels, env, dynamic, target):
@@ -79,7 +79,7 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, keep):
         tiers[0 if tiling not in seen[0] else 1 if warps not in seen[1] else 2].append(f)
         seen[0].add(tiling)
         seen[1].add(warps)
-    # All are returned: plans take the first `keep`, a combine run by its partial kernel
+    # All are returned: plans take the first top_k, a combine run by its partial kernel
     # the first whose tiles fit the partial's (combine.py)
     return tiers[0] + tiers[1] + tiers[2]
 
@@ -321,7 +321,7 @@ def _programs(plan: Plan) -> int:
 
 def _schedule_at(graph, facts, env, dynamic, symbols, target, top_k, split=None) -> list[Plan]:
     graph.check(env)
-    kernels = partition(graph, env, lambda s: _kernel_options(s, facts, env, dynamic, symbols, target, top_k),
+    kernels = partition(graph, env, lambda s: _kernel_options(s, facts, env, dynamic, symbols, target),
                         long_extent=target.full_matmul, dynamic=dynamic, target=target,
                         hold_extent=target.hold_matmul)
     specs, every = [s for s, _ in kernels], [options for _, options in kernels]

@@ -76,7 +76,7 @@ def tile_map(p: KernelSpec, pt: Tiling, c: KernelSpec, ct: Tiling) -> dict | Non
 
 def arrivals_name(graph) -> str:
     """The counter buffer's name: one no graph buffer has."""
-    taken = set(graph.inputs) | set(graph.output_names) | {f"t{n.id}" for n in graph.live_nodes()}
+    taken = {buffer_name(graph, n) for n in graph.live_nodes()} | set(graph.inputs)
     name = "arrivals"
     while name in taken:
         name += "_"

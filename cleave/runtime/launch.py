@@ -161,7 +161,9 @@ class _Prepared:
         # Each kernel's compiled form, shared by every shape of the plan (dynamic ints are
         # not specialised): its registers and shared memory give the occupancy.
         self.compiled: list = _cached(plan).setdefault("compiled", [None] * len(self.kernels))
-        self.arrivals = [(k.arrivals[0], evaluate(k.arrivals[1], env)) for k in plan.kernels if k.arrivals]
+        # the counter buffers' names, and the slots the largest needs (all share one buffer)
+        self.arrivals = [k.arrivals[0] for k in plan.kernels if k.arrivals]
+        self.arrival_slots = max((evaluate(k.arrivals[1], env) for k in plan.kernels if k.arrivals), default=0)
         ints = [value for _, _, args, _ in self.kernels for name, value in args if name is None]
         self.direct_ok = all(abs(v) < 2 ** 31 for v in ints)
         self.kept: dict[tuple, _Pool] = {}  # (lane, inference mode) -> this shape's kept outputs
@@ -277,8 +279,8 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
         else:  # the JIT reads each buffer's dtype off a tensor
             tensors.update(_views(prepared, workspace))
     if prepared.arrivals:
-        counters = _arrivals(max(n for _, n in prepared.arrivals), device, lane)
-        tensors.update((name, counters) for name, _ in prepared.arrivals)
+        counters = _arrivals(prepared.arrival_slots, device, lane)
+        tensors.update((name, counters) for name in prepared.arrivals)
     stream = None
     for i, (fn, grid, args, options) in enumerate(prepared.kernels):
         if not prepared.launches[i]:  # nothing to compute, and a GPU rejects an empty grid
