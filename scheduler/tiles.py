@@ -19,6 +19,7 @@ from cleave.ir import dims as D
 from .views import Instance, Label, Views
 
 DOT_MIN = 16
+LONG_REDUCTION = 256  # a reduced extent past this beside a whole row of up to 256 loops
 
 
 def next_pow2(n: int) -> int:
@@ -105,6 +106,14 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
     # when a row is small: many tiny programs cost more in latency than in work.
     small = all(D.evaluate(lab.extent, env) <= 1024 for lab in views.labels if lab.id not in roots)
     rows = {lab.id for lab in root_labels[-2:-1]} if not dots and small else set()
+    # Without tl.dot, a reduction too long to hold whole beside a whole short row loops,
+    # and such a loop runs step by step (tiles.launch_options): the row may then take
+    # narrower tiles, over more programs, so that the reduction fits one tile (a split's
+    # combine over 264 chunks: 2.5 us with 32 of its 128 columns per program, 7-18 us
+    # looping over the chunks with all 128; RESULTS.md session 14).
+    reduced = [next_pow2(D.evaluate(lab.extent, env)) for lab in views.labels
+               if lab.id not in roots and not _is_dynamic(lab, dynamic)]
+    long_reduction = not dots and max(reduced, default=0) > LONG_REDUCTION
     out = {}
     for lab in views.labels:
         n = D.evaluate(lab.extent, env)
@@ -128,7 +137,7 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
             elif lab.id in inner:
                 opts = [b for b in (16, 32, 64, 128) if b >= floor and (b < full or dyn)]
                 if not dyn and full <= 16384:
-                    opts = [full] if full <= 256 else sorted(set(opts[-2:] + [full]))
+                    opts = [full] if full <= 256 and not long_reduction else sorted(set(opts[-2:] + [full]))
             elif lab.id in rows and not dyn:  # several small rows per program
                 opts = [b for b in (1, 4, 16, 64) if b <= full]
             else:
@@ -183,14 +192,18 @@ def _tiling(keys, groups, combo, static) -> Tiling:
     return Tiling(role, block, static=static, step=step)
 
 
-def launch_options(t: Tiling):
+def launch_options(t: Tiling, dot: bool = True):
     """num_warps and num_stages to cost for one tiling (they do not change the code).
     A loop also gets one stage (no multi-buffering): a loop that loads many tiles
     (RoPE's rotated k) only fits shared memory that way. Two warps suit a loop that
     streams K/V past a small accumulator (GQA decode on the H200: 1-4% faster than four
-    at b=40-64, RESULTS.md session 3 diagnostics); ties keep four, listed first."""
-    for warps in ((4, 2, 8) if "loop" in t.role.values() else (4, 8)):
-        for stages in ((1, 2, 3, 4) if "loop" in t.role.values() else (1,)):
+    at b=40-64, RESULTS.md session 3 diagnostics); ties keep four, listed first.
+    A kernel without a tl.dot gets one stage only: Triton software-pipelines the loads
+    of a loop that feeds a dot, and no other (a split's combine looping over its chunks
+    ran the same at one stage and at three on the H200, RESULTS.md session 14)."""
+    looped = "loop" in t.role.values()
+    for warps in ((4, 2, 8) if looped else (4, 8)):
+        for stages in ((1, 2, 3, 4) if looped and dot else (1,)):
             yield warps, stages
 
 
