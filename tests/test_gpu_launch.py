@@ -137,3 +137,19 @@ def test_a_combine_run_by_its_partial_kernel_is_exact_in_any_arrival_order(monke
         torch.cuda.synchronize()
         assert torch.equal(on_side, first) and torch.equal(captured, first)
         assert all(int(t.abs().sum()) == 0 for t in L._ARRIVALS.values())
+
+
+def test_plans_are_ranked_with_the_l2_flushed_before_each_call():
+    """profile.rank times each plan cold (a memset of twice the L2 before each captured
+    call, its own time subtracted), as do_bench does: the call still computes its result
+    inside the graph, and the flush buffer is sized from the device's L2."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from cleave.runtime import profile
+    x = torch.randn(1 << 20, device="cuda")
+    out = torch.empty_like(x)
+    ms = profile.graph_ms(lambda: torch.mul(x, 2, out=out), cold=True)
+    assert 0 < ms < 1e3
+    assert torch.equal(out, x * 2)
+    device = torch.cuda.current_device()
+    assert profile._FLUSH[device].numel() * 4 == 2 * torch.cuda.get_device_properties(device).L2_cache_size

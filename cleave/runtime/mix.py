@@ -111,12 +111,12 @@ def fastest_kernels(plans: list[Plan], ranking: list[int], inputs: dict[str, tor
     can be timed: off the GPU, under the interpreter). The fastest plan of each of the
     first PARTITIONS_TUNED partitions in `ranking` is tuned, and the picks all come
     from one partition. `time` measures a plan in ms (default: CUDA-graph replays on
-    `inputs`)."""
+    `inputs`, the L2 flushed before each call: profile.graph_ms)."""
     if time is None:
         device = next(iter(inputs.values())).device
         if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
             return None
-        time = lambda plan: graph_ms(lambda: launch(plan, inputs))  # noqa: E731
+        time = lambda plan: graph_ms(lambda: launch(plan, inputs), cold=True)  # noqa: E731
     firsts, keys = [], []
     for i in ranking:
         key = partition_key(plans[i])

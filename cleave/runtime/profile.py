@@ -33,7 +33,7 @@ def rank(plans: list[Plan], inputs: dict[str, torch.Tensor]) -> list[int]:
         # GPU time, replayed from a CUDA graph: timed eagerly, a small decode step
         # measures the host's launch overhead (the same for every plan) and the ranking
         # is noise.
-        times.append(graph_ms(run))
+        times.append(graph_ms(run, cold=True))
     return sorted(range(len(plans)), key=times.__getitem__)
 
 
@@ -53,10 +53,33 @@ def once_ms(fn) -> float:
     return start.elapsed_time(end)
 
 
-def graph_ms(fn, calls: int = 20) -> float:
+def graph_ms(fn, calls: int = 20, cold: bool = False) -> float:
     """Milliseconds per call of fn on the GPU: `calls` calls captured in one CUDA graph,
     the best of three replays. Cheap enough to run per shape (one small graph, unlike
-    triton's do_bench_cudagraph); the L2 is not flushed between calls."""
+    triton's do_bench_cudagraph). Warm, the L2 keeps what the previous call read. Cold,
+    each call starts with the L2 flushed, as do_bench times a kernel and as a serving
+    step finds its KV cache: a memset of twice the L2 before each call, timed in a graph
+    of its own and subtracted. Ranked warm, an MQA decode of 8 requests (34 MB of K/V,
+    inside the H200's L2) chose a split whose plan took 1.6x the best one cold
+    (RESULTS.md, session 14)."""
+    if not cold:
+        return _replayed(fn, calls)
+    flush = _flush_buffer(torch.cuda.current_device())
+    both = _replayed(lambda: (flush.zero_(), fn()), calls)
+    return max(both - _replayed(flush.zero_, calls), 1e-4)
+
+
+_FLUSH: dict[int, torch.Tensor] = {}
+
+
+def _flush_buffer(device: int) -> torch.Tensor:
+    if device not in _FLUSH:
+        size = 2 * torch.cuda.get_device_properties(device).L2_cache_size
+        _FLUSH[device] = torch.empty(size // 4, dtype=torch.int32, device=f"cuda:{device}")
+    return _FLUSH[device]
+
+
+def _replayed(fn, calls: int) -> float:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -76,4 +99,3 @@ def graph_ms(fn, calls: int = 20) -> float:
         end.synchronize()
         best = min(best, start.elapsed_time(end) / calls)
     return best
-
