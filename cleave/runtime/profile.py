@@ -60,8 +60,8 @@ def graph_ms(fn, calls: int = 20, cold: bool = False) -> float:
     each call starts with the L2 flushed, as do_bench times a kernel and as a serving
     step finds its KV cache: a memset of twice the L2 before each call, timed in a graph
     of its own and subtracted. Ranked warm, an MQA decode of 8 requests (34 MB of K/V,
-    inside the H200's L2) chose a split whose plan took 1.6x the best one cold
-    (RESULTS.md, session 14)."""
+    inside the H200's L2) put first a plan 4% slower cold than the one the cold ranking
+    put first (RESULTS.md, session 14)."""
     if not cold:
         return _replayed(fn, calls)
     flush = _flush_buffer(torch.cuda.current_device())
