@@ -13,6 +13,9 @@ from .kernel_stats import Stats
 
 LATENCY = 1e-6  # s: the floor of one program's run
 LOADED_LATENCY = 3e-6  # s: DRAM latency under load; a program streams its bytes in flight per latency
+# s: one step of a loop Triton does not pipeline (no tl.dot), its loads then their use
+# (a split's combine on the H200, one program per SM: 1.5-1.8 us a step)
+UNPIPELINED_STEP = 1.5e-6
 WARPS_PER_SM = 64
 # Resident warps an SM needs to stream at its share of DRAM bandwidth (H200 diagnostic,
 # GQA decode at b=64: two programs of 2 warps per SM read 17% slower than two of 4;
@@ -76,9 +79,13 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
     # Stages ahead of the one in use. With one stage a program loads and computes in
     # turn (nothing is prefetched), so it counts as half a tile in flight, not as much
     # as two stages.
-    in_flight = sum(stats.stage_smem.values()) * max(num_stages - 1, 0.5) or stats.bytes
+    # Without a tl.dot nothing is pipelined (tiles.launch_options): a program moves one
+    # step's tile per UNPIPELINED_STEP.
+    pipelined = stats.mma_flops > 0 or not stats.stage_smem
+    per_program = (sum(stats.stage_smem.values()) * max(num_stages - 1, 0.5) or stats.bytes) / LOADED_LATENCY \
+        if pipelined else sum(stats.stage_smem.values()) / UNPIPELINED_STEP
     resident = min(on_busiest, per_sm)
-    rate = min(2 * fair, resident * min(fair, in_flight / LOADED_LATENCY),
+    rate = min(2 * fair, resident * min(fair, per_program),
                resident * num_warps * fair / WARPS_TO_STREAM)
     t_busiest = on_busiest * dram / programs / rate
     # Every tile also crosses L2 into shared memory: small tiles re-read more.
@@ -91,6 +98,6 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
     # another program on its SM fills that wait, its memory and compute time add up
     # (MLA decode on the H200: 128-key steps in one stage took 0.33 ms, 64-key steps in
     # two 0.26, where the overlapped estimate ranked them the other way).
-    serial = num_stages == 1 and resident == 1 and stats.stage_smem
+    serial = stats.mma_flops > 0 and num_stages == 1 and resident == 1 and stats.stage_smem
     busy_time = t_mma + t_mem if serial else max(t_mma, t_mem)
     return busy_time * pipeline + waves * LATENCY + target.launch_overhead

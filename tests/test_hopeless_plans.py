@@ -51,7 +51,8 @@ def test_ranking_times_a_far_slower_plan_once(monkeypatch):
     monkeypatch.setattr(profile, "launch", lambda plan, inputs: current.append(plans.index(plan)))
     monkeypatch.setattr(profile, "once_ms", lambda fn: (fn(), once[current[-1]])[1])
 
-    def graph_ms(fn):
+    def graph_ms(fn, cold=False):
+        assert cold  # ranked with the L2 flushed, as do_bench times plans
         fn()
         replayed.append(current[-1])
         return graph[current[-1]]
