@@ -78,10 +78,9 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
     fair = target.bandwidth / target.sms
     # Stages ahead of the one in use. With one stage a program loads and computes in
     # turn (nothing is prefetched), so it counts as half a tile in flight, not as much
-    # as two stages.
-    # Without a tl.dot nothing is pipelined (tiles.launch_options): a program moves one
-    # step's tile per UNPIPELINED_STEP.
-    pipelined = stats.mma_flops > 0 or not stats.stage_smem
+    # as two stages. A loop Triton does not pipeline (no tl.dot) moves one step's tile
+    # per UNPIPELINED_STEP.
+    pipelined = stats.pipelined or not stats.stage_smem
     per_program = (sum(stats.stage_smem.values()) * max(num_stages - 1, 0.5) or stats.bytes) / LOADED_LATENCY \
         if pipelined else sum(stats.stage_smem.values()) / UNPIPELINED_STEP
     resident = min(on_busiest, per_sm)
@@ -98,6 +97,6 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
     # another program on its SM fills that wait, its memory and compute time add up
     # (MLA decode on the H200: 128-key steps in one stage took 0.33 ms, 64-key steps in
     # two 0.26, where the overlapped estimate ranked them the other way).
-    serial = stats.mma_flops > 0 and num_stages == 1 and resident == 1 and stats.stage_smem
+    serial = stats.pipelined and num_stages == 1 and resident == 1 and stats.stage_smem
     busy_time = t_mma + t_mem if serial else max(t_mma, t_mem)
     return busy_time * pipeline + waves * LATENCY + target.launch_overhead

@@ -30,6 +30,13 @@ class Stats:
     # a split chunk beside their requests' pages); the counts above average over all
     active: float = 1.0
 
+    @property
+    def pipelined(self) -> bool:
+        """Triton software-pipelines a loop's loads only where they feed a tl.dot (a
+        split's combine looping over its chunks ran the same at one stage and at three
+        on the H200, RESULTS.md session 14): without one, every loop runs step by step."""
+        return self.mma_flops > 0
+
     def of_active(self) -> "Stats":
         """The work of one program that runs its loop."""
         k = 1 / self.active

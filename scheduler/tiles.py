@@ -107,7 +107,7 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
     small = all(D.evaluate(lab.extent, env) <= 1024 for lab in views.labels if lab.id not in roots)
     rows = {lab.id for lab in root_labels[-2:-1]} if not dots and small else set()
     # Without tl.dot, a reduction too long to hold whole beside a whole short row loops,
-    # and such a loop runs step by step (tiles.launch_options): the row may then take
+    # and such a loop runs step by step (Stats.pipelined): the row may then take
     # narrower tiles, over more programs, so that the reduction fits one tile (a split's
     # combine over 264 chunks: 2.5 us with 32 of its 128 columns per program, 7-18 us
     # looping over the chunks with all 128; RESULTS.md session 14).
@@ -192,18 +192,16 @@ def _tiling(keys, groups, combo, static) -> Tiling:
     return Tiling(role, block, static=static, step=step)
 
 
-def launch_options(t: Tiling, dot: bool = True):
+def launch_options(t: Tiling):
     """num_warps and num_stages to cost for one tiling (they do not change the code).
     A loop also gets one stage (no multi-buffering): a loop that loads many tiles
     (RoPE's rotated k) only fits shared memory that way. Two warps suit a loop that
     streams K/V past a small accumulator (GQA decode on the H200: 1-4% faster than four
-    at b=40-64, RESULTS.md session 3 diagnostics); ties keep four, listed first.
-    A kernel without a tl.dot gets one stage only: Triton software-pipelines the loads
-    of a loop that feeds a dot, and no other (a split's combine looping over its chunks
-    ran the same at one stage and at three on the H200, RESULTS.md session 14)."""
+    at b=40-64, RESULTS.md session 3 diagnostics); ties keep four, listed first. A
+    kernel without a tl.dot launches with one stage only (Kernel.launches)."""
     looped = "loop" in t.role.values()
     for warps in ((4, 2, 8) if looped else (4, 8)):
-        for stages in ((1, 2, 3, 4) if looped and dot else (1,)):
+        for stages in ((1, 2, 3, 4) if looped else (1,)):
             yield warps, stages
 
 

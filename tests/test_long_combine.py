@@ -30,3 +30,20 @@ def test_kernels_without_a_dot_are_offered_one_stage():
         for k in plan.kernels:
             if "tl.dot(" not in k.source:
                 assert k.num_stages == 1, (k.name, k.num_stages)
+
+
+def test_the_runtime_tunes_no_stage_count_for_a_kernel_without_a_dot():
+    """The runtime's launch tuning (mix.launch_variants) keeps to one stage as the
+    scheduler does: another stage count would be a Triton compile that runs the same."""
+    from cleave.runtime.mix import launch_variants
+    from cleave.scheduler.plan import Kernel
+
+    plans = schedule(CANDIDATES["mqa_decode"](), ENV, top_k=8, split={"sp": 300})
+    looped = [k for p in plans for k in p.kernels if k.loops and "tl.dot(" not in k.source]
+    assert looped, "a combine that loops over its chunks among the top plans"
+    for combine in looped:
+        assert not combine.pipelined
+        assert all(s == 1 for _, s in launch_variants(combine))
+    assert all(k.pipelined for p in plans for k in p.kernels if "tl.dot(" in k.source)
+    assert Kernel.from_json(looped[0].to_json()).pipelined is False
+    assert Kernel.from_json({k: v for k, v in looped[0].to_json().items() if k != "pipelined"}).pipelined  # older files
