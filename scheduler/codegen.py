@@ -217,6 +217,8 @@ class Emitter:
         self.descriptors: dict = {}  # (buffer, block) -> descriptor argument name
         self.searched = False  # a loop bound searches a never-decreasing buffer (monotone.py)
         self.uncached: set = set()  # buffers read past L1: other programs of this launch write them (combine.py)
+        self.load_steps: list = []  # (loop chain, trips per program) of each load inside a loop
+        self.loop_chains: set = set()  # the loop chain of each loop body emitted
 
     # -- small helpers ----------------------------------------------------
     def within_numel(self, dims) -> None:
@@ -542,6 +544,7 @@ class Emitter:
         self.stats.traffic(name, self.distinct(dims) * _ITEMSIZE[ty] * b.trips, self.numel(node) * _ITEMSIZE[ty])
         if b.chain:
             self.stats.stage_smem[(node.id, tuple(inst.view))] = elems * _ITEMSIZE[ty]
+            self.load_steps.append((b.chain, b.trips))
         # In a pipelined loop, a descriptor tile read by anything but tl.dot came out wrong
         # on the H200 (triton 3.6: RMSNorm->MatMul's x tile squared beside its dot, 27%
         # relative error; RESULTS.md, 2026-12-01 session 3): such tiles keep the pointer path.
@@ -662,6 +665,9 @@ class Emitter:
                 return f"tl.dot({lo}, {hi}{', ' + acc if acc else ''}{prec})"
 
             mma = flops / mma_efficiency(self.t.block[mk[0]], self.t.block[kn[0]])
+            if exact_a or exact_c:
+                rows = self.t.block[mk[0]] if tuple(m) == (mk[0], kn[0]) else self.t.block[kn[0]]
+                self.stats.dot_rows = min(self.stats.dot_rows or rows, rows)
             if exact_a and exact_c:
                 expr = product(a, c, True, acc)
                 self.stats.mma_flops += mma
@@ -780,6 +786,7 @@ class Emitter:
         # a mask known to hold on all its tiles is left out (tiles skipping: bounds.py).
         for seg in segments(self, h, x, loop.accs, trips):
             body = Block(h, h.chain + (x,), trips=h.trips * trips * seg.fraction)
+            self.loop_chains.add(body.chain)
             self.keep, self.whole = seg.keep, (x if seg.full else None)
             self.loop_body(body, loop, accs)
             self.keep, self.whole = {}, None
@@ -870,6 +877,7 @@ class Emitter:
             v = self.ensure(top, st.inst)
             self.store(top, st, v)
         top.lines += list(epilogue)
+        self.stats.outer_steps = self.outer_load_steps()
         if tile_args:
             # a tensor of the offsets' type, also where the caller passes a plain int
             decode = [f"tid{lid} = tl.zeros([], {'tl.int64' if wide else 'tl.int32'}) + tid{lid}" for lid in order] + \
@@ -910,6 +918,16 @@ class Emitter:
         lines = comment + [f"@triton.jit{dns}", f"def {name}({', '.join(params)}):"] + \
             ["    " + ln for ln in top.lines]
         return Function(name, lines, bufs, [" * ".join(grid_terms) or "1"], self.searched)
+
+    def outer_load_steps(self) -> float:
+        """Steps per program of the loops that load tiles around an inner loop: Triton
+        pipelines innermost loops only, so each such step waits for its loads (MLA paged
+        decode with its 512-wide contraction looped in 128-column steps inside the key
+        loop: 0.22 ms on the H200 against 0.13 with the contraction whole; RESULTS.md,
+        2026-12-02 session 15)."""
+        def outer(chain):
+            return any(len(c) > len(chain) and c[:len(chain)] == chain for c in self.loop_chains)
+        return max((trips for chain, trips in self.load_steps if outer(chain)), default=0.0)
 
     def decode(self, order: list, tiles: dict, grouped: bool, backwards: set) -> list:
         """The lines that decode `pid` into each grid label's tile id (`order`: fastest

@@ -87,6 +87,10 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
     rate = min(2 * fair, resident * min(fair, per_program),
                resident * num_warps * fair / WARPS_TO_STREAM)
     t_busiest = on_busiest * dram / programs / rate
+    # A loop around an inner loop is not pipelined: each of its steps waits for its loads
+    # once, and programs sharing an SM wait in turn.
+    if stats.pipelined:
+        t_busiest += on_busiest / resident * stats.outer_steps * UNPIPELINED_STEP
     # Every tile also crosses L2 into shared memory: small tiles re-read more.
     t_mem = max(dram / target.bandwidth, t_busiest, total / target.l2_bandwidth)
     # Deeper software pipelines hide more of each loop step's load latency.
