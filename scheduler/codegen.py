@@ -665,9 +665,6 @@ class Emitter:
                 return f"tl.dot({lo}, {hi}{', ' + acc if acc else ''}{prec})"
 
             mma = flops / mma_efficiency(self.t.block[mk[0]], self.t.block[kn[0]])
-            if exact_a or exact_c:
-                rows = self.t.block[mk[0]] if tuple(m) == (mk[0], kn[0]) else self.t.block[kn[0]]
-                self.stats.dot_rows = min(self.stats.dot_rows or rows, rows)
             if exact_a and exact_c:
                 expr = product(a, c, True, acc)
                 self.stats.mma_flops += mma

@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 
-SMALL_DOT_ROWS = 16
-
-
 @dataclass
 class Stats:
     """What the cost model reads, per program."""
@@ -35,7 +32,6 @@ class Stats:
     # steps per program of loops that load around an inner loop (codegen.outer_load_steps):
     # not software-pipelined, each waits for its loads
     outer_steps: float = 0.0
-    dot_rows: int = 0  # the fewest rows of a tensor-core dot's tile (0: no such dot)
 
     @property
     def pipelined(self) -> bool:
@@ -43,14 +39,6 @@ class Stats:
         split's combine looping over its chunks ran the same at one stage and at three
         on the H200, RESULTS.md session 14): without one, every loop runs step by step."""
         return self.mma_flops > 0
-
-    @property
-    def max_warps(self) -> int:
-        """More warps than this never pay (0: no limit). A dot of at most SMALL_DOT_ROWS
-        rows is one mma row block: every warp takes a slice of its columns and reads the
-        whole row operand again, so 8 warps ran every 16-row MLA paged decode option
-        31-48% slower than 4 on the H200 (RESULTS.md, 2026-12-02 sessions 11 and 15)."""
-        return 4 if 0 < self.dot_rows <= SMALL_DOT_ROWS else 0
 
     def of_active(self) -> "Stats":
         """The work of one program that runs its loop."""

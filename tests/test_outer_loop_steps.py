@@ -1,0 +1,41 @@
+"""Triton pipelines innermost loops only: a loop that loads tiles around an inner loop
+waits for its loads at every step. On the H200 the MLA paged decode's partial kernel
+with its 512-wide contraction looped in 128-column steps inside the key loop ran 0.22
+ms, against 0.13 with the contraction whole (RESULTS.md, 2026-12-02 session 15). The
+cost model counts that wait (Stats.outer_steps), so a contraction that fits whole is
+not looped in its stead."""
+from cleave import search
+from cleave.ir import Graph
+from cleave.scheduler import api, schedule
+from cleave.workloads.attention import safe_softmax, scale
+
+
+def _nested(source: str) -> bool:
+    """A `for` over tiles inside another."""
+    return len({len(ln) - len(ln.lstrip()) for ln in source.splitlines() if ln.lstrip().startswith("for start")}) > 1
+
+
+def test_loads_around_an_inner_loop_are_costed_unpipelined(monkeypatch):
+    g = Graph("rows_attention")
+    q = g.input("q", ("h", "r", "d"), "bf16")
+    k = g.input("k", ("h", "L", "d"), "bf16")
+    v = g.input("v", ("h", "L", "d"), "bf16")
+    g.output(safe_softmax((q @ k.T).cast("f32") * scale(g, "d")).cast("bf16") @ v, names=["o"])
+    candidate = search(g).candidates[0]
+    found = []
+    options = api._kernel_options
+
+    def recorded(*args):
+        out = options(*args)
+        found.extend(out)
+        return out
+
+    monkeypatch.setattr(api, "_kernel_options", recorded)
+    # split in 13, the model ranked first a plan whose 512-wide contraction loops inside
+    # the key loop before it counted the outer loop's unpipelined steps
+    plan = schedule(candidate, {"h": 8, "r": 16, "L": 4096, "d": 512}, top_k=1, split={"s_L": 13})[0]
+    assert not any(_nested(k.source) for k in plan.kernels)
+    nested = [f for f in found if _nested(f[1].source)]
+    assert nested, "no option looped the contraction inside the key loop"
+    assert all(f[4].outer_steps > 0 for f in nested)
+    assert all(f[4].outer_steps == 0 for f in found if not _nested(f[1].source))
