@@ -106,7 +106,9 @@ def main(argv=None) -> int:
     else:
         where = f"CPU dry run at tiny shapes (timings mean nothing), torch {torch.__version__}"
     header = (f"## {datetime.date.today()} — {where}\n\nRatios are baseline time / cleave time (higher is "
-              f"better); medians of triton.testing.do_bench. The strongest baseline is the fastest of those "
+              f"better); medians of triton.testing.do_bench. cleave ms is what the runtime serves: the plan "
+              f"(or kernel-wise mix) its own tuning picks on these inputs, timed like the baselines; best "
+              f"timed is the fastest of every plan and mix timed here. The strongest baseline is the fastest of those "
               f"that ran and agreed with the fp32 reference (relative L2 error <= 2e-2, as for cleave's "
               f"plans); err is cleave's relative L2 error against that reference. For decode steps, "
               f"copy ceiling is the bytes the step must move (K/V pages used, q, outputs) per second as "

@@ -314,3 +314,24 @@ def test_decode_bytes_count_the_pages_used_q_and_outputs():
     row = {"workload": "w", "preset": "p", "plans": [{"ms": 2.0}], "cleave_ms": 2.0, "baselines": [],
            "strongest": {"name": "b", "ms": 4.0}, "decode_bytes": int(4.3e9)}
     assert report.table([row]).splitlines()[-1].endswith("| 50% / 25% |")
+
+
+def test_cleave_is_timed_as_the_runtime_serves_it(monkeypatch):
+    """cleave's time is the plan the runtime's own ranking picks, not the fastest of the
+    benchmark's timings (an oracle's pick among noisy samples); a served plan past the
+    tolerance leaves no time."""
+    import cleave.runtime.mix as mix
+    import cleave.runtime.profile as profile
+    from cleave.benchmarking import _serve
+
+    monkeypatch.setattr(profile, "rank", lambda plans, inputs: [1, 0, 2][:len(plans)])
+    monkeypatch.setattr(mix, "fastest_kernels", lambda plans, order, inputs: None)
+    records = [{"index": 0, "ms": 0.9, "rel_err": 1e-3}, {"index": 1, "ms": 1.0, "rel_err": 1e-3},
+               {"index": 2, "error": "OutOfResources"}]
+    row = {"plans": [dict(r) for r in records]}
+    _serve(row, [None, None, None], {}, [])
+    assert (row["served"], row["cleave_ms"], row["best_ms"]) == ("plan 1", 1.0, 0.9)
+    row = {"plans": [dict(r) for r in records]}
+    row["plans"][1]["rel_err"] = 0.5
+    _serve(row, [None, None, None], {}, [])
+    assert (row["served"], row["cleave_ms"], row["best_ms"]) == ("plan 1", None, 0.9)
