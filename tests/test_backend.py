@@ -387,3 +387,21 @@ def test_flip_over_static_and_dynamic_axes_compiles(ctx):
             torch.testing.assert_close(f(x, y), fn(x, y))
     st = ctx.stats()
     assert st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_an_op_on_an_unsupported_dtype_says_which_dtype(ctx):
+    """A complex multiply (RoPE written with view_as_complex) is aten.mul.Tensor, an op
+    cleave maps, on complex64, a dtype it does not: the warning names the dtype, and the
+    result is eager's."""
+    def rope(x, freqs):
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * freqs).flatten(-2)
+
+    x, freqs = torch.randn(2, 5, 8), torch.polar(torch.ones(5, 4), torch.randn(5, 4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(rope, backend="cleave")(x, freqs)
+    _close(got, rope(x, freqs))
+    messages = [str(w.message) for w in caught if "cleave" in str(w.message)]
+    assert any("aten.mul.Tensor on complex64" in m and "is not supported" in m for m in messages), messages
+    assert any("aten.view_as_complex.default (at" in m for m in messages), messages

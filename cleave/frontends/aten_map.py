@@ -62,22 +62,31 @@ def is_ignored(fx_node) -> bool:
 def is_supported(fx_node) -> bool:
     """Whether `capture` can translate this FX node (aten-level graphs, as torch.export
     or aot_autograd produce). Placeholders and outputs always are."""
+    return unsupported_reason(fx_node) is None
+
+
+def unsupported_reason(fx_node) -> str | None:
+    """None where `capture` can translate this FX node; otherwise what stops it: "" for
+    an op with no rule (or not a function call), else the dtype or the arguments (a
+    complex multiply is `aten.mul.Tensor` on complex64, not a missing op)."""
     from ..interpreter import IR_DTYPES
 
     if fx_node.op in ("placeholder", "output"):
-        return True
+        return None
     if fx_node.op != "call_function":
-        return False
+        return ""
     val = fx_node.meta.get("val")
     if isinstance(val, SIZE_TYPES) or fx_node.target is operator.getitem or is_ignored(fx_node):
-        return True
+        return None
     found = rule_for(fx_node)
     if found is None:
-        return False
+        return ""
     vals = val if isinstance(val, (tuple, list)) else [val]
-    if any(isinstance(v, torch.Tensor) and v.dtype not in IR_DTYPES for v in vals):
-        return False
-    return found.unsupported(meta_args(fx_node), fx_node) is None
+    dtypes = sorted({str(v.dtype).removeprefix("torch.") for v in vals
+                     if isinstance(v, torch.Tensor) and v.dtype not in IR_DTYPES})
+    if dtypes:
+        return f"on {', '.join(dtypes)}"
+    return found.unsupported(meta_args(fx_node), fx_node)
 
 
 def supported_ops() -> list[str]:

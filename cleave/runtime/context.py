@@ -47,11 +47,17 @@ class Context:
                 self.log.append((op, spec, plan, {k: list(v.shape) for k, v in inputs.items()}))
             return op(inputs)
 
-    def warn_unsupported(self, op: str, where: str, source: str | None = None) -> None:
-        if op not in self.warned:
-            self.warned.add(op)
+    def warn_unsupported(self, op: str, where: str, source: str | None = None, reason: str = "") -> None:
+        """An op cleave cannot translate, said once per op and reason ("on complex64", or
+        what in its arguments stops it; "" for an op with no rule)."""
+        key = f"{op} {reason}".strip()
+        if key not in self.warned:
+            self.warned.add(key)
             at = f" (at {source})" if source else ""
-            warnings.warn(f"cleave: {op}{at} is not supported; it runs eagerly in {where} (graph break)", stacklevel=3)
+            what = f"{op} {reason}" if reason.startswith("on ") else op
+            why = f" ({reason})" if reason and not reason.startswith("on ") else ""
+            warnings.warn(f"cleave: {what}{at} is not supported{why}; it runs eagerly in {where} (graph break)",
+                          stacklevel=3)
 
     def warn_eager(self, where: str, reason: str) -> None:
         """A call cleave leaves to eager PyTorch although it compiles: said once per reason."""

@@ -129,11 +129,12 @@ def _build_tensors(gm: torch.fx.GraphModule, ctx: Context, name: str):
     bad = _unsupported_nodes(gm)
     if not bad:
         return Region(gm, ctx, name)
-    from ..frontends import is_supported
+    from ..frontends.aten_map import unsupported_reason
 
     for n in bad:  # the producers a storage-dependent op pulled in are not unsupported
-        if n.target is not operator.getitem and not is_supported(n):
-            ctx.warn_unsupported(op_name(n), name, source_of(n))
+        reason = unsupported_reason(n) if n.target is not operator.getitem else None
+        if reason is not None:
+            ctx.warn_unsupported(op_name(n), name, source_of(n), reason)
     bad = set(bad)
     ids, current, previous = {}, 0, None
     for n in _compute_nodes(gm):
