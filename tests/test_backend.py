@@ -405,3 +405,21 @@ def test_an_op_on_an_unsupported_dtype_says_which_dtype(ctx):
     messages = [str(w.message) for w in caught if "cleave" in str(w.message)]
     assert any("aten.mul.Tensor on complex64" in m and "is not supported" in m for m in messages), messages
     assert any("aten.view_as_complex.default (at" in m for m in messages), messages
+
+
+def test_group_norm_compiles_its_row_major_as_strided(ctx):
+    """group_norm's decomposition views its [n, g, c/g, 1] scale and shift as [n, c]
+    through as_strided: over a contiguous input, in row-major order from offset 0, that
+    is a reshape, and the norm compiles whole (static, then with a dynamic batch)."""
+    fn = lambda x, w, b: F.group_norm(x, 4, w, b)  # noqa: E731
+    f = torch.compile(fn, backend="cleave")
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(8, generator=g), torch.randn(8, generator=g)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        for n in (2, 3, 5):
+            x = torch.randn(n, 8, 5, 5, generator=g)
+            if n > 2:
+                torch._dynamo.mark_dynamic(x, 0)
+            _close(f(x, w, b), fn(x, w, b))
+    assert ctx.stats()["graph_breaks"] == 0 and ctx.stats()["failed"] == 0

@@ -66,6 +66,26 @@ rule("permute")(lambda t, n, a: permute(t, a["self"], a["dims"]))
 rule("expand", "expand_as", "broadcast_to")(lambda t, n, a: broadcast(t, a["self"], t.out_shape(n)))
 
 
+def _not_row_major(a, n):
+    """Why an as_strided is not a reshape of its input: it is one where it reads a
+    contiguous input in row-major order from offset 0 (group_norm's decomposition views
+    its [n, g, c/g, 1] scale as [n, c] so)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    src = a["self"]
+    if a.get("storage_offset") or not src.is_contiguous() or src.storage_offset() != 0:
+        return "as_strided over a non-contiguous input or at an offset"
+    expect = 1
+    for size, stride in reversed(list(zip(a["size"], a["stride"]))):
+        if not statically_known_true(size == 1) and not statically_known_true(stride == expect):
+            return "as_strided with strides other than row-major"
+        expect = expect * size
+    return None if statically_known_true(expect == src.numel()) else "as_strided over part of its input"
+
+
+rule("as_strided", check=_not_row_major)(lambda t, n, a: reshape(t, a["self"], t.out_shape(n)))
+
+
 @rule("movedim.int")
 def _movedim(t, node, a):
     x = a["self"]
