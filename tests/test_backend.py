@@ -423,3 +423,32 @@ def test_group_norm_compiles_its_row_major_as_strided(ctx):
                 torch._dynamo.mark_dynamic(x, 0)
             _close(f(x, w, b), fn(x, w, b))
     assert ctx.stats()["graph_breaks"] == 0 and ctx.stats()["failed"] == 0
+
+
+@pytest.mark.parametrize("fn, make", [
+    (lambda l, n: l[torch.arange(l.shape[0]), n - 1],
+     lambda g: (torch.randn(4, 7, 11, generator=g), torch.tensor([3, 7, 1, 5]))),
+    (lambda x, i, j: x[i, j] * 2, lambda g: (torch.randn(5, 6, generator=g), torch.tensor([0, 4, -1]),
+                                             torch.tensor([5, 0, -2]))),
+    (lambda x, i, j, k: x[:, i[:, None], j, k], lambda g: (torch.randn(2, 5, 6, 3, generator=g),
+                                                           torch.tensor([0, 4, 3]), torch.tensor([5, 0]),
+                                                           torch.tensor([2, -3]))),
+    (lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), lambda g: (torch.randn(1, 2, 3, 4, generator=g),)),
+], ids=["last_token", "pairs_negative", "outer_three_axes", "nearest_interpolation"])
+def test_index_tensors_on_adjacent_axes_compile(ctx, fn, make):
+    """x[i, j]: index tensors on adjacent axes, broadcast together, take from those axes
+    merged (a row's last token, logits[arange(b), lengths - 1]; nearest interpolation)."""
+    args = make(torch.Generator().manual_seed(4))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        got = torch.compile(fn, backend="cleave")(*args)
+    assert torch.equal(got, fn(*args))
+    assert ctx.stats()["graph_breaks"] == 0 and ctx.stats()["failed"] == 0
+
+
+def test_an_index_outside_its_axis_reads_zero_as_a_single_take_does(ctx):
+    """torch raises on x[i, j] with i outside its axis; a kernel cannot, so the element
+    reads 0, as one past a single take's axis does, and never another row's element."""
+    x = torch.arange(1.0, 13.0).reshape(3, 4)
+    got = torch.compile(lambda x, i, j: x[i, j], backend="cleave")(x, torch.tensor([1, 3]), torch.tensor([2, 1]))
+    assert got.tolist() == [x[1, 2].item(), 0.0]

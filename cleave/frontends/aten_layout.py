@@ -263,21 +263,46 @@ def _flip(t, node, a):
     return x
 
 
-def _one_int_index(a, n):
+def _int_indices(a, n):
     import torch
 
-    present = [i for i in a["indices"] if i is not None]
-    if len(present) != 1:
-        return "only indexing with one index tensor is supported"
-    if present[0].dtype not in (torch.int64, torch.int32):
-        return f"only integer index tensors are supported, not {present[0].dtype}"
+    present = [(d, i) for d, i in enumerate(a["indices"]) if i is not None]
+    if not present:
+        return "indexing with no index tensor"
+    for _, i in present:
+        if i.dtype not in (torch.int64, torch.int32):
+            return f"only integer index tensors are supported, not {i.dtype}"
+    dims = [d for d, _ in present]
+    if dims != list(range(dims[0], dims[0] + len(dims))):
+        return "index tensors on axes that are not next to each other"
     return None
 
 
-@rule("index.Tensor", check=_one_int_index)
+@rule("index.Tensor", check=_int_indices)
 def _index_tensor(t, node, a):
-    axis = next(i for i, idx in enumerate(a["indices"]) if idx is not None)
-    return t.add("take", a["self"], a["indices"][axis], axis=axis)
+    """x[i] along one axis is a take. x[i, j] (index tensors on adjacent axes, broadcast
+    together: a row's last token, logits[arange(b), lengths - 1]) takes from those axes
+    merged, at i * n_j + j, each index counted from the end when negative. An index
+    outside its axis reads 0, as one past a single take's axis does (torch raises)."""
+    x, idx = a["self"], a["indices"]
+    dims = [d for d, i in enumerate(idx) if i is not None]
+    if len(dims) == 1:
+        return t.add("take", x, idx[dims[0]], axis=dims[0])
+    linear, inside, stride = None, None, sympy.Integer(1)
+    for d in reversed(dims):
+        i, n = idx[d], x.shape[d]
+        size = t.lift(n, i)
+        i = t.add("where", binary(t, "lt", i, 0), t.add("add", i, size), i)
+        ok = t.add("where", binary(t, "ge", i, 0), t.add("lt", i, size), t.const(False, "bool"))
+        inside = ok if inside is None else t.add("where", inside, ok, t.const(False, "bool"))
+        term = i if stride == 1 else t.add("mul", i, t.lift(stride, i))
+        linear = term if linear is None else t.add("add", linear, term)
+        stride = stride * n
+    linear = t.add("where", inside, linear, t.lift(0, linear))
+    merged = reshape(t, x, x.shape[:dims[0]] + (stride,) + x.shape[dims[-1] + 1:])
+    taken = t.add("take", merged, linear, axis=dims[0])
+    keep = reshape(t, inside, (D.dim(1),) * dims[0] + inside.shape + (D.dim(1),) * (x.rank - dims[-1] - 1))
+    return t.add("where", keep, taken, t.lift(0, x))
 
 
 # -- matmul family ---------------------------------------------------------------
