@@ -452,3 +452,21 @@ def test_an_index_outside_its_axis_reads_zero_as_a_single_take_does(ctx):
     x = torch.arange(1.0, 13.0).reshape(3, 4)
     got = torch.compile(lambda x, i, j: x[i, j], backend="cleave")(x, torch.tensor([1, 3]), torch.tensor([2, 1]))
     assert got.tolist() == [x[1, 2].item(), 0.0]
+
+
+@pytest.mark.parametrize("fn, shape", [
+    (lambda a: torch.einsum("ii->i", a) * 2, (5, 5)),
+    (lambda a: torch.diag(a * 1.5) + 1, (5, 7)),
+    (lambda a: torch.diagonal(a.exp(), offset=1) * 2, (5, 7)),
+    (lambda a: (a * 2).unfold(-1, 3, 2).sum(-1), (2, 9)),
+], ids=["einsum_diagonal", "diag", "diagonal_offset", "unfold_windows"])
+def test_strided_views_of_a_contiguous_result_compile_as_takes(ctx, fn, shape):
+    """as_strided over a contiguous result, reading inside it, is a take from the
+    flattened values at offset + sum(i_k * stride_k): diagonals and sliding windows
+    compile (over a slice or a transposed result it still runs eagerly, above)."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(6))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        got = torch.compile(fn, backend="cleave")(x)
+    torch.testing.assert_close(got, fn(x))
+    assert ctx.stats()["graph_breaks"] == 0

@@ -66,24 +66,46 @@ rule("permute")(lambda t, n, a: permute(t, a["self"], a["dims"]))
 rule("expand", "expand_as", "broadcast_to")(lambda t, n, a: broadcast(t, a["self"], t.out_shape(n)))
 
 
-def _not_row_major(a, n):
-    """Why an as_strided is not a reshape of its input: it is one where it reads a
-    contiguous input in row-major order from offset 0 (group_norm's decomposition views
-    its [n, g, c/g, 1] scale as [n, c] so)."""
+def _strided_reads(a, n):
+    """Why an as_strided cannot be read from its input's values. It can where the input
+    is contiguous from offset 0, so that eager's storage holds its elements in row-major
+    order as a region's output does, and every element it reads lies inside the input
+    (over a longer storage, eager would read past the view)."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     src = a["self"]
-    if a.get("storage_offset") or not src.is_contiguous() or src.storage_offset() != 0:
-        return "as_strided over a non-contiguous input or at an offset"
-    expect = 1
-    for size, stride in reversed(list(zip(a["size"], a["stride"]))):
-        if not statically_known_true(size == 1) and not statically_known_true(stride == expect):
-            return "as_strided with strides other than row-major"
+    if not src.is_contiguous() or src.storage_offset() != 0:
+        return "as_strided over a non-contiguous input or a view at an offset"
+    sizes, strides, offset = a["size"], a["stride"], a.get("storage_offset") or 0
+    if any(statically_known_true(size == 0) for size in sizes):
+        return None
+    last = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides))
+    if not statically_known_true(last < src.numel()):
+        return "as_strided reading past its input"
+    return None
+
+
+@rule("as_strided", check=_strided_reads)
+def _as_strided(t, node, a):
+    """Row-major from offset 0 over the whole input (group_norm's decomposition views its
+    [n, g, c/g, 1] scale as [n, c] so), a reshape; any other strides (torch.diag,
+    einsum("ii->i"), sliding windows), a take from the flattened input at offset +
+    sum(i_k * stride_k)."""
+    x, shape = a["self"], t.out_shape(node)
+    strides, offset = [t.size(s) for s in a["stride"]], t.size(a.get("storage_offset") or 0)
+    numel = sympy.Mul(*x.shape)
+    expect, row_major = sympy.Integer(1), True
+    for size, stride in reversed(list(zip(shape, strides))):
+        row_major &= D.is_one(size) or D.equal(stride, expect)
         expect = expect * size
-    return None if statically_known_true(expect == src.numel()) else "as_strided over part of its input"
-
-
-rule("as_strided", check=_not_row_major)(lambda t, n, a: reshape(t, a["self"], t.out_shape(n)))
+    if row_major and offset == 0 and D.equal(expect, numel):
+        return reshape(t, x, shape)
+    index = t.const(offset, "i64") if offset.is_number else t.add("size", value=offset, dtype="i64")
+    for axis, stride in enumerate(strides):
+        if stride != 0:
+            lanes = t.add("iota", shape=tuple(shape), axis=axis, dtype="i64")
+            index = t.add("add", index, lanes if stride == 1 else t.add("mul", lanes, t.lift(stride, lanes)))
+    return t.add("take", reshape(t, x, (numel,)), index, axis=0)
 
 
 @rule("movedim.int")
