@@ -2,6 +2,8 @@
 cat/stack, gather/index_select/index/embedding, and the matmul family."""
 from __future__ import annotations
 
+import operator
+
 import sympy
 
 from ..ir import dims as D
@@ -76,6 +78,8 @@ def _strided_reads(a, n):
     src = a["self"]
     if not src.is_contiguous() or src.storage_offset() != 0:
         return "as_strided over a non-contiguous input or a view at an offset"
+    if _returned_as_view(n):
+        return "as_strided returned as a view of another value"
     sizes, strides, offset = a["size"], a["stride"], a.get("storage_offset") or 0
     if any(statically_known_true(size == 0) for size in sizes):
         return None
@@ -83,6 +87,22 @@ def _strided_reads(a, n):
     if not statically_known_true(last < src.numel()):
         return "as_strided reading past its input"
     return None
+
+
+def _returned_as_view(n) -> bool:
+    """Whether n, or a view of it, is a result of the graph: eager returns it as a view of
+    its input (y.diagonal() beside y shares y's memory), which a compiled copy is not."""
+    stack, seen = [n], set()
+    while stack:
+        node = stack.pop()
+        for user in node.users:
+            if user.op == "output":
+                return True
+            view = getattr(user.target, "is_view", False) or user.target is operator.getitem
+            if view and user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return False
 
 
 @rule("as_strided", check=_strided_reads)
