@@ -924,6 +924,8 @@ class Emitter:
         2026-12-02 session 15)."""
         def outer(chain):
             return any(len(c) > len(chain) and c[:len(chain)] == chain for c in self.loop_chains)
+        # the longest body: a loop split in segments (bounds.py) runs most steps in its
+        # full one, a tile or so in each edge
         return max((trips for chain, trips in self.load_steps if outer(chain)), default=0.0)
 
     def decode(self, order: list, tiles: dict, grouped: bool, backwards: set) -> list:
