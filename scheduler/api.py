@@ -9,6 +9,7 @@ from cleave.ir import BindingError, Candidate, Graph
 from cleave.ir import dims as D
 from cleave.ir.graph import rebuild
 
+from . import row_halves
 from .codegen import Emitter, fact_table
 from .combine import fuse_combines
 from .cost import kernel_time, resident_programs
@@ -42,17 +43,26 @@ def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
     return spec, em.stats, evaluate(grid[0], env), source, bufs, grid, em.descriptor_args(), em.persistent
 
 
+def _tiled(spec, env, dynamic, target):
+    """(spec, tiling) of each tiling to cost: each enumerated one, then the same with two
+    row tiles per program where a loop chains two MatMuls (row_halves.py)."""
+    for t in enumerate_tilings(spec.views, spec.root_labels, env, dynamic, target):
+        yield spec, t
+        yield from row_halves.options(spec, t)
+
+
 def _kernel_options(spec, facts, env, dynamic, symbols, target):
     found = []
     errors = []
-    for t in enumerate_tilings(spec.views, spec.root_labels, env, dynamic, target):
+    for option, t in _tiled(spec, env, dynamic, target):
         try:
-            emitted, stats, programs, source, bufs, grid, descs, persistent = _compile(spec, t, facts, env, dynamic,
+            emitted, stats, programs, source, bufs, grid, descs, persistent = _compile(option, t, facts, env, dynamic,
                                                                                        symbols, target)
         except (BindingError, ValueError) as err:
             errors.append(str(err))
             continue
-        tiles = {f"X{i}": b for i, b in t.block.items()} | {f"X{i}.rows": r for i, r in t.step.items()}
+        tiles = {f"X{i}": b for i, b in t.block.items()} | {f"X{i}.rows": r for i, r in t.step.items()} | \
+            {f"X{i}.tiles": u for i, u in t.unroll.items()}
         # A dot beside a reduction of a value no dot computed, pipelined at 8 warps, returned
         # 8e-2 to 0.27 relative error on the H200 (triton 3.6; RMSNorm->MatMul's fused plan,
         # RESULTS.md 2026-12-02 session 12); 4 warps, or one stage, were exact.

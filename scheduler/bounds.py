@@ -608,7 +608,7 @@ def _fractions(em, segs, trips, bx, program=None, share=1.0):
     defs = [d for seg in segs for d in seg.defs]
     read = set().union(*(free_symbols(b) for _, b in defs))
     tids = [lid for lid in sorted(em.labels) if tid(lid) in read]
-    counts = [-(-D.evaluate(em.labels[t].extent, em.env) // em.t.rows(t)) for t in tids]
+    counts = [-(-D.evaluate(em.labels[t].extent, em.env) // em.t.period(t)) for t in tids]
     total = math.prod(counts) if counts else 1
     stride = max(1, total // 512)
     sums, n = [0.0] * len(segs), 0

@@ -266,7 +266,7 @@ class Emitter:
         """Grid label lid's indices in its tile (tid{lid} decoded): a run of `block`, or
         `step` indices repeated over the block's lanes (Tiling.step)."""
         rows, bx = self.t.rows(lid), self.t.block[lid]
-        return f"tid{lid} * {rows} + tl.arange(0, {bx})" + (f" % {rows}" if rows != bx else "")
+        return f"tid{lid} * {self.t.period(lid)} + tl.arange(0, {bx})" + (f" % {rows}" if rows != bx else "")
 
     def dims(self, labels) -> tuple:
         return tuple(i for i in self.canon if i in labels and self.t.block[i] > 1)
@@ -316,7 +316,7 @@ class Emitter:
         if lid in self.one_tile_at_least:
             return f"({self.idx(lid, dims)} < {code(lab.extent)})"
         # An empty extent is divided by every tile but has no valid index: it keeps its mask.
-        if (b == 1 and self.t.role[lid] != "loop") or (static is not None and static > 0 and static % self.t.rows(lid) == 0) \
+        if (b == 1 and self.t.role[lid] != "loop") or (static is not None and static > 0 and static % self.t.period(lid) == 0) \
                 or lid == self.whole:
             return None  # a program's own grid index, tiles that divide the extent, or a whole-tile segment
         return f"({self.idx(lid, dims)} < {code(lab.extent)})"
@@ -586,8 +586,19 @@ class Emitter:
 
     def bounds(self, e):
         """Least and greatest value of an index over its labels' valid ranges."""
-        return index_bounds(e, {sym: lab.extent for sym, lab in self.views.by_sym().items()
+        return index_bounds(e, {sym: self.lane_extent(lab) for sym, lab in self.views.by_sym().items()
                                 if lab.id not in self.windows})  # a window's index leaves [0, extent)
+
+    def lane_extent(self, lab) -> sympy.Expr:
+        """One past the greatest index label lab's lanes take where they are valid. A
+        program holding tiles side by side (Tiling.unroll) over an extent its span
+        divides reads its first tile up to a span before the end: the copies further on
+        (the label plus an offset) then stay inside it too."""
+        lid = lab.id
+        static, span = self.t.static.get(lid), self.t.period(lid)
+        if span > self.t.rows(lid) and static and static % span == 0:
+            return lab.extent - (span - self.t.rows(lid))
+        return lab.extent
 
     def masked(self, v: Val, lid: int, neutral: str, ty: str = "tl.float32") -> str:
         """v with the lanes of label lid past its extent set to `neutral`, in `ty`."""
@@ -844,7 +855,7 @@ class Emitter:
         order = list(reversed(self.canon_grid()))
         tiles = {lid: self.grid_tiles(lid) for lid in order}
         for lid in order:
-            bx = self.t.rows(lid)
+            bx = self.t.period(lid)
             term = f"cdiv({code(self.labels[lid].extent)}, {bx})" if bx > 1 else code(self.labels[lid].extent)
             grid_terms.append(f"max({term}, 1)" if lid in self.one_tile_at_least else term)
         n_tiles = " * ".join(tiles[lid] for lid in order) or "1"
@@ -961,7 +972,7 @@ class Emitter:
         return [[arg, buf, list(block)] for (buf, block), arg in self.descriptors.items()]
 
     def grid_tiles(self, lid: int) -> str:
-        bx, ext = self.t.rows(lid), code(self.labels[lid].extent)
+        bx, ext = self.t.period(lid), code(self.labels[lid].extent)
         tiles = f"(({ext} + {bx - 1}) // {bx})" if bx > 1 else ext
         return f"max({tiles}, 1)" if lid in self.one_tile_at_least else tiles
 
@@ -986,6 +997,11 @@ class Emitter:
             m = self.valid(lid, dims)
             if m:
                 mask[m] = {lid}
+        for k, e in enumerate(view):  # a program's later tiles of a label (Tiling.unroll) may pass the end
+            if self.views.labels_of([e]) & set(self.t.unroll):
+                _, hi = self.bounds(e)
+                if hi is None or not provable(shape[k] - 1 - hi):
+                    mask[f"({code(e, names)} < {code(shape[k])})"] = self.views.labels_of([e])
         ty = self.buffer_dtype(st.node)
         self.stats.traffic(st.buffer, self.distinct(dims) * _ITEMSIZE[ty], self.numel(st.node) * _ITEMSIZE[ty])
         addr = f"{st.buffer}_ptr" + (" + " + " + ".join(terms) if terms else "")

@@ -46,7 +46,8 @@ def label_range(em, lid: int):
     b = em.t.rows(lid)
     if em.t.role[lid] == "grid":
         t = tid(lid)
-        return (t, t) if b == 1 else (t * b, t * b + b - 1)
+        p = em.t.period(lid)  # a program's tiles side by side: this is its first (row_halves.py)
+        return (t, t) if p == 1 else (t * p, t * p + b - 1)
     if em.t.role[lid] == "full":
         return sympy.Integer(0), sympy.Integer(b - 1)
     return None

@@ -35,10 +35,18 @@ class Tiling:
     # tid * step + l % step. A decode's 4 query heads per kv head fill a tl.dot's 16
     # rows four times over instead of taking 4 requests, whose pages differ.
     step: dict[int, int] = field(default_factory=dict)
+    # Grid labels whose program holds `unroll` tiles of them side by side (row_halves.py):
+    # the tile at lanes tid * period + l, its copies k * block further on.
+    unroll: dict[int, int] = field(default_factory=dict)
 
     def rows(self, lid: int) -> int:
         """How many indices of label lid one tile covers."""
         return self.step.get(lid, self.block[lid])
+
+    def period(self, lid: int) -> int:
+        """How many indices of label lid one program covers: its tile's, times the tiles
+        it holds side by side."""
+        return self.rows(lid) * self.unroll.get(lid, 1)
 
 
 def dot_labels(views: Views) -> set:

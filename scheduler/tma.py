@@ -47,7 +47,7 @@ def wants_tma(em, target) -> bool:
     tiles = 1
     for lab in em.spec.root_labels:
         extent = em.eval_extent(lab.extent)
-        tiles *= -(-extent // em.t.rows(lab.id))
+        tiles *= -(-extent // em.t.period(lab.id))
     return tiles >= target.sms
 
 
@@ -70,7 +70,7 @@ def tile_load(em, inst, dims, itemsize: int) -> TileLoad | None:
     starts = em.names(dims)
     for sym, lid in syms.items():
         role, b = em.t.role[lid], em.t.block[lid]
-        starts[sym] = f"tid{lid} * {b}" if role == "grid" else (f"start{lid}" if role == "loop" else "0")
+        starts[sym] = f"tid{lid} * {em.t.period(lid)}" if role == "grid" else (f"start{lid}" if role == "loop" else "0")
     block, offsets, order, axis_of = [], [], [], {}
     for k, e in enumerate(view):
         e = sympy.sympify(e)
