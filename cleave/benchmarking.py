@@ -40,7 +40,6 @@ def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None) 
 
     from . import search, workloads
     from .scheduler import schedule
-    from .scheduler.api import lead_with_each_split, within_reach
 
     w = workloads.get(name)
     t0 = time.time()
@@ -50,19 +49,21 @@ def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None) 
     for preset, env in w.presets.items():
         if presets and preset not in presets:
             continue
-        ranked = []
+        scheduled = []
         for index, candidate in enumerate(result.candidates):
             try:
                 plans = schedule(candidate, env, dynamic=set(), top_k=top_plans)
             except CleaveError as err:  # another candidate may still schedule
                 _log(f"{name} {preset}: candidate {index} not scheduled: {err}")
                 continue
-            ranked += [(plan.cost, index, plan) for plan in plans]
-        if not ranked:
+            if plans:
+                scheduled.append((min(p.cost for p in plans), index, plans))
+        if not scheduled:
             raise CleaveError(f"{name} {preset}: no candidate could be scheduled")
-        ranked.sort(key=lambda t: t[0])
-        kept = lead_with_each_split(within_reach([plan for _, _, plan in ranked]), top_plans)
-        chosen = [next(t for t in ranked if t[2] is plan) for plan in kept]
+        # as the runtime keeps them (runtime/operator.py): the plans of the candidate whose
+        # best plan the model costs least; the GPU profiles those
+        _, index, plans = min(scheduled, key=lambda t: t[:2])
+        chosen = [(p.cost, index, p) for p in plans[:top_plans]]
         specs.append({
             "workload": name, "preset": preset, "env": env, "search_seconds": searched,
             "candidates": [{"text": c.graph.text(), "derivation": c.derivation} for c in result.candidates],
