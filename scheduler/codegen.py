@@ -141,6 +141,40 @@ class Block:
     trips: float = 1.0  # iterations of this block per program
 
 
+def step_dots(loop: Loop, t: Tiling) -> list:
+    """The MatMuls each step of `loop` computes whole (their contraction not a loop)
+    before its accumulators read them, in accumulator order; none that reads a running
+    value of another accumulator."""
+    found, seen = [], set()
+    for acc in loop.accs:
+        stack = list(reversed(acc.inputs))
+        while stack:
+            x = stack.pop()
+            if id(x) in seen or x.leaf or loop.label not in x.labels:
+                continue
+            seen.add(id(x))
+            if x.reduced is not None and t.role[x.reduced.id] == "loop":
+                continue  # a running value: what reads it waits for the update
+            if x.op == "matmul" and _reads_no_accumulator(x, loop.label, t):
+                found.append(x)
+                continue
+            stack.extend(reversed(x.inputs))
+    return found
+
+
+def _reads_no_accumulator(inst, label: int, t: Tiling) -> bool:
+    seen, stack = set(), list(inst.inputs)
+    while stack:
+        x = stack.pop()
+        if id(x) in seen or x.leaf:
+            continue
+        seen.add(id(x))
+        if x.reduced is not None and t.role[x.reduced.id] == "loop":
+            return False
+        stack.extend(x.inputs)
+    return True
+
+
 def _computes_matmul(inst) -> bool:
     """Whether a tile instance is, or is computed from, a MatMul (a tl.dot)."""
     stack, seen = [inst], set()
@@ -809,6 +843,12 @@ class Emitter:
         x = loop.label
         off = f" + {self.windows[x].off}" if x in self.windows else ""
         body.lines.append(f"idx{x} = start{x}{off} + tl.arange(0, {self.t.block[x]})")
+        # Several MatMuls each step computes whole (S = q·Kᵀ of each row tile a program
+        # holds, row_halves.py) are issued first, before a softmax waits on one of them,
+        # so the tensor cores run beside it. One alone is emitted where it is read.
+        dots = step_dots(loop, self.t)
+        for inst in dots if len(dots) > 1 else ():
+            self.ensure(body, inst)
         alphas = {}
         for a in loop.accs:
             acc = accs[id(a)]
