@@ -25,4 +25,14 @@ rule scale-fold: mul(mul(x, c), const(log2e)) => mul(x, mul(c, const(log2e)))
   why: log2e joins the factor that already scales x (a score scale): one product per element, not two
   rewrites: mul(mul(x, c), const(log2e)) with x[m, n], c[]
   keeps: mul(add(x, c), const(log2e)) with x[m, n], c[]
+
+rule scale-fold-left: mul(mul(c, x), const(log2e)) => mul(mul(c, const(log2e)), x)
+  why: as scale-fold, with the factor on the left (ALiBi's slope_h * distance): log2e joins the slope, not each distance
+  rewrites: mul(mul(c, x), const(log2e)) with c[h, 1, 1], x[m, n]
+  keeps: mul(add(c, x), const(log2e)) with c[h, 1, 1], x[m, n]
+
+rule scale-add: mul(add(x, y), const(log2e)) => add(mul(x, const(log2e)), mul(y, const(log2e)))
+  why: log2e distributes over a sum of score terms (scaled scores plus a bias), so that each term folds it into its own factor
+  rewrites: mul(add(x, y), const(log2e)) with x[m, n], y[m, n]
+  keeps: mul(sub(x, y), const(log2e)) with x[m, n], y[m, n]
 """, source=__file__)

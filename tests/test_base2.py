@@ -27,7 +27,7 @@ def loop_bodies(source: str) -> list[list[str]]:
     return out
 
 
-@pytest.mark.parametrize("name", ["gqa_causal", "mha_softcap", "rope_attention_causal"])
+@pytest.mark.parametrize("name", ["gqa_causal", "mha_softcap", "mha_alibi", "rope_attention_causal"])
 def test_kv_loop_takes_exp2_of_a_difference(name):
     w = W.get(name)
     env = w.test_bindings[0]
