@@ -9,7 +9,7 @@ from cleave.ir import BindingError, Candidate, Graph
 from cleave.ir import dims as D
 from cleave.ir.graph import rebuild
 
-from . import row_halves
+from . import row_halves, scale_after
 from .codegen import Emitter, fact_table
 from .combine import fuse_combines
 from .cost import kernel_time, resident_programs
@@ -45,10 +45,14 @@ def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
 
 def _tiled(spec, env, dynamic, target):
     """(spec, tiling) of each tiling to cost: each enumerated one, then the same with two
-    row tiles per program where a loop chains two MatMuls (row_halves.py)."""
+    row tiles per program where a loop chains two MatMuls (row_halves.py); each followed
+    by its twin with a loop step's scaled q·Kᵀ scaled after the dot (scale_after.py)."""
     for t in enumerate_tilings(spec.views, spec.root_labels, env, dynamic, target):
-        yield spec, t
-        yield from row_halves.options(spec, t)
+        for option in [(spec, t), *row_halves.options(spec, t)]:
+            yield option
+            twin = scale_after.option(*option)
+            if twin is not None:
+                yield twin
 
 
 def _kernel_options(spec, facts, env, dynamic, symbols, target):
@@ -62,7 +66,7 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target):
             errors.append(str(err))
             continue
         tiles = {f"X{i}": b for i, b in t.block.items()} | {f"X{i}.rows": r for i, r in t.step.items()} | \
-            {f"X{i}.tiles": u for i, u in t.unroll.items()}
+            {f"X{i}.tiles": u for i, u in t.unroll.items()} | ({"scale_after": 1} if t.scale_after else {})
         # A dot beside a reduction of a value no dot computed, pipelined at 8 warps, returned
         # 8e-2 to 0.27 relative error on the H200 (triton 3.6; RMSNorm->MatMul's fused plan,
         # RESULTS.md 2026-12-02 session 12); 4 warps, or one stage, were exact.

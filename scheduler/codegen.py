@@ -22,7 +22,7 @@ from cleave.ir import dims as D
 from cleave.ir.dtypes import DType
 from cleave.ir.ops import COMPARE, per_op
 
-from . import half_swap
+from . import half_swap, scale_after
 from .bounds import segments
 from .exprs import code
 from .fexpr import EXP, Y_NEW, Y_OLD, fcode, parse_rescale
@@ -130,6 +130,7 @@ class Val:
     zero: bool = False  # a masked load: exactly 0 outside the valid indices
     trans: str | None = None  # the same 2-D tile in the other order (a TMA load's memory order)
     read: "Val | None" = None  # a masked index load: the lanes that read the tensor (bool tile)
+    scale: "Val | None" = None  # a scaled dot's product: the value is name * scale (scale_after.py)
 
 
 @dataclass
@@ -175,6 +176,24 @@ def _reads_no_accumulator(inst, label: int, t: Tiling) -> bool:
     return True
 
 
+SCALED_REDUCE = ("max", "min", "sum")  # reductions a positive factor commutes with
+
+
+def takes_scaled(inst, k: int) -> bool:
+    """Whether inst reads input k as a scaled product with its factor beside it (the
+    factor is positive and finite: scale_after.py): an f32 cast, a where filling 0 or
+    +-inf, the left side of an add or sub (one fused multiply-add), a max, min or sum."""
+    op = inst.op
+    if op == "cast":
+        return inst.node.dtype is DType.f32
+    if op == "where":
+        fill = inst.inputs[2]
+        return k == 1 and fill.op == "const" and float(fill.node.attrs["value"]) in (0.0, math.inf, -math.inf)
+    if op in ("add", "sub"):
+        return k == 0 and inst.node.dtype is DType.f32
+    return op == "reduce" and inst.node.attrs["op"] in SCALED_REDUCE
+
+
 def _computes_matmul(inst) -> bool:
     """Whether a tile instance is, or is computed from, a MatMul (a tl.dot)."""
     stack, seen = [inst], set()
@@ -207,6 +226,7 @@ class Emitter:
         # Instances that are another's tile with its halves swapped (RoPE's rotated halves
         # of a projection): computed from it in registers; what only they read is not computed.
         self.swaps = half_swap.find_swaps(self)
+        self.scaled = scale_after.scaled_dots(spec, t) if t.scale_after else {}
         if self.swaps:
             live = half_swap.live_instances(self, self.swaps)
             self.accs = [a for a in self.accs if id(a) in live]
@@ -396,6 +416,12 @@ class Emitter:
 
     # -- values -----------------------------------------------------------
     def ensure(self, block: Block, inst) -> Val:
+        """inst's value, computed in block or found where an outer block holds it."""
+        return self.unscaled(block, self.value(block, inst))
+
+    def value(self, block: Block, inst) -> Val:
+        """As ensure, except that a scaled dot's product, and what passes it on, may stay
+        unscaled with its factor beside it (Val.scale)."""
         if id(inst) in self.keep:  # a mask that holds on every tile of this loop segment
             return self.ensure(block, self.keep[id(inst)])
         found = self.find(block, inst)
@@ -414,12 +440,47 @@ class Emitter:
         # A value of a running accumulator that this loop body holds (the guarded max of a
         # separated exp(x - g(m)), through any chain of ops) is computed in the body: outside,
         # it would wait for the loop. Each input lands in its own home first.
-        args = [self.ensure(block, x) for x in inst.inputs]
+        args = [self.argument(block, inst, k) for k in range(len(inst.inputs))]
         inner = [b for b in self.chain(block, h) if any(id(x) in b.cache for x in inst.inputs)]
         h = inner[0] if inner else h
         val = self.compute(h, inst, args)
+        if id(inst) in self.scaled:
+            val.scale = self.scale_factor(self.scaled[id(inst)][2])
         h.cache[id(inst)] = val
         return val
+
+    # -- scores scaled after the dot (scale_after.py) ---------------------------------
+    def argument(self, block: Block, inst, k: int) -> Val:
+        """Input k of inst as inst reads it: a scaled dot's operand straight from its load;
+        a scaled product unscaled unless inst takes it as it is (takes_scaled)."""
+        if id(inst) in self.scaled and self.scaled[id(inst)][0] == k:
+            return self.ensure(block, self.scaled[id(inst)][1])
+        v = self.value(block, inst.inputs[k])
+        return v if v.scale is None or takes_scaled(inst, k) else self.unscaled(block, v)
+
+    def scale_factor(self, c) -> Val:
+        """The scale of a scaled dot, in the program's first block: 0 where it is inf (the
+        reciprocal square root of an empty contraction, whose raw scores are 0)."""
+        top = self.top  # the program's first block (function())
+        key = ("scale", id(c))
+        if key not in top.cache:
+            v = self.ensure(top, c)
+            top.cache[key] = self.var(top, f"tl.where({v.name} < float(\"inf\"), {v.name}, 0.0)", (), "tl.float32")
+        return top.cache[key]
+
+    def unscaled(self, block: Block, v: Val) -> Val:
+        """v as its value: a scaled product multiplied by its factor (once per block chain)."""
+        if v.scale is None:
+            return v
+        key = ("unscaled", v.name)
+        b = block
+        while b is not None:
+            if key in b.cache:
+                return b.cache[key]
+            b = b.parent
+        out = self.var(block, f"{v.name} * {v.scale.name}", v.dims, "tl.float32")
+        block.cache[key] = out
+        return out
 
     def rolled(self, block: Block, inst, swap) -> Val:
         """A half-swapped instance: its base's tile with the halves along swap.label
@@ -473,7 +534,7 @@ class Emitter:
         if op == "cast":
             ty = TL[n.dtype]
             out = self.var(b, convert(args[0].name, ty), args[0].dims, ty)
-            out.zero = args[0].zero
+            out.zero, out.scale = args[0].zero, args[0].scale
             return out
         if op in BINARY:
             a, c = args
@@ -483,12 +544,15 @@ class Emitter:
             if op in COMPARE and not (a.ty in ("tl.int32", "tl.int64") and c.ty in ("tl.int32", "tl.int64")):
                 conv = self.f32
             form = {"max": NAN_MAX, "min": NAN_MIN}.get(op, BINARY[op]) if n.dtype.is_float else BINARY[op]
-            return self.var(b, form.format(a=conv(a, dims), b=conv(c, dims)), dims, ty)
+            left = conv(a, dims) if a.scale is None else f"{conv(a, dims)} * {a.scale.name}"  # one fma
+            return self.var(b, form.format(a=left, b=conv(c, dims)), dims, ty)
         if op == "where":
             c, x, y = args
             conv = self.f32 if n.dtype.is_float else self.align
-            return self.var(b, f"tl.where({self.align(c, dims)}, {conv(x, dims)}, {conv(y, dims)})", dims,
-                            "tl.float32" if n.dtype.is_float else TL[n.dtype])
+            out = self.var(b, f"tl.where({self.align(c, dims)}, {conv(x, dims)}, {conv(y, dims)})", dims,
+                           "tl.float32" if n.dtype.is_float else TL[n.dtype])
+            out.scale = x.scale  # a fill of 0 or +-inf is itself scaled by a positive factor
+            return out
         if op in VIEW_OPS:  # take: its operand's loads gather
             return args[0]
         if op == "concat":
@@ -642,6 +706,9 @@ class Emitter:
 
     def partial_reduce(self, b: Block, inst, x: Val) -> Val:
         """Reduce x over the instance's reduced label within one tile."""
+        if x.scale is not None:  # a positive factor commutes with max, min and sum: once per row
+            raw = self.partial_reduce(b, inst, Val(x.name, x.dims, x.ty, zero=x.zero))
+            return self.var(b, f"{raw.name} * {x.scale.name}", raw.dims, "tl.float32")
         op, r = inst.node.attrs["op"], inst.reduced.id
         out = tuple(d for d in x.dims if d != r)
         if inst.node.dtype.is_int:  # in its own integer type, exact
@@ -848,7 +915,7 @@ class Emitter:
         # so the tensor cores run beside it. One alone is emitted where it is read.
         dots = step_dots(loop, self.t)
         for inst in dots if len(dots) > 1 else ():
-            self.ensure(body, inst)
+            self.value(body, inst)
         alphas = {}
         for a in loop.accs:
             acc = accs[id(a)]
@@ -862,7 +929,8 @@ class Emitter:
                 body.lines.append(f"{acc.name} = {part.name}")
                 continue
             kind = a.node.attrs["op"]
-            part = self.partial_reduce(body, a, self.ensure(body, a.inputs[0]))
+            x = self.value(body, a.inputs[0])
+            part = self.partial_reduce(body, a, x if kind in SCALED_REDUCE else self.unscaled(body, x))
             if a in loop.factors:
                 old = self.var(body, acc.name, acc.dims, acc.ty, prefix="old")
                 body.lines.append(f"{acc.name} = " + COMBINE[kind].format(a=acc.name, b=self.align(part, acc.dims)))
@@ -889,7 +957,7 @@ class Emitter:
         parameters (`tid<label>`, after the symbols) instead of decoded from the program id:
         another kernel calls it for tiles it chooses (combine.py). `extra_bufs` are pointer
         parameters the body does not read itself, `epilogue` lines that run after the stores."""
-        top = Block(None, ())
+        top = self.top = Block(None, ())
         g = self.spec.views.graph
         grid_terms = []
         order = list(reversed(self.canon_grid()))

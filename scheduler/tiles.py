@@ -38,6 +38,9 @@ class Tiling:
     # Grid labels whose program holds `unroll` tiles of them side by side (row_halves.py):
     # the tile at lanes tid * period + l, its copies k * block further on.
     unroll: dict[int, int] = field(default_factory=dict)
+    # A loop step's scaled q·Kᵀ computed as (q·Kᵀ)·c, its operand straight from its load
+    # (scale_after.py).
+    scale_after: bool = False
 
     def rows(self, lid: int) -> int:
         """How many indices of label lid one tile covers."""
