@@ -44,15 +44,20 @@ def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
 
 
 def _tiled(spec, env, dynamic, target):
-    """(spec, tiling) of each tiling to cost: each enumerated one, then the same with two
-    row tiles per program where a loop chains two MatMuls (row_halves.py); each followed
-    by its twin with a loop step's scaled q·Kᵀ scaled after the dot (scale_after.py)."""
+    """(spec, tiling) of each tiling to cost: each enumerated one and its twin with a loop
+    step's scaled q·Kᵀ scaled after the dot (scale_after.py), then the same with two row
+    tiles per program where a loop chains two MatMuls (row_halves.py), as its twin."""
     for t in enumerate_tilings(spec.views, spec.root_labels, env, dynamic, target):
-        for option in [(spec, t), *row_halves.options(spec, t)]:
-            yield option
-            twin = scale_after.option(*option)
-            if twin is not None:
-                yield twin
+        yield spec, t
+        twin = scale_after.option(spec, t)
+        if twin is not None:
+            yield twin
+        for halves in row_halves.options(spec, t):
+            # Two row tiles hold two q tiles: scaled in registers they spilled (58
+            # registers a thread, causal), and the twin ran faster wherever both ran
+            # (full 2.01 against 2.22 ms, causal 1.34 against 1.64, window 0.72
+            # against 1.02; RESULTS.md 2026-12-03), so it alone is offered.
+            yield scale_after.option(*halves) or halves
 
 
 def _kernel_options(spec, facts, env, dynamic, symbols, target):
@@ -93,9 +98,34 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target):
         tiers[0 if tiling not in seen[0] else 1 if warps not in seen[1] else 2].append(f)
         seen[0].add(tiling)
         seen[1].add(warps)
+    ranked = tiers[0] + tiers[1] + tiers[2]
+    if row_halves.chained_rows(spec.views, found[0][3][1]):
+        _keep_coresident(ranked, target)
     # All are returned: plans take the first top_k, a combine run by its partial kernel
     # the first whose tiles fit the partial's (combine.py)
-    return tiers[0] + tiers[1] + tiers[2]
+    return ranked
+
+
+# Where a loop step chains two MatMuls with a softmax between them (attention), the
+# model costs the MMAs but not the softmax's exp and vector work, nor how programs
+# sharing an SM overlap one's softmax with another's MMAs (FlashAttention-3's
+# ping-pong across warpgroups). It ranked a sliding window's 64 x 64 tile at 4 warps,
+# two programs per SM, 11th, 30% behind one 128 x 128 tile per SM; on the H200 it ran
+# 12% faster (RESULTS.md 2026-12-03). So the option at this rank is the model's best
+# pipelined one with two or more programs per SM, when none ranked above it has them:
+# the runtime's profiling decides.
+CORESIDENT_RANK = 3
+
+
+def _keep_coresident(ranked: list, target) -> None:
+    def shared(f) -> bool:  # pipelined: one stage leaves each step waiting on its loads
+        return f[1].num_stages >= 2 and resident_programs(f[4], f[1].num_warps, f[1].num_stages, target) >= 2
+
+    if len(ranked) <= CORESIDENT_RANK or any(shared(f) for f in ranked[:CORESIDENT_RANK + 1]):
+        return
+    best = next((i for i, f in enumerate(ranked) if shared(f)), None)
+    if best is not None:
+        ranked.insert(CORESIDENT_RANK, ranked.pop(best))
 
 
 # Split counts kept for a split over a dynamic extent: the plans must serve every
