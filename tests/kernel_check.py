@@ -16,6 +16,20 @@ from cleave.scheduler import H200
 LOOPS = dataclasses.replace(H200, full_reduce=16, full_matmul=16, hold_matmul=16)
 
 
+# Small odd bindings of the attention workloads: a last row tile partly past the end
+# (two row tiles per program: the second partly or wholly past it), a window shorter
+# than the sequence.
+ATTENTION_BINDINGS = {
+    "mha": {"b": 1, "h": 2, "s": 150, "d": 16},
+    "mha_causal": {"b": 1, "h": 2, "s": 211, "d": 16},
+    "gqa_causal": {"b": 1, "hkv": 1, "g": 2, "s": 150, "d": 16},
+    "mha_window": {"b": 1, "h": 1, "s": 300, "d": 16},
+    "mha_alibi": {"b": 1, "h": 2, "s": 150, "d": 16},
+    "mha_softcap": {"b": 1, "h": 2, "s": 150, "d": 16},
+    "rope_attention_causal": {"b": 1, "h": 1, "s": 150, "d": 16},
+}
+
+
 def assert_one_exact_compile(compiled, fn, calls):
     """compiled(*args) equals eager fn(*args) exactly for every args in `calls`, none of
     them through an eager fallback (which warns), and one compile served them all."""
@@ -150,3 +164,43 @@ def tiles_visited(plan, inputs: dict, extents, out=None) -> collections.Counter:
         _kernel_fn(plan, counted[-1]).fn.__globals__["visit"] = visit
     launch(dataclasses.replace(plan, kernels=counted), inputs, out=out)
     return visits
+
+
+def only_tilings(monkeypatch, keep) -> None:
+    """Have the scheduler cost only the (kernel, tiling) options whose tiling `keep` accepts."""
+    from cleave.scheduler import api
+
+    tiled = api._tiled
+    monkeypatch.setattr(api, "_tiled", lambda spec, env, dynamic, target: (
+        (s, t) for s, t in tiled(spec, env, dynamic, target) if keep(t)))
+
+
+def recorded_kernel_options(monkeypatch) -> list:
+    """A list that collects, per kernel scheduled from now on, the ranked options the
+    scheduler returns (seconds, kernel, tiles, (spec, tiling), stats)."""
+    from cleave.scheduler import api
+
+    found, options = [], api._kernel_options
+
+    def recorded(*args):
+        out = options(*args)
+        found.append(out)
+        return out
+
+    monkeypatch.setattr(api, "_kernel_options", recorded)
+    return found
+
+
+def check_every_length(name: str, env: dict, axis: str, lengths, stores: int | None = None) -> None:
+    """One plan scheduled with `axis` dynamic (the options kept as the caller's fixtures
+    say) matches the reference at every length; `stores`: the output stores its first
+    kernel must hold (one per row tile)."""
+    from cleave import search
+    from cleave.scheduler import schedule
+
+    g = W.get(name).graph
+    plan = schedule(search(g).candidates[0], env, dynamic={axis}, top_k=1, target=LOOPS)[0]
+    if stores is not None:
+        assert len(re.findall(r"^\s*tl\.store\(", plan.kernels[0].source, re.M)) == stores
+    for n in lengths:
+        run_and_check(g, plan, {**env, axis: n}, seed=n)

@@ -10,21 +10,14 @@ from cleave import workloads as W
 from cleave.scheduler import api, schedule
 from cleave.scheduler.cost import resident_programs
 from cleave.scheduler.target import H200
+from kernel_check import recorded_kernel_options
 
 
 def _ranked(monkeypatch, name, env):
     """The ranked options of the workload's first kernel, as _kernel_options returns them."""
-    seen = []
-    options = api._kernel_options
-
-    def spy(*args):
-        out = options(*args)
-        seen.append(out)
-        return out
-
-    monkeypatch.setattr(api, "_kernel_options", spy)
+    found = recorded_kernel_options(monkeypatch)
     schedule(search(W.get(name).graph).candidates[0], env, top_k=4)
-    return seen[0]
+    return found[0]
 
 
 def _coresident(f) -> bool:

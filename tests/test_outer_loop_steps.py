@@ -6,8 +6,9 @@ cost model counts that wait (Stats.outer_steps), so a contraction that fits whol
 not looped in its stead."""
 from cleave import search
 from cleave.ir import Graph
-from cleave.scheduler import api, schedule
+from cleave.scheduler import schedule
 from cleave.workloads.attention import safe_softmax, scale
+from kernel_check import recorded_kernel_options
 
 
 def _nested(source: str) -> bool:
@@ -22,19 +23,12 @@ def test_loads_around_an_inner_loop_are_costed_unpipelined(monkeypatch):
     v = g.input("v", ("h", "L", "d"), "bf16")
     g.output(safe_softmax((q @ k.T).cast("f32") * scale(g, "d")).cast("bf16") @ v, names=["o"])
     candidate = search(g).candidates[0]
-    found = []
-    options = api._kernel_options
-
-    def recorded(*args):
-        out = options(*args)
-        found.extend(out)
-        return out
-
-    monkeypatch.setattr(api, "_kernel_options", recorded)
+    recorded = recorded_kernel_options(monkeypatch)
     # split in 13, the model ranked first a plan whose 512-wide contraction loops inside
     # the key loop before it counted the outer loop's unpipelined steps
     plan = schedule(candidate, {"h": 8, "r": 16, "L": 4096, "d": 512}, top_k=1, split={"s_L": 13})[0]
     assert not any(_nested(k.source) for k in plan.kernels)
+    found = [f for options in recorded for f in options]
     nested = [f for f in found if _nested(f[1].source)]
     assert nested, "no option looped the contraction inside the key loop"
     assert all(f[4].outer_steps > 0 for f in nested)

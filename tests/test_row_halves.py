@@ -10,34 +10,22 @@ from cleave.ir.graph import rebuild
 from cleave.scheduler import api, row_halves, schedule
 from cleave.scheduler.partition import partition
 from cleave.scheduler.tiles import enumerate_tilings
-from kernel_check import LOOPS, run_and_check
+from kernel_check import ATTENTION_BINDINGS, LOOPS, check_every_length, only_tilings, run_and_check
 
 
 @pytest.fixture
 def halves_only(monkeypatch):
     """Schedule only the options with two row tiles per program."""
-    tiled = api._tiled
-
-    def halves(spec, env, dynamic, target):
-        return ((s, t) for s, t in tiled(spec, env, dynamic, target) if t.unroll)
-
-    monkeypatch.setattr(api, "_tiled", halves)
+    only_tilings(monkeypatch, lambda t: t.unroll)
 
 
 def _stores(kernel, buffer="o") -> list[str]:
     return [ln.strip() for ln in kernel.source.splitlines() if ln.strip().startswith(f"tl.store({buffer}_ptr")]
 
 
-# rows past a multiple of the two tiles: the last program's second tile is partly or
-# wholly past the end
-@pytest.mark.parametrize("name,env", [
-    ("mha", {"b": 1, "h": 2, "s": 150, "d": 16}),
-    ("mha_causal", {"b": 1, "h": 2, "s": 211, "d": 16}),
-    ("gqa_causal", {"b": 1, "hkv": 1, "g": 2, "s": 150, "d": 16}),
-    ("mha_window", {"b": 1, "h": 1, "s": 300, "d": 16}),
-    ("rope_attention_causal", {"b": 1, "h": 1, "s": 150, "d": 16}),
-])
-def test_two_row_tiles_per_program_match_the_reference(halves_only, name, env):
+@pytest.mark.parametrize("name", ["mha", "mha_causal", "gqa_causal", "mha_window", "rope_attention_causal"])
+def test_two_row_tiles_per_program_match_the_reference(halves_only, name):
+    env = ATTENTION_BINDINGS[name]
     g = W.get(name).graph
     plans = schedule(search(g).candidates[0], env, top_k=2, target=LOOPS)
     for plan in plans:
@@ -48,12 +36,7 @@ def test_two_row_tiles_per_program_match_the_reference(halves_only, name, env):
 
 
 def test_one_compile_serves_every_length(halves_only):
-    g = W.get("mha_causal").graph
-    plan = schedule(search(g).candidates[0], {"b": 1, "h": 1, "s": 200, "d": 16}, dynamic={"s"}, top_k=1,
-                    target=LOOPS)[0]
-    assert len(_stores(plan.kernels[0])) == 2
-    for s in (1, 64, 65, 129, 257):
-        run_and_check(g, plan, {"b": 1, "h": 1, "s": s, "d": 16}, seed=s)
+    check_every_length("mha_causal", {"b": 1, "h": 1, "s": 200, "d": 16}, "s", (1, 64, 65, 129, 257), stores=2)
 
 
 def test_a_second_tile_inside_the_extent_is_not_masked(halves_only):

@@ -9,35 +9,24 @@ import pytest
 from cleave import search
 from cleave import workloads as W
 from cleave.ir import Graph
-from cleave.scheduler import api, schedule
+from cleave.scheduler import schedule
 from cleave.workloads.attention import safe_softmax
-from kernel_check import LOOPS, run_and_check
+from kernel_check import ATTENTION_BINDINGS, LOOPS, check_every_length, only_tilings, run_and_check
 
 
 @pytest.fixture
 def twins_only(monkeypatch):
     """Schedule only the options with the scale after the dot."""
-    tiled = api._tiled
-
-    def twins(spec, env, dynamic, target):
-        return ((s, t) for s, t in tiled(spec, env, dynamic, target) if t.scale_after)
-
-    monkeypatch.setattr(api, "_tiled", twins)
+    only_tilings(monkeypatch, lambda t: t.scale_after)
 
 
 def _twins(plans):
     return [p for p in plans if any(k.endswith(".scale_after") for k in p.tiles)]
 
 
-@pytest.mark.parametrize("name,env", [
-    ("mha", {"b": 1, "h": 2, "s": 150, "d": 16}),
-    ("mha_causal", {"b": 1, "h": 2, "s": 211, "d": 16}),
-    ("gqa_causal", {"b": 1, "hkv": 1, "g": 2, "s": 150, "d": 16}),
-    ("mha_window", {"b": 1, "h": 1, "s": 300, "d": 16}),
-    ("mha_alibi", {"b": 1, "h": 2, "s": 150, "d": 16}),
-    ("mha_softcap", {"b": 1, "h": 2, "s": 150, "d": 16}),
-])
-def test_scores_scaled_after_the_dot_match_the_reference(twins_only, name, env):
+@pytest.mark.parametrize("name", ["mha", "mha_causal", "gqa_causal", "mha_window", "mha_alibi", "mha_softcap"])
+def test_scores_scaled_after_the_dot_match_the_reference(twins_only, name):
+    env = ATTENTION_BINDINGS[name]
     g = W.get(name).graph
     plans = schedule(search(g).candidates[0], env, top_k=3, target=LOOPS)
     assert plans and len(_twins(plans)) == len(plans)
@@ -47,11 +36,7 @@ def test_scores_scaled_after_the_dot_match_the_reference(twins_only, name, env):
 
 
 def test_one_compile_serves_every_length(twins_only):
-    g = W.get("mha_causal").graph
-    plan = schedule(search(g).candidates[0], {"b": 1, "h": 1, "s": 200, "d": 16}, dynamic={"s"}, top_k=1,
-                    target=LOOPS)[0]
-    for s in (1, 64, 65, 129, 257):
-        run_and_check(g, plan, {"b": 1, "h": 1, "s": s, "d": 16}, seed=s)
+    check_every_length("gqa_causal", {"b": 1, "hkv": 1, "g": 2, "s": 200, "d": 16}, "s", (1, 64, 65, 129, 257))
 
 
 def test_the_loop_reads_q_as_loaded_and_scales_each_row_max_once(twins_only):
