@@ -23,11 +23,11 @@ import dataclasses
 import sympy
 
 from cleave.ir.dtypes import DType
+from cleave.rules.lower import LOW
 
 from .partition import KernelSpec
 from .tiles import Tiling
 
-LOW = (DType.bf16, DType.f16)
 MIN_ROWS = 64  # a decode's 16-row q tile is small beside its keys: no option there
 # A scale whose factors lie in this range, and the reciprocal square root of the dot's
 # contraction extent, is a positive finite f32 (the rsqrt is inf only over an empty
@@ -92,8 +92,9 @@ def _rows(a, inst, t: Tiling) -> int:
 
 def _positive(c, contraction) -> bool:
     """Whether scalar instance c is a positive finite f32 for every binding with a
-    nonempty contraction: a product or quotient of constants in FACTOR_RANGE and the
-    contraction extent's reciprocal square root."""
+    nonempty contraction: a product of constants in FACTOR_RANGE and the contraction
+    extent's reciprocal square root, divided by such constants only (a quotient by the
+    rsqrt is 0 over an empty contraction, and 0 times a -inf fill is NaN)."""
     op = c.node.op
     if op == "const":
         lo, hi = FACTOR_RANGE
@@ -101,6 +102,9 @@ def _positive(c, contraction) -> bool:
     if op == "rsqrt":
         size = c.inputs[0].node
         return size.op == "size" and sympy.simplify(sympy.sympify(size.attrs["value"]) - contraction) == 0
-    if op in ("mul", "div"):
+    if op == "mul":
         return all(_positive(x, contraction) for x in c.inputs)
+    if op == "div":
+        return _positive(c.inputs[0], contraction) and c.inputs[1].node.op == "const" and \
+            _positive(c.inputs[1], contraction)
     return False
