@@ -62,13 +62,16 @@ def test_each_kernel_takes_its_fastest_option_and_the_mix_is_exact():
     picks = fastest_kernels(plans, [0, 1, 2], {}, time=fake_time(costs, plans, timed))
     assert picks == [2, 1]
     # the first plan, then one swap per other distinct option of each kernel, then the
-    # picked option's other launch configurations
+    # picked option's other launch configurations; each swap timed beside the plan as it
+    # stood, twice each where the first pair did not rule it out
     config = lambda k: (k.source, k.num_warps, k.num_stages)  # noqa: E731
     options = [{config(p.kernels[slot]) for p in plans} for slot in range(2)]
     variants = [{(plans[i].kernels[slot].source, w, s) for w, s in launch_variants(plans[i].kernels[slot])}
                 - options[slot] for slot, i in enumerate(picks)]
     assert any(variants)
-    assert len(timed) == 1 + sum(len(o) - 1 for o in options) + sum(len(v) for v in variants)
+    swaps = sum(len(o) - 1 for o in options) + sum(len(v) for v in variants)
+    assert len({tuple(config(k) for k in p.kernels) for p in timed}) == 1 + swaps
+    assert 2 * swaps <= len(timed) <= 4 * swaps
     mixed = compose(plans, picks)
     assert [k.source for k in mixed.kernels] == [plans[2].kernels[0].source, plans[1].kernels[1].source]
     assert all(name.startswith(mixed.kernels[0].name) or name.startswith(mixed.kernels[1].name)
@@ -112,6 +115,27 @@ def test_a_second_partition_tuned_may_overtake_the_fastest_plan():
     picks = fastest_kernels(plans, [0, 3, 1, 2], {}, time=fake_time(costs, plans, [], faster))
     assert picks and all((p if isinstance(p, int) else p[0]) == 3 for p in picks)
     assert partition_key(compose(plans, picks)) == partition_key(other)
+
+
+def test_a_drifting_clock_neither_hides_a_faster_option_nor_invents_one():
+    """The GPU slows by 3% with every timing (a clock warming up over a tuning): a swap
+    5% faster is still found, being timed beside the plan it would replace, and on a
+    flat cost nothing is swapped although each later timing reads faster than an
+    earlier one run the other way."""
+    plans = two_kernel_plans()
+    costs = {(slot, i): 1.0 for slot in range(2) for i in range(3)}
+    costs[(0, 1)] = 0.95
+    calls = []
+
+    def drifting(step):
+        base = fake_time(costs, plans, calls)
+        return lambda plan: base(plan) * (1 + step * len(calls))
+
+    assert fastest_kernels(plans, [0, 1, 2], {}, time=drifting(0.03)) == [1, 0]
+    flat = {key: 1.0 for key in costs}
+    calls.clear()
+    base = fake_time(flat, plans, calls)
+    assert fastest_kernels(plans, [0, 1, 2], {}, time=lambda plan: base(plan) * (1 - 0.03 * len(calls))) is None
 
 
 def test_no_mix_when_no_swap_pays_or_nothing_shares_the_partition():

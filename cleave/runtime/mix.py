@@ -16,11 +16,19 @@ The fastest plan of each of the first two partitions is tuned so (a partition wh
 kernels gain more from it may overtake). The result is one pick per kernel, a plan
 index or [plan index, warps, stages], all of one partition, that `compose` turns back
 into a plan; it is saved with the bucket's ranking so that later processes compose
-without timing."""
+without timing.
+
+Every swap is decided by timing the plan as it stands and the swapped one around each
+other (`_faster`), never against a time taken earlier: the H200's clock drifts by several
+percent over a tuning (a whole layer's plan is timed some 50 times), more than many
+swaps gain (RESULTS.md, session 18: the tuning, then timing each swap against the best
+time so far, kept a Llama attention kernel that the profiler timed 18% slower than the
+option beside it)."""
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import warnings
 from typing import Callable, Union
@@ -34,6 +42,9 @@ from .profile import graph_ms
 # A swap is kept when the whole plan gets at least this much faster: below it a
 # replay's noise (a few tenths of a percent) would decide.
 MIN_GAIN = 0.005
+# A challenger this much slower than the incumbent in the first pair of timings is not
+# timed again: it would need the clock to drift by more than this between two timings.
+SCREEN = 0.03
 WARPS = (4, 8)
 MAX_STAGES = 4
 
@@ -123,47 +134,62 @@ def fastest_kernels(plans: list[Plan], ranking: list[int], inputs: dict[str, tor
         if key not in keys and len(firsts) < PARTITIONS_TUNED:
             keys.append(key)
             firsts.append(i)
-    best, picks = None, None
+    picks = None
     for first, key in zip(firsts, keys):
-        tuned, ms = _tuned(plans, first, [i for i in ranking if i != first and partition_key(plans[i]) == key],
-                           inputs, time)
-        if best is None or ms < best * (1 - MIN_GAIN):
-            best, picks = ms, tuned
+        tuned = _tuned(plans, first, [i for i in ranking if i != first and partition_key(plans[i]) == key],
+                       inputs, time)
+        if picks is None or _faster(time, compose(plans, picks), compose(plans, tuned), None, inputs):
+            picks = tuned
     return None if all(p == ranking[0] for p in picks) else picks
 
 
-def _tuned(plans: list[Plan], first: int, group: list[int], inputs, time) -> tuple[list[Pick], float]:
+def _tuned(plans: list[Plan], first: int, group: list[int], inputs, time) -> list[Pick]:
     """Starting from plans[first], each kernel's option among the plans of `group` (its
     partition) and launch configuration that make the whole plan fastest, one kernel at
-    a time: the picks and their time."""
+    a time: the picks."""
     picks: list[Pick] = [first] * len(plans[first].kernels)
-    best = time(compose(plans, picks))
     for slot in range(len(picks)):
         tried = {_option(plans[first].kernels[slot])}
 
         def attempt(pick: Pick) -> None:
-            nonlocal best, picks
+            nonlocal picks
             option = _option(_kernel(plans, slot, pick))
             if option in tried:
                 return
             tried.add(option)
             trial = picks[:slot] + [pick] + picks[slot + 1:]
-            plan = compose(plans, trial)
-            ms = _timed(time, plan, slot, inputs)
-            if ms is not None and ms < best * (1 - MIN_GAIN):
-                best, picks = ms, trial
+            if _faster(time, compose(plans, picks), compose(plans, trial), slot, inputs):
+                picks = trial
 
         for i in group:
             attempt(i)
         index = _index(picks[slot])
         for warps, stages in launch_variants(_kernel(plans, slot, picks[slot])):
             attempt([index, warps, stages])
-    return picks, best
+    return picks
 
 
-def _timed(time: Callable[[Plan], float], plan: Plan, slot: int, inputs) -> float | None:
-    """time(plan), or None where kernel `slot` cannot run as configured: it fails to
-    compile or launch, or the GPU's shared memory holds fewer stages than it asks for
+_log = logging.getLogger("cleave.tune")
+
+
+def _faster(time: Callable[[Plan], float], incumbent: Plan, challenger: Plan, slot: int | None, inputs) -> bool:
+    """Whether `challenger` runs at least MIN_GAIN faster than `incumbent`, timed in the
+    order incumbent, challenger, challenger, incumbent: a clock drifting linearly over the
+    four adds the same to both sums. A challenger that cannot run as configured (`_timed`)
+    or is clearly slower after the first pair (SCREEN) is not timed again."""
+    a1 = time(incumbent)
+    b1 = _timed(time, challenger, slot, inputs)
+    if b1 is None or b1 >= a1 * (1 + SCREEN):
+        _log.debug("slot %s: %.4f against %s ms", slot, a1, b1)
+        return False
+    b2, a2 = time(challenger), time(incumbent)
+    _log.debug("slot %s: %.4f, %.4f against %.4f, %.4f ms", slot, a1, a2, b1, b2)
+    return b1 + b2 < (a1 + a2) * (1 - MIN_GAIN)
+
+
+def _timed(time: Callable[[Plan], float], plan: Plan, slot: int | None, inputs) -> float | None:
+    """time(plan), or None where the plan cannot run as configured: it fails to compile
+    or launch, or the GPU's shared memory holds fewer stages than kernel `slot` asks for
     (the launch would run it with fewer, which is another option)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SharedMemoryWarning)
@@ -171,7 +197,7 @@ def _timed(time: Callable[[Plan], float], plan: Plan, slot: int, inputs) -> floa
             ms = time(plan)
         except Exception:  # noqa: BLE001 - an option that does not run is no option
             return None
-    if inputs:
+    if inputs and slot is not None:
         options = prepare(plan, inputs).kernels[slot][3]
         if options.get("num_stages", 1) < plan.kernels[slot].num_stages:
             return None
