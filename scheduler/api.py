@@ -113,8 +113,10 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target):
 # two programs per SM, 11th, 30% behind one 128 x 128 tile per SM; on the H200 it ran
 # 12% faster (RESULTS.md 2026-12-03). So the option at this rank is the model's best
 # pipelined one with two or more programs per SM, when none ranked above it has them:
-# the runtime's profiling decides.
-CORESIDENT_RANK = 3
+# the runtime's profiling decides. The second: a layer's plans (two bindings zipped,
+# `_interleave`) hold only its kernels' first two ranks, and Qwen3's attention lost the
+# option at the fourth (session 18).
+CORESIDENT_RANK = 1
 
 
 def _keep_coresident(ranked: list, target) -> None:
