@@ -18,12 +18,13 @@ index or [plan index, warps, stages], all of one partition, that `compose` turns
 into a plan; it is saved with the bucket's ranking so that later processes compose
 without timing.
 
-Every swap is decided by timing the plan as it stands and the swapped one around each
-other (`_faster`), never against a time taken earlier: the H200's clock drifts by several
-percent over a tuning (a whole layer's plan is timed some 50 times), more than many
-swaps gain (RESULTS.md, session 18: the tuning, then timing each swap against the best
-time so far, kept a Llama attention kernel that the profiler timed 18% slower than the
-option beside it)."""
+Every swap is decided by replaying the plan as it stands and the swapped one in
+alternation (`_faster`), never against a time taken earlier: the H200's clock drifts by
+several percent within a tuning (the same Llama layer plan read 1.37 and 1.44 ms two
+timings apart), more than many swaps gain. Timed against the best time so far, then as
+four fresh timings in the order A B B A, the tuning kept Llama's attention kernel of
+0.126 ms beside an option of 0.104, as the profiler timed them (RESULTS.md, session
+18)."""
 from __future__ import annotations
 
 import dataclasses
@@ -37,13 +38,15 @@ import torch
 
 from ..scheduler.plan import Plan
 from .launch import SharedMemoryWarning, launch, prepare
-from .profile import graph_ms
+from .profile import graph_timer
 
 # A swap is kept when the whole plan gets at least this much faster: below it a
 # replay's noise (a few tenths of a percent) would decide.
 MIN_GAIN = 0.005
-# A challenger this much slower than the incumbent in the first pair of timings is not
-# timed again: it would need the clock to drift by more than this between two timings.
+# Two plans are compared over this many blocks of replays in the order A B B A: a clock
+# drifting steadily adds the same to both sums. A challenger this much slower after the
+# first block is not replayed again.
+BLOCKS = 2
 SCREEN = 0.03
 WARPS = (4, 8)
 MAX_STAGES = 4
@@ -116,18 +119,19 @@ PARTITIONS_TUNED = 2
 
 
 def fastest_kernels(plans: list[Plan], ranking: list[int], inputs: dict[str, torch.Tensor],
-                    time: Callable[[Plan], float] | None = None) -> list[Pick] | None:
+                    time: Callable[[Plan], Callable[[], float]] | None = None) -> list[Pick] | None:
     """Per kernel of the fastest tuned plan, the option (and launch configuration) that
     made it fastest, or None when nothing beats plans[ranking[0]] as it is (or nothing
     can be timed: off the GPU, under the interpreter). The fastest plan of each of the
     first PARTITIONS_TUNED partitions in `ranking` is tuned, and the picks all come
-    from one partition. `time` measures a plan in ms (default: CUDA-graph replays on
-    `inputs`, the L2 flushed before each call: profile.graph_ms)."""
+    from one partition. `time(plan)` prepares a plan's timing and returns what replays
+    it, each call giving ms (default: a CUDA graph of its calls on `inputs`, the L2
+    flushed before each call: profile.graph_timer)."""
     if time is None:
         device = next(iter(inputs.values())).device
         if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
             return None
-        time = lambda plan: graph_ms(lambda: launch(plan, inputs), cold=True)  # noqa: E731
+        time = lambda plan: graph_timer(lambda: launch(plan, inputs), cold=True)  # noqa: E731
     firsts, keys = [], []
     for i in ranking:
         key = partition_key(plans[i])
@@ -172,33 +176,40 @@ def _tuned(plans: list[Plan], first: int, group: list[int], inputs, time) -> lis
 _log = logging.getLogger("cleave.tune")
 
 
-def _faster(time: Callable[[Plan], float], incumbent: Plan, challenger: Plan, slot: int | None, inputs) -> bool:
-    """Whether `challenger` runs at least MIN_GAIN faster than `incumbent`, timed in the
-    order incumbent, challenger, challenger, incumbent: a clock drifting linearly over the
-    four adds the same to both sums. A challenger that cannot run as configured (`_timed`)
-    or is clearly slower after the first pair (SCREEN) is not timed again."""
-    a1 = time(incumbent)
-    b1 = _timed(time, challenger, slot, inputs)
-    if b1 is None or b1 >= a1 * (1 + SCREEN):
-        _log.debug("slot %s: %.4f against %s ms", slot, a1, b1)
+def _faster(time, incumbent: Plan, challenger: Plan, slot: int | None, inputs) -> bool:
+    """Whether `challenger` runs at least MIN_GAIN faster than `incumbent`, replayed in
+    alternation (BLOCKS blocks of incumbent, challenger, challenger, incumbent). A
+    challenger that cannot run as configured (`_timer`) or is SCREEN slower after the
+    first block is not replayed again."""
+    a = time(incumbent)
+    b = _timer(time, challenger, slot, inputs)
+    if b is None:
+        _log.debug("slot %s: cannot run", slot)
         return False
-    b2, a2 = time(challenger), time(incumbent)
-    _log.debug("slot %s: %.4f, %.4f against %.4f, %.4f ms", slot, a1, a2, b1, b2)
-    return b1 + b2 < (a1 + a2) * (1 - MIN_GAIN)
+    ta, tb = [], []
+    for block in range(BLOCKS):
+        ta.append(a())
+        tb += [b(), b()]
+        ta.append(a())
+        if sum(tb) >= sum(ta) * (1 + SCREEN):
+            break
+    _log.debug("slot %s: %s against %s ms", slot, ", ".join(f"{t:.4f}" for t in ta),
+               ", ".join(f"{t:.4f}" for t in tb))
+    return len(tb) == 2 * BLOCKS and sum(tb) < sum(ta) * (1 - MIN_GAIN)
 
 
-def _timed(time: Callable[[Plan], float], plan: Plan, slot: int | None, inputs) -> float | None:
+def _timer(time, plan: Plan, slot: int | None, inputs):
     """time(plan), or None where the plan cannot run as configured: it fails to compile
     or launch, or the GPU's shared memory holds fewer stages than kernel `slot` asks for
     (the launch would run it with fewer, which is another option)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SharedMemoryWarning)
         try:
-            ms = time(plan)
+            replay = time(plan)
         except Exception:  # noqa: BLE001 - an option that does not run is no option
             return None
     if inputs and slot is not None:
         options = prepare(plan, inputs).kernels[slot][3]
         if options.get("num_stages", 1) < plan.kernels[slot].num_stages:
             return None
-    return ms
+    return replay

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Callable
 
 import torch
 
@@ -55,18 +56,28 @@ def once_ms(fn) -> float:
 
 def graph_ms(fn, calls: int = 20, cold: bool = False) -> float:
     """Milliseconds per call of fn on the GPU: `calls` calls captured in one CUDA graph,
-    the best of three replays. Cheap enough to run per shape (one small graph, unlike
-    triton's do_bench_cudagraph). Warm, the L2 keeps what the previous call read. Cold,
-    each call starts with the L2 flushed, as do_bench times a kernel and as a serving
-    step finds its KV cache: a memset of twice the L2 before each call, timed in a graph
-    of its own and subtracted. Ranked warm, an MQA decode of 8 requests (34 MB of K/V,
-    inside the H200's L2) put first a plan 4% slower cold than the one the cold ranking
-    put first (RESULTS.md, session 14)."""
+    the best of three replays (`graph_timer`). Cheap enough to run per shape (one small
+    graph, unlike triton's do_bench_cudagraph)."""
+    replay = graph_timer(fn, calls, cold)
+    return min(replay() for _ in range(3))
+
+
+def graph_timer(fn, calls: int = 20, cold: bool = False) -> Callable[[], float]:
+    """`calls` calls of fn captured once in a CUDA graph; each call of the result replays
+    them and returns the milliseconds per call. Warm, the L2 keeps what the previous
+    call read. Cold, each call starts with the L2 flushed, as do_bench times a kernel
+    and as a serving step finds its KV cache: a memset of twice the L2 before each call,
+    its own time (the best of three replays of a graph of memsets) subtracted. Ranked
+    warm, an MQA decode of 8 requests (34 MB of K/V, inside the H200's L2) put first a
+    plan 4% slower cold than the one the cold ranking put first (RESULTS.md, session
+    14). Two timers replayed in alternation compare two things under the same clock."""
     if not cold:
-        return _replayed(fn, calls)
+        return _captured(fn, calls)
     flush = _flush_buffer(torch.cuda.current_device())
-    both = _replayed(lambda: (flush.zero_(), fn()), calls)
-    return max(both - _replayed(flush.zero_, calls), 1e-4)
+    both = _captured(lambda: (flush.zero_(), fn()), calls)
+    flush_only = _captured(flush.zero_, calls)
+    flush_ms = min(flush_only() for _ in range(3))
+    return lambda: max(both() - flush_ms, 1e-4)
 
 
 _FLUSH: dict[int, torch.Tensor] = {}
@@ -79,7 +90,7 @@ def _flush_buffer(device: int) -> torch.Tensor:
     return _FLUSH[device]
 
 
-def _replayed(fn, calls: int) -> float:
+def _captured(fn, calls: int) -> Callable[[], float]:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -90,12 +101,12 @@ def _replayed(fn, calls: int) -> float:
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    best = float("inf")
-    for _ in range(3):
+
+    def replay() -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        best = min(best, start.elapsed_time(end) / calls)
-    return best
+        return start.elapsed_time(end) / calls
+    return replay
