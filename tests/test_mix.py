@@ -11,6 +11,7 @@ import torch
 
 from cleave.ir import parse_graph
 from cleave.runtime import artifact as A
+from cleave.runtime import mix
 from cleave.runtime.launch import launch
 from cleave.runtime.mix import compose, fastest_kernels, launch_variants, partition_key
 from cleave.scheduler import schedule
@@ -26,6 +27,12 @@ TWO_KERNELS = parse_graph('''graph two_kernels {
   return a=%4, b=%5
 }''')
 ENV = {"s": 37, "k": 24, "n": 300}
+
+
+@pytest.fixture(autouse=True)
+def no_warmup_wait(monkeypatch):
+    """The fake timers replay instantly: the warm-up is its two pairs of replays."""
+    monkeypatch.setattr(mix, "WARMUP_S", 0.0)
 
 
 def two_kernel_plans():
@@ -136,6 +143,27 @@ def test_a_drifting_clock_neither_hides_a_faster_option_nor_invents_one():
     flat = {key: 1.0 for key in costs}
     replays.clear()
     assert fastest_kernels(plans, [0, 1, 2], {}, time=fake_time(flat, plans, [], clock=clock(-0.01))) is None
+
+
+def test_a_clock_that_settles_after_its_first_replays_does_not_favour_the_swap():
+    """After a compile's pause the GPU runs its first replays faster, then settles (the
+    H200: ~10% over the first ~0.1 s). A swap 2% slower, replayed while the clock is
+    fast and the plan it would replace after, would read faster: both are replayed
+    before the timed blocks."""
+    plans = two_kernel_plans()
+    costs = {(slot, i): 1.0 for slot in range(2) for i in range(3)}
+    costs[(0, 1)] = 1.02
+    replays = []
+
+    def settling():  # each comparison starts after a pause: three fast replays, then steady
+        replays.append(0)
+        return 0.9 if len(replays) <= 3 else 1.0
+
+    def time(plan):
+        replays.clear()
+        return fake_time(costs, plans, [], clock=settling)(plan)
+
+    assert fastest_kernels(plans, [0, 1, 2], {}, time=time) is None
 
 
 def test_no_mix_when_no_swap_pays_or_nothing_shares_the_partition():

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import warnings
+from time import perf_counter
 from typing import Callable, Union
 
 import torch
@@ -48,6 +49,11 @@ MIN_GAIN = 0.005
 # first block is not replayed again.
 BLOCKS = 2
 SCREEN = 0.03
+# Before those blocks both are replayed in turn for this long (and twice at least): after
+# the pause of a compile and a capture the H200 runs the first ~0.1 s of replays ~10%
+# faster, then settles (a Llama layer's replays read 1.35, 1.40, 1.40, then 1.49-1.51 ms),
+# and a step inside the blocks favours whichever plan ran before it.
+WARMUP_S = 0.3
 WARPS = (4, 8)
 MAX_STAGES = 4
 
@@ -178,14 +184,18 @@ _log = logging.getLogger("cleave.tune")
 
 def _faster(time, incumbent: Plan, challenger: Plan, slot: int | None, inputs) -> bool:
     """Whether `challenger` runs at least MIN_GAIN faster than `incumbent`, replayed in
-    alternation (BLOCKS blocks of incumbent, challenger, challenger, incumbent). A
-    challenger that cannot run as configured (`_timer`) or is SCREEN slower after the
-    first block is not replayed again."""
+    alternation (BLOCKS blocks of incumbent, challenger, challenger, incumbent) after
+    replaying both for WARMUP_S. A challenger that cannot run as configured (`_timer`)
+    or is SCREEN slower after the first block is not replayed again."""
     a = time(incumbent)
     b = _timer(time, challenger, slot, inputs)
     if b is None:
         _log.debug("slot %s: cannot run", slot)
         return False
+    pairs, start = 0, perf_counter()
+    while pairs < 2 or perf_counter() - start < WARMUP_S:
+        a(), b()
+        pairs += 1
     ta, tb = [], []
     for block in range(BLOCKS):
         ta.append(a())
