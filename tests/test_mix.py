@@ -93,6 +93,16 @@ def test_each_kernel_takes_its_fastest_option_and_the_mix_is_exact():
     torch.testing.assert_close(b.double(), x64.max(1).values, rtol=0, atol=0)
 
 
+def test_the_tuning_reports_each_kernel_it_tuned(capsys):
+    plans = two_kernel_plans()
+    costs = {(0, 0): 5.0, (0, 1): 6.0, (0, 2): 3.0, (1, 0): 4.0, (1, 1): 1.0, (1, 2): 4.0}
+    fastest_kernels(plans, [0, 1, 2], {}, time=fake_time(costs, plans, []))
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[cleave tune] kernel")]
+    assert [ln.split(":")[0] for ln in lines] == [f"[cleave tune] kernel {i}/2 ({k.name})"
+                                                  for i, k in enumerate(plans[0].kernels, 1)]
+    assert lines[0].endswith("picked 2") and lines[1].endswith("picked 1")
+
+
 def test_a_faster_launch_configuration_is_picked_and_runs_exactly():
     """One plan alone is tuned too: kernel 0 runs faster with the other warp count."""
     plans = two_kernel_plans()

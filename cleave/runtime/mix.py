@@ -37,6 +37,7 @@ from typing import Callable, Union
 
 import torch
 
+from .. import progress
 from ..scheduler.plan import Plan
 from .launch import SharedMemoryWarning, launch, prepare
 from .profile import graph_timer
@@ -176,6 +177,9 @@ def _tuned(plans: list[Plan], first: int, group: list[int], inputs, time) -> lis
         index = _index(picks[slot])
         for warps, stages in launch_variants(_kernel(plans, slot, picks[slot])):
             attempt([index, warps, stages])
+        # a layer's tuning takes tens of seconds: say where it is
+        progress.report(f"[cleave tune] kernel {slot + 1}/{len(picks)} ({plans[first].kernels[slot].name}): "
+                        f"{len(tried)} options compared, picked {picks[slot]}")
     return picks
 
 
