@@ -470,3 +470,29 @@ def test_strided_views_of_a_contiguous_result_compile_as_takes(ctx, fn, shape):
         got = torch.compile(fn, backend="cleave")(x)
     torch.testing.assert_close(got, fn(x))
     assert ctx.stats()["graph_breaks"] == 0
+
+
+def test_attention_scaled_by_the_square_root_of_a_dynamic_head_dim_compiles(ctx):
+    """`/ math.sqrt(q.shape[-1])` under dynamic=True: an f64 square root of a size,
+    rounded to f32. The candidate computed the root in f32 and lost that rounding, the
+    fp64 check saw a one-ulp difference (CandidateMismatch) and the frame ran eagerly;
+    a kept rounding cast now rounds from its operand's precision in the input graph."""
+    import math
+
+    def attention(q, k, v, lens):
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        keep = torch.arange(k.shape[2])[None, :] < lens[:, None]
+        return s.masked_fill(~keep[:, None, None, :], float("-inf")).softmax(-1) @ v
+
+    f = torch.compile(attention, backend="cleave", dynamic=True)
+    g = torch.Generator().manual_seed(0)
+    for b, h, L, S, d in [(2, 3, 7, 13, 16), (1, 2, 5, 9, 24)]:
+        q, k, v = (torch.randn(b, h, n, d, generator=g) for n in (L, S, S))
+        lens = torch.randint(1, S + 1, (b,), generator=g)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = f(q, k, v, lens)
+        want = attention(q.double(), k.double(), v.double(), lens)
+        _close(got, want.float(), 1e-5)
+    st = ctx.stats()
+    assert st["operators"] >= 1 and st["graph_breaks"] == 0 and st["failed"] == 0, st

@@ -48,6 +48,15 @@ class Encoded:
             n = src.nodes[key]
             if n.op == "input":
                 return g.inputs[n.attrs["name"]]
+            if _is_float_cast(n):
+                # A kept rounding cast rounds from its operand's precision in the input
+                # graph: `x / math.sqrt(d)` takes an f64 square root of a size and rounds
+                # it to f32, where the policy computes the root in f32 (the same value
+                # once rounded, but the check's fp64 interpreter rounds at casts only).
+                (x,) = operands
+                wide = n.inputs[0].dtype
+                if x.dtype != wide and x.dtype.is_float and not rounds(x.dtype, wide):
+                    operands = [x.cast(wide)]
             return g.add(n.op, *operands, loc=n.loc, **n.attrs)
 
         low = Lowering(g, leaf=leaf, lowp=self.lowp, what=f"candidate of {src.name}")
