@@ -90,7 +90,7 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target):
                            + (f" ({errors[0]})" if errors else ""))
     # Options the model costs the same (a GEMM's K step changes neither its bytes nor its
     # MMA work) rank the longer loop step first: each step waits on its barrier and its
-    # MMAs, and Qwen3's down projection (K = 25600) ran 12-23% faster in 64-wide steps
+    # MMAs, and Qwen3's down projection (K = 25600) took 10-23% less time in 64-wide steps
     # than in the 32-wide ones its tie had put first (RESULTS.md, session 18).
     found.sort(key=lambda f: (f[0], -_loop_step(f[3][1])))
     # Distinct tilings first, then each tiling's best with another warp count, then the
