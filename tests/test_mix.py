@@ -80,7 +80,7 @@ def test_each_kernel_takes_its_fastest_option_and_the_mix_is_exact():
     assert any(variants)
     swaps = sum(len(o) - 1 for o in options) + sum(len(v) for v in variants)
     assert len({tuple(config(k) for k in p.kernels) for p in timed}) == 1 + swaps
-    assert len(timed) == 2 * swaps  # each swap beside the plan as it stood
+    assert len(timed) == 1 + swaps  # each plan captured once, replayed beside the one it would replace
     mixed = compose(plans, picks)
     assert [k.source for k in mixed.kernels] == [plans[2].kernels[0].source, plans[1].kernels[1].source]
     assert all(name.startswith(mixed.kernels[0].name) or name.startswith(mixed.kernels[1].name)

@@ -145,32 +145,35 @@ def fastest_kernels(plans: list[Plan], ranking: list[int], inputs: dict[str, tor
         if key not in keys and len(firsts) < PARTITIONS_TUNED:
             keys.append(key)
             firsts.append(i)
-    picks = None
+    picks = current = None
     for first, key in zip(firsts, keys):
-        tuned = _tuned(plans, first, [i for i in ranking if i != first and partition_key(plans[i]) == key],
-                       inputs, time)
-        if picks is None or _faster(time, compose(plans, picks), compose(plans, tuned), None, inputs):
-            picks = tuned
+        tuned, replay = _tuned(plans, first, [i for i in ranking if i != first and partition_key(plans[i]) == key],
+                               inputs, time)
+        if picks is None or _faster(current, replay, None):
+            picks, current = tuned, replay
     return None if all(p == ranking[0] for p in picks) else picks
 
 
-def _tuned(plans: list[Plan], first: int, group: list[int], inputs, time) -> list[Pick]:
+def _tuned(plans: list[Plan], first: int, group: list[int], inputs, time) -> tuple[list[Pick], Callable]:
     """Starting from plans[first], each kernel's option among the plans of `group` (its
     partition) and launch configuration that make the whole plan fastest, one kernel at
-    a time: the picks."""
+    a time: the picks, and the replay of the plan they compose (captured once, as each
+    challenger is, and kept while it holds)."""
     picks: list[Pick] = [first] * len(plans[first].kernels)
+    current = time(compose(plans, picks))
     for slot in range(len(picks)):
         tried = {_option(plans[first].kernels[slot])}
 
         def attempt(pick: Pick) -> None:
-            nonlocal picks
+            nonlocal picks, current
             option = _option(_kernel(plans, slot, pick))
             if option in tried:
                 return
             tried.add(option)
             trial = picks[:slot] + [pick] + picks[slot + 1:]
-            if _faster(time, compose(plans, picks), compose(plans, trial), slot, inputs):
-                picks = trial
+            replay = _timer(time, compose(plans, trial), slot, inputs)
+            if _faster(current, replay, slot):
+                picks, current = trial, replay
 
         for i in group:
             attempt(i)
@@ -180,19 +183,17 @@ def _tuned(plans: list[Plan], first: int, group: list[int], inputs, time) -> lis
         # a layer's tuning takes tens of seconds: say where it is
         progress.report(f"[cleave tune] kernel {slot + 1}/{len(picks)} ({plans[first].kernels[slot].name}): "
                         f"{len(tried)} options compared, picked {picks[slot]}")
-    return picks
+    return picks, current
 
 
 _log = logging.getLogger("cleave.tune")
 
 
-def _faster(time, incumbent: Plan, challenger: Plan, slot: int | None, inputs) -> bool:
-    """Whether `challenger` runs at least MIN_GAIN faster than `incumbent`, replayed in
-    alternation (BLOCKS blocks of incumbent, challenger, challenger, incumbent) after
-    replaying both for WARMUP_S. A challenger that cannot run as configured (`_timer`)
-    or is SCREEN slower after the first block is not replayed again."""
-    a = time(incumbent)
-    b = _timer(time, challenger, slot, inputs)
+def _faster(a: Callable[[], float], b: Callable[[], float] | None, slot: int | None) -> bool:
+    """Whether replay `b` (the challenger; None where it cannot run as configured,
+    `_timer`) runs at least MIN_GAIN faster than replay `a`, replayed in alternation
+    (BLOCKS blocks of a, b, b, a) after replaying both for WARMUP_S. A challenger SCREEN
+    slower after the first block is not replayed again."""
     if b is None:
         _log.debug("slot %s: cannot run", slot)
         return False
