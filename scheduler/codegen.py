@@ -273,6 +273,7 @@ class Emitter:
         self.uncached: set = set()  # buffers read past L1: other programs of this launch write them (combine.py)
         self.load_steps: list = []  # (loop chain, trips per program) of each load inside a loop
         self.loop_chains: set = set()  # the loop chain of each loop body emitted
+        self.loop_runs: dict = {}  # id(instance) -> whether computing it runs a loop (runs_loop)
 
     # -- small helpers ----------------------------------------------------
     def within_numel(self, dims) -> None:
@@ -414,6 +415,12 @@ class Emitter:
     def is_acc(self, inst) -> bool:
         return inst.reduced is not None and self.t.role[inst.reduced.id] == "loop" and not inst.leaf
 
+    def runs_loop(self, inst) -> bool:
+        """Whether computing inst runs a loop: it is, or reads, a loop's accumulator."""
+        if id(inst) not in self.loop_runs:
+            self.loop_runs[id(inst)] = self.is_acc(inst) or any(self.runs_loop(x) for x in inst.inputs)
+        return self.loop_runs[id(inst)]
+
     # -- values -----------------------------------------------------------
     def ensure(self, block: Block, inst) -> Val:
         """inst's value, computed in block or found where an outer block holds it."""
@@ -440,7 +447,12 @@ class Emitter:
         # A value of a running accumulator that this loop body holds (the guarded max of a
         # separated exp(x - g(m)), through any chain of ops) is computed in the body: outside,
         # it would wait for the loop. Each input lands in its own home first.
-        args = [self.argument(block, inst, k) for k in range(len(inst.inputs))]
+        # Operands that run a loop first: what the rest reads (a residual tile, a bias) is
+        # then loaded after the loop, not held in registers through it beside the
+        # accumulators (the register count the cost model assumes).
+        order = sorted(range(len(inst.inputs)), key=lambda k: not self.runs_loop(inst.inputs[k]))
+        got = {k: self.argument(block, inst, k) for k in order}
+        args = [got[k] for k in range(len(inst.inputs))]
         inner = [b for b in self.chain(block, h) if any(id(x) in b.cache for x in inst.inputs)]
         h = inner[0] if inner else h
         val = self.compute(h, inst, args)
@@ -972,8 +984,9 @@ class Emitter:
         # Persistent: a plain tiled GEMM, one MatMul accumulated in its loop and no tile
         # read beside it in the epilogue. On the H200 (triton 3.6) a persistent loop with
         # a residual tile read in its epilogue ran 4-1000x slower (Llama's down projection
-        # 1.6-53 ms against 0.37; RESULTS.md, 2026-12-01 session 3), and SwiGLU's two
-        # accumulators 2.7 ms against 1.8; attention's softmax loops are not flattened either.
+        # 1.6-53 ms against 0.37; RESULTS.md, 2026-12-01 session 3), and with that tile
+        # loaded after the K loop still 1.9-3.5x (Llama's and Qwen3's, session 19); SwiGLU's
+        # two accumulators 2.7 ms against 1.8; attention's softmax loops are not flattened either.
         epilogue_tiles = any(inst.leaf and self.dims(inst.labels) and
                              not any(self.t.role[lid] == "loop" for lid in inst.labels)
                              for inst in self.views.memo.values())
