@@ -191,9 +191,9 @@ _log = logging.getLogger("cleave.tune")
 
 def _faster(a: Callable[[], float], b: Callable[[], float] | None, slot: int | None) -> bool:
     """Whether replay `b` (the challenger; None where it cannot run as configured,
-    `_timer`) runs at least MIN_GAIN faster than replay `a`, replayed in alternation
-    (BLOCKS blocks of a, b, b, a) after replaying both for WARMUP_S. A challenger SCREEN
-    slower after the first block is not replayed again."""
+    `_timer`) runs at least MIN_GAIN faster than replay `a` in each of BLOCKS blocks of
+    a, b, b, a, after replaying both for WARMUP_S. A challenger SCREEN slower after the
+    first block is not replayed again."""
     if b is None:
         _log.debug("slot %s: cannot run", slot)
         return False
@@ -210,7 +210,11 @@ def _faster(a: Callable[[], float], b: Callable[[], float] | None, slot: int | N
             break
     _log.debug("slot %s: %s against %s ms", slot, ", ".join(f"{t:.4f}" for t in ta),
                ", ".join(f"{t:.4f}" for t in tb))
-    return len(tb) == 2 * BLOCKS and sum(tb) < sum(ta) * (1 - MIN_GAIN)
+    # Every block must show the gain on its own: a replay the clock dips in (+10% on the
+    # H200, one in a block) weighs on one block's sums, and swayed a total over both
+    # (Qwen3's k/v projection took an option 45% slower, 0.134 ms against 0.092).
+    return len(tb) == 2 * BLOCKS and all(sum(tb[2 * k:2 * k + 2]) < sum(ta[2 * k:2 * k + 2]) * (1 - MIN_GAIN)
+                                         for k in range(BLOCKS))
 
 
 def _timer(time, plan: Plan, slot: int | None, inputs):
