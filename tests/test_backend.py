@@ -496,3 +496,36 @@ def test_attention_scaled_by_the_square_root_of_a_dynamic_head_dim_compiles(ctx)
         _close(got, want.float(), 1e-5)
     st = ctx.stats()
     assert st["operators"] >= 1 and st["graph_breaks"] == 0 and st["failed"] == 0, st
+
+
+def test_automatic_dynamic_sdpa_reads_k_and_v_lengths_as_one(ctx):
+    """Under automatic dynamic shapes (the default: a second length recompiles with
+    sizes symbolic) dynamo gives q, k and v a length symbol each and guards none equal;
+    SDPA's k·v contraction needs k's and v's one. They become one symbol (fx_graph),
+    the layer compiles instead of running eagerly, and inputs where they differ run
+    eagerly, where PyTorch says what is wrong."""
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, scale=0.3, is_causal=True)
+
+    f = torch.compile(attend, backend="cleave")
+    with torch.no_grad():
+        for n in (5, 7, 9):
+            q, k, v = (torch.randn(2, 2, n, 8) for _ in range(3))
+            _close(f(q, k, v), attend(q.double(), k.double(), v.double()).float(), 1e-4)
+        st = ctx.stats()
+        assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+        # k and v of different lengths: torch 2.13's CPU kernel reads v's first rows,
+        # another build may raise; either way the call is PyTorch's own
+        q, k, v = torch.randn(2, 2, 7, 8), torch.randn(2, 2, 9, 8), torch.randn(2, 2, 11, 8)
+        try:
+            want, raised = attend(q, k, v), None
+        except RuntimeError as err:
+            want, raised = None, type(err)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if raised is None:
+                assert torch.equal(f(q, k, v), want)
+            else:
+                with pytest.raises(raised):
+                    f(q, k, v)
+        assert any("do not fit the compiled graph" in str(w.message) for w in caught)

@@ -14,6 +14,16 @@ class CaptureError(CleaveError):
     """torch could not trace the function, or its example inputs do not fit `dynamic`."""
 
 
+class UnequalSymbols(CaptureError):
+    """An op needs two dims equal that torch traced as two symbols (`.symbols`, the IR's
+    names): dynamo's automatic dynamic shapes give q, k and v of one length a symbol
+    each, which an attention's k @ v contraction needs to be one."""
+
+    def __init__(self, message: str, symbols: tuple[str, str]):
+        super().__init__(message)
+        self.symbols = symbols
+
+
 class UnsupportedOpError(CaptureError):
     """An aten op (or an argument of it) has no IR mapping. `.op` names the aten op and
     `.source` the user's file:line (None when torch recorded no stack trace); the

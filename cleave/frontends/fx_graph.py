@@ -15,7 +15,7 @@ import torch
 from ..ir import Graph, rebuild
 from . import aten_map
 from .capture import Captured, constant_node
-from .errors import UnsupportedOpError, source_of
+from .errors import UnequalSymbols, UnsupportedOpError, source_of
 from .masks import simplify_masks
 from .layout_sink import sink_layouts
 from .regroup import regroup_repeated_operands
@@ -25,14 +25,38 @@ from .translate import Translator, ir_dtype
 
 def translate_graph_module(gm: torch.fx.GraphModule, name: str) -> Captured:
     """The IR graph of gm. Raises UnsupportedOpError naming the first node cleave
-    cannot express (the caller cuts the graph there)."""
+    cannot express (the caller cuts the graph there).
+
+    Dims torch traced as two symbols that an op needs equal (a MatMul's contracted
+    dims, broadcast dims; torch's own meta functions do not always guard them: SDPA's
+    k and v lengths under automatic dynamic shapes) become one symbol, and the graph
+    is translated again. The operator's binding checks every input dim against its
+    symbol, so inputs where they differ run eagerly (graph_breaks.Launcher)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    same: dict[str, str] = {}  # a symbol's name -> the one it is read as
+    while True:
+        try:
+            return _translate(gm, name, placeholders, same)
+        except UnequalSymbols as err:
+            a, b = (_root(same, s) for s in err.symbols)
+            if a == b:
+                raise
+            same[max(a, b)] = min(a, b)
+
+
+def _root(same: dict[str, str], s: str) -> str:
+    while s in same:
+        s = same[s]
+    return s
+
+
+def _translate(gm, name: str, placeholders, same: dict[str, str]) -> Captured:
     symbols = SymbolMap()
     for node in placeholders:  # name torch's symbols before reading any shape
         val = node.meta.get("val")
         for d in (val.shape if isinstance(val, torch.Tensor) else [val]):
             if isinstance(d, torch.SymInt) and isinstance(d.node.expr, sympy.Symbol):
-                symbols.name(d.node.expr, str(d.node.expr))
+                symbols.name(d.node.expr, _root(same, str(d.node.expr)))
     graph = Graph(name)
     t = Translator(graph, symbols)
     for node in placeholders:

@@ -14,11 +14,11 @@ import sympy
 import torch
 
 from ..interpreter import IR_DTYPES
-from ..ir import Graph, Node, ShapeError
+from ..ir import DimMismatch, Graph, Node, ShapeError
 from ..ir import dims as D
 from ..ir.dtypes import DType
 from . import aten_map
-from .errors import CaptureError, UnsupportedOpError, op_name, source_of
+from .errors import CaptureError, UnequalSymbols, UnsupportedOpError, op_name, source_of
 from .symbols import SymbolMap
 
 
@@ -61,7 +61,10 @@ class Translator:
             try:
                 value = self._conform(rule.fn(self, fx_node, args), val)
             except ShapeError as err:  # the rule built something the IR rejects: say which op, where
-                raise CaptureError(f"{self.op}: {err}" + (f" (at {self.loc})" if self.loc else "")) from None
+                message = f"{self.op}: {err}" + (f" (at {self.loc})" if self.loc else "")
+                if isinstance(err, DimMismatch) and all(isinstance(d, sympy.Symbol) for d in err.dims):
+                    raise UnequalSymbols(message, tuple(d.name for d in err.dims)) from None
+                raise CaptureError(message) from None
         self.values[fx_node] = value
         return value
 

@@ -9,6 +9,15 @@ class ShapeError(CleaveError, ValueError):
     """Two shapes disagree, or an attribute does not fit the operand's shape."""
 
 
+class DimMismatch(ShapeError):
+    """Two dims that must be equal (a MatMul's contracted dims, broadcast dims other
+    than 1) are not: `.dims` holds both."""
+
+    def __init__(self, message: str, dims: tuple):
+        super().__init__(message)
+        self.dims = dims
+
+
 class ParseError(CleaveError, ValueError):
     """The textual form of a graph could not be read."""
 

@@ -11,7 +11,7 @@ import sympy
 from . import dims as D
 from .dims import Dim
 from .dtypes import DType, dtype as to_dtype
-from .errors import BindingError, ShapeError
+from .errors import BindingError, DimMismatch, ShapeError
 from .ops import SPECS
 from .tensor_ops import TensorOps
 
@@ -136,6 +136,8 @@ class Graph:
         try:
             result = spec.infer(*inputs, **norm)
         except ShapeError as err:
+            if loc and isinstance(err, DimMismatch):
+                raise DimMismatch(f"{err} (at {loc})", err.dims) from None
             if loc:
                 raise ShapeError(f"{err} (at {loc})") from None
             raise

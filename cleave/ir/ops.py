@@ -19,7 +19,7 @@ import sympy
 from . import dims as D
 from .dims import Dim
 from .dtypes import DType, promote
-from .errors import ShapeError
+from .errors import DimMismatch, ShapeError
 
 # The elementwise vocabulary, by kind; the structural ops are registered at the end.
 UNARY = ("exp", "exp2", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh",
@@ -87,9 +87,9 @@ def broadcast_shapes(op: str, shapes: Sequence[tuple[Dim, ...]]) -> tuple[Dim, .
             if chosen is None:
                 chosen, owner = s[j], k
             elif not D.equal(chosen, s[j]):
-                _fail(op, f"operand {owner} has shape {D.fmt_shape(shapes[owner])}, "
-                          f"operand {k} has shape {D.fmt_shape(s)}: "
-                          f"dim {i} is {D.fmt(chosen)} vs {D.fmt(s[j])}")
+                raise DimMismatch(f"{op}: operand {owner} has shape {D.fmt_shape(shapes[owner])}, "
+                                  f"operand {k} has shape {D.fmt_shape(s)}: "
+                                  f"dim {i} is {D.fmt(chosen)} vs {D.fmt(s[j])}", (chosen, s[j]))
         out.append(chosen if chosen is not None else D.dim(1))
     return tuple(out)
 
@@ -153,8 +153,8 @@ def _infer_matmul(a, b):
         _fail("matmul", f"operands need rank >= 2, got {D.fmt_shape(a.shape)} and {D.fmt_shape(b.shape)}")
     k1, k2 = a.shape[-1], b.shape[-2]
     if not D.equal(k1, k2):
-        _fail("matmul", f"operand 0 has shape {D.fmt_shape(a.shape)}, operand 1 has shape "
-                        f"{D.fmt_shape(b.shape)}: contracted dims {D.fmt(k1)} vs {D.fmt(k2)}")
+        raise DimMismatch(f"matmul: operand 0 has shape {D.fmt_shape(a.shape)}, operand 1 has shape "
+                          f"{D.fmt_shape(b.shape)}: contracted dims {D.fmt(k1)} vs {D.fmt(k2)}", (k1, k2))
     batch = broadcast_shapes("matmul", [a.shape[:-2], b.shape[:-2]])
     return Result(batch + (a.shape[-2], b.shape[-1]), promote(a.dtype, b.dtype))
 

@@ -15,6 +15,7 @@ import torch.fx
 from torch.fx.passes.split_module import split_module
 
 from .. import passes
+from ..ir import BindingError
 from .launch import remember
 from .context import Context
 from .operator import CompileFailure, NotReadyDuringCapture
@@ -262,6 +263,9 @@ class Launcher:
         except NotReadyDuringCapture as err:
             self.ctx.warn_capture(self.where, str(err))
             return self.eager_fn(*args)
+        except BindingError as err:  # dims the graph reads as one symbol differ here (fx_graph):
+            self.ctx.warn_eager(self.where, f"its inputs do not fit the compiled graph ({err})")
+            return self.eager_fn(*args)  # PyTorch computes it, or says what is wrong
         return self._finish(args, outs)
 
     def inputs(self, args) -> dict[str, torch.Tensor]:
