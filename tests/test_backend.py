@@ -529,3 +529,23 @@ def test_automatic_dynamic_sdpa_reads_k_and_v_lengths_as_one(ctx):
                 with pytest.raises(raised):
                     f(q, k, v)
         assert any("do not fit the compiled graph" in str(w.message) for w in caught)
+
+
+def test_assignment_into_a_slice_compiles_exactly(ctx):
+    """`z[:, 0] = v` and `z[1:3] = w` on a fresh tensor: functionalization leaves a
+    functional `aten.copy` (src broadcast to the slice, cast to its dtype) beside the
+    scatter's decomposition; it ran eagerly as unsupported before."""
+    def write(x, y, row):
+        z = torch.zeros(x.shape[0], 6, dtype=torch.bfloat16)
+        z[:, 1:4] = x[:, :3] * 3
+        z[0] = row
+        z[1:3, 5] = 7
+        return z
+
+    f = torch.compile(write, backend="cleave")
+    with torch.no_grad():
+        for n in (5, 7, 9):
+            x, y, row = torch.randn(n, 6), torch.randn(n, 6), torch.randn(6)
+            assert torch.equal(f(x, y, row), write(x, y, row))
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

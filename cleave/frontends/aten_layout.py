@@ -66,6 +66,9 @@ rule("transpose.int", "swapaxes")(lambda t, n, a: swap(t, a["self"], a.get("dim0
 rule("t", "numpy_T", "mT")(lambda t, n, a: swap(t, a["self"], -2, -1) if a["self"].rank >= 2 else a["self"])
 rule("permute")(lambda t, n, a: permute(t, a["self"], a["dims"]))
 rule("expand", "expand_as", "broadcast_to")(lambda t, n, a: broadcast(t, a["self"], t.out_shape(n)))
+# functional copy (what `z[:, 0] = v` leaves after functionalization, beside the scatter's
+# decomposition): src broadcast to self's shape; the translator casts to self's dtype
+rule("copy")(lambda t, n, a: broadcast(t, a["src"], t.out_shape(n)))
 
 
 def _strided_reads(a, n):
