@@ -549,3 +549,44 @@ def test_assignment_into_a_slice_compiles_exactly(ctx):
             assert torch.equal(f(x, y, row), write(x, y, row))
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_a_region_that_passes_a_size_across_a_graph_break_compiles(ctx):
+    """Across a graph break dynamo passes sizes as well as tensors: the region before
+    `view_as_complex` (unsupported) returns 2*s along with the softmax. Its sizes are
+    evaluated from the call's input dims; before, the region ran eagerly ('output 1 is
+    2*s27, not a tensor')."""
+    def f(x):
+        y = x.softmax(-1)
+        n2 = x.shape[1] * 2
+        z = torch.view_as_complex(y.reshape(-1, 2).contiguous())
+        return z.real.reshape(-1)[:n2] * 3 + y.reshape(-1)[:n2]
+
+    c = torch.compile(f, backend="cleave")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (6, 8, 10):
+            x = torch.randn(4, n)
+            _close(c(x), f(x.double()).float(), 1e-5)
+    st = ctx.stats()
+    assert st["failed"] == 0 and not any(u.startswith("capture of") for u in st["unsupported"]), st
+    assert any("view_as_complex" in u for u in st["unsupported"]), st
+
+
+def test_arange_with_a_step_compiles_exactly(ctx):
+    """RoPE's inverse frequencies (`arange(0, d, 2)`) and counting down from a dynamic
+    extent: start + i·step in i64, cast once (ran eagerly: 'only step 1')."""
+    def f(x):
+        n = x.shape[-1]
+        inv = 1.0 / (10000 ** (torch.arange(0, n, 2).float() / n))
+        return (x * torch.arange(1, 2 * n + 1, 2, dtype=torch.float32) + torch.arange(n, 0, -1),
+                x[..., ::2] * inv)
+
+    c = torch.compile(f, backend="cleave")
+    with torch.no_grad():
+        for n in (6, 8, 10):
+            x = torch.randn(3, n)
+            for got, want in zip(c(x), f(x)):
+                _close(got, want, 1e-6)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

@@ -294,10 +294,24 @@ rule("full", "full_like", "new_full")(lambda t, n, a: fill(t, n, a["fill_value"]
 rule("scalar_tensor")(lambda t, n, a: fill(t, n, a["s"]))
 
 
-@rule("arange", check=lambda a, n: None if a.get("step", 1) == 1 else "only step 1 is supported")
+def _arange_check(a, n):
+    start, step = a.get("start") or 0, a.get("step", 1)
+    if step == 1:
+        return None
+    if isinstance(start, (int, torch.SymInt)) and isinstance(step, int):
+        return None
+    return "a step other than 1 needs an integer start and a constant integer step"
+
+
+@rule("arange", check=_arange_check)
 def _arange(t, node, a):
-    start = a.get("start") or 0
-    out = t.add("iota", shape=t.out_shape(node), axis=0, dtype=t.out_dtype(node))
+    """start + i·step. A step other than 1 is computed in i64 and cast once, as torch
+    computes in a wider type and rounds once (exact for integer start and step)."""
+    start, step = a.get("start") or 0, a.get("step", 1)
+    if step == 1:
+        out = t.add("iota", shape=t.out_shape(node), axis=0, dtype=t.out_dtype(node))
+        return out if start == 0 else binary(t, "add", out, start)
+    out = binary(t, "mul", t.add("iota", shape=t.out_shape(node), axis=0, dtype="i64"), step)
     return out if start == 0 else binary(t, "add", out, start)
 
 

@@ -33,6 +33,10 @@ class Captured:
     # the user outputs eager returns as views of an input or parameter (`x.t()`, `x[0]`,
     # `x` itself), named: a kernel's result would be a new tensor, not an alias
     views: list[str] = field(default_factory=list)
+    # output position -> a size the function returns (an expression over the graph's
+    # symbols, evaluated from the inputs' dims at each call): dynamo passes sizes such as
+    # 2*s27 from one region to the next across a graph break
+    sizes: dict = field(default_factory=dict)
 
 
 def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:

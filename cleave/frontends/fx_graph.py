@@ -74,14 +74,23 @@ def _translate(gm, name: str, placeholders, same: dict[str, str]) -> Captured:
         elif node.op == "call_function" and not aten_map.is_ignored(node):
             t.translate(node)
         elif node.op == "output":
-            _outputs(t, graph, node)
-    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))))
+            sizes = _outputs(t, graph, node)
+    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), sizes=sizes)
 
 
-def _outputs(t, graph, node) -> None:
+def _outputs(t, graph, node) -> dict:
+    """Declare the graph's tensor outputs; return the sizes among the outputs by
+    position (Captured.sizes)."""
     raw = node.args[0]
     values = [t.value(v) for v in (raw if isinstance(raw, (tuple, list)) else [raw])]
+    sizes = {}
     for k, v in enumerate(values):
-        if not hasattr(v, "graph"):
+        if isinstance(v, (int, sympy.Expr)) and not isinstance(v, bool):
+            sizes[k] = v
+        elif not hasattr(v, "graph"):
             raise UnsupportedOpError("output", source_of(node), f"output {k} is {v!r}, not a tensor")
-    graph.output(*values, names=[f"out{k}" for k in range(len(values))])
+    tensors = [(k, v) for k, v in enumerate(values) if k not in sizes]
+    if not tensors:
+        raise UnsupportedOpError("output", source_of(node), "it returns sizes only, no tensor")
+    graph.output(*[v for _, v in tensors], names=[f"out{k}" for k, _ in tensors])
+    return sizes

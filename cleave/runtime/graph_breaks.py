@@ -16,6 +16,7 @@ from torch.fx.passes.split_module import split_module
 
 from .. import passes
 from ..ir import BindingError
+from ..ir import dims as D
 from .launch import remember
 from .context import Context
 from .operator import CompileFailure, NotReadyDuringCapture
@@ -222,7 +223,8 @@ class Region:
         symbols = {s.name for s in graph.symbols()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         op = self.ctx.operator(graph, symbols, device)  # search and schedule run lazily, on its first call
-        return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, self.name)
+        return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, self.name,
+                        sizes=captured.sizes)
 
 
 class Launcher:
@@ -236,9 +238,10 @@ class Launcher:
     through the kernels (they have none), and when inputs it writes share memory."""
 
     def __init__(self, op, ctx: Context, names, tuple_output: bool, eager, where: str,
-                 state: dict | None = None, writes: dict[str, str] | None = None):
+                 state: dict | None = None, writes: dict[str, str] | None = None, sizes: dict | None = None):
         self.op, self.ctx, self.names, self.tuple_output = op, ctx, list(names), tuple_output
         self.eager_fn, self.where, self.failed = eager, where, False
+        self.sizes = sizes or {}  # output position -> a size it returns (Captured.sizes)
         self.state = state or {}
         self.graph_inputs = [k for k in op.graph.inputs if k not in self.state]
         self.by_name = set(self.graph_inputs) <= set(self.names)
@@ -281,6 +284,11 @@ class Launcher:
         for i, position in self.writebacks:
             args[position].copy_(outs[i])
         results = [outs[i] for i in self.results]
+        if self.sizes:  # sizes it returns, from this call's input dims, in their places
+            env = self.op.env_of(self.inputs(args))
+            tensors = iter(results)
+            results = [int(D.evaluate(self.sizes[k], env)) if k in self.sizes else next(tensors)
+                       for k in range(len(results) + len(self.sizes))]
         return tuple(results) if self.tuple_output else results[0]
 
     def _runs_eagerly(self, args, inputs) -> bool:

@@ -149,6 +149,10 @@ class CompiledOperator:
         remember(self._dispatch, shapes, (plan, spec))
         return plan, spec
 
+    def env_of(self, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
+        """The symbols' values at these inputs."""
+        return self._env({k: tuple(v.shape) for k, v in inputs.items()})
+
     def _env(self, shapes: dict[str, tuple]) -> dict[str, int]:
         if self._where is None:  # a symbol only inside an expression (2*h): solve through the graph
             return self.graph.bind(shapes)
