@@ -950,8 +950,13 @@ class Emitter:
                     r = fcode(loop.rescale[a], {Y_OLD: old.name, Y_NEW: acc.name})
                     alphas[a] = self.var(body, f"tl.where({old.name} == {acc.name}, 1.0, {r})", acc.dims,
                                          "tl.float32", prefix="alpha")
-                if kind in ("max", "min"):  # an empty prefix leaves +-inf: read it as 0 in the separated node
-                    body.cache[id(a)] = self.var(body, f"tl.where(tl.abs({acc.name}) == float(\"inf\"), 0.0, {acc.name})",
+                if kind in ("max", "min"):
+                    # An empty prefix leaves the neutral -inf (+inf for min): read it as 0 in
+                    # the separated node. A max of +inf is a value: the sum taken relative
+                    # to it is NaN, as torch's inf - inf (read as 0, it gave 0 for the
+                    # row's finite entries; tests/test_softmax_specials.py).
+                    neutral = "-" if kind == "max" else ""
+                    body.cache[id(a)] = self.var(body, f"tl.where({acc.name} == float(\"{neutral}inf\"), 0.0, {acc.name})",
                                                  acc.dims, "tl.float32", prefix="run")
                 else:
                     body.cache[id(a)] = acc
