@@ -117,3 +117,20 @@ def test_arange_with_a_step_compiles_exactly(ctx):
                 _close(got, want, 1e-6)
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_a_decode_step_appending_to_its_caches_compiles(ctx):
+    """k and v caches of one length, each with the new token concatenated: SDPA's
+    contraction needs s + 1 and t + 1 equal, so s and t become one symbol."""
+    def step(q, k_cache, v_cache, k_new, v_new):
+        k, v = torch.cat([k_cache, k_new], 2), torch.cat([v_cache, v_new], 2)
+        return F.scaled_dot_product_attention(q, k, v)
+
+    f = torch.compile(step, backend="cleave")
+    with torch.no_grad():
+        for n in (5, 7, 9):
+            args = (torch.randn(2, 4, 1, 8), torch.randn(2, 4, n, 8), torch.randn(2, 4, n, 8),
+                    torch.randn(2, 4, 1, 8), torch.randn(2, 4, 1, 8))
+            _close(f(*args), step(*(a.double() for a in args)).float(), 1e-5)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

@@ -62,8 +62,9 @@ class Translator:
                 value = self._conform(rule.fn(self, fx_node, args), val)
             except ShapeError as err:  # the rule built something the IR rejects: say which op, where
                 message = f"{self.op}: {err}" + (f" (at {self.loc})" if self.loc else "")
-                if isinstance(err, DimMismatch) and all(isinstance(d, sympy.Symbol) for d in err.dims):
-                    raise UnequalSymbols(message, tuple(d.name for d in err.dims)) from None
+                pair = _equal_symbols(err.dims) if isinstance(err, DimMismatch) else None
+                if pair:
+                    raise UnequalSymbols(message, pair) from None
                 raise CaptureError(message) from None
         self.values[fx_node] = value
         return value
@@ -152,3 +153,14 @@ class Translator:
 
     def out_dtype(self, fx_node):
         return ir_dtype(fx_node.meta["val"].dtype, self.op, self.loc)
+
+
+def _equal_symbols(dims) -> tuple[str, str] | None:
+    """The two symbols that dims an op needs equal are equal exactly when (s and t, s + 1
+    and t + 1, 2s and 2t: a difference c·(s - t)), else None."""
+    diff = sympy.expand(dims[0] - dims[1])
+    if len(diff.free_symbols) != 2:
+        return None
+    s, t = sorted(diff.free_symbols, key=lambda x: x.name)
+    ratio = sympy.simplify(diff / (s - t))
+    return (s.name, t.name) if ratio.is_number and ratio != 0 else None
