@@ -10,19 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cleave.runtime import backend
-
-
-@pytest.fixture
-def ctx():
-    torch._dynamo.reset()
-    return backend.reset()
-
-
-def _close(got, want, tol=1e-5):
-    assert got.shape == want.shape and got.dtype == want.dtype
-    err = (got.double() - want.double()).abs().max().item() / max(want.double().abs().max().item(), 1e-30)
-    assert err <= tol, f"max error {err:.2e} over max |reference|"
+from backend_case import close as _close
+from backend_case import ctx  # noqa: F401 (a fixture)
 
 
 def test_automatic_dynamic_sdpa_reads_k_and_v_lengths_as_one(ctx):
