@@ -31,15 +31,19 @@ def translate_graph_module(gm: torch.fx.GraphModule, name: str) -> Captured:
     dims, broadcast dims; torch's own meta functions do not always guard them: SDPA's
     k and v lengths under automatic dynamic shapes) become one symbol, and the graph
     is translated again. The operator's binding checks every input dim against its
-    symbol, so inputs where they differ run eagerly (graph_breaks.Launcher)."""
+    symbol, so inputs where they differ run eagerly (graph_breaks.Launcher). Only
+    symbols some tensor input's dim binds are merged: a size passed as a number is
+    checked by nothing."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    bound = {str(d.node.expr) for n in placeholders if isinstance(n.meta.get("val"), torch.Tensor)
+             for d in n.meta["val"].shape if isinstance(d, torch.SymInt) and isinstance(d.node.expr, sympy.Symbol)}
     same: dict[str, str] = {}  # a symbol's name -> the one it is read as
     while True:
         try:
             return _translate(gm, name, placeholders, same)
         except UnequalSymbols as err:
             a, b = (_root(same, s) for s in err.symbols)
-            if a == b:
+            if a == b or not {a, b} <= bound:
                 raise
             same[max(a, b)] = min(a, b)
 

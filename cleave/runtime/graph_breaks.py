@@ -269,7 +269,7 @@ class Launcher:
         except BindingError as err:  # dims the graph reads as one symbol differ here (fx_graph):
             self.ctx.warn_eager(self.where, f"its inputs do not fit the compiled graph ({err})")
             return self.eager_fn(*args)  # PyTorch computes it, or says what is wrong
-        return self._finish(args, outs)
+        return self._finish(args, outs, inputs)
 
     def inputs(self, args) -> dict[str, torch.Tensor]:
         if self.by_name:
@@ -280,12 +280,12 @@ class Launcher:
             out[name] = get()
         return out
 
-    def _finish(self, args, outs):
+    def _finish(self, args, outs, inputs):
         for i, position in self.writebacks:
             args[position].copy_(outs[i])
         results = [outs[i] for i in self.results]
         if self.sizes:  # sizes it returns, from this call's input dims, in their places
-            env = self.op.env_of(self.inputs(args))
+            env = self.op.env_of(inputs)
             tensors = iter(results)
             results = [int(D.evaluate(self.sizes[k], env)) if k in self.sizes else next(tensors)
                        for k in range(len(results) + len(self.sizes))]
@@ -321,7 +321,7 @@ class Launcher:
             if ctx.log is not None or (torch.is_grad_enabled() and any(t.requires_grad for t in inputs.values())):
                 return self(*args)
             stats["calls"] += 1
-            return self._finish(args, launch(inputs))
+            return self._finish(args, launch(inputs), inputs)
 
         return launch_hot
 
