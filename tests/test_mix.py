@@ -9,10 +9,12 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
+from cleave import workloads
 from cleave.ir import parse_graph
 from cleave.runtime import artifact as A
+from cleave.runtime import launch as launch_module
 from cleave.runtime import mix
-from cleave.runtime.launch import launch
+from cleave.runtime.launch import launch, one_kernel
 from cleave.runtime.mix import compose, fastest_kernels, launch_variants, partition_key
 from cleave.scheduler import schedule
 
@@ -45,8 +47,9 @@ def two_kernel_plans():
 def fake_time(costs: dict[tuple[int, int], float], plans, timed: list, launch_cost=None, clock=None):
     """A timer summing a cost per (kernel slot, plan option), an option's other launch
     configurations costing what the first option with its source costs, times
-    `launch_cost(slot, kernel)` (default 1); records each plan prepared for timing. Each
-    replay reads the cost times `clock()` (default 1: a clock that does not drift)."""
+    `launch_cost(slot, kernel)` (default 1), over the timed kernel slot alone or the
+    whole plan; records each plan prepared for timing. Each replay reads the cost times
+    `clock()` (default 1: a clock that does not drift)."""
     config = lambda k: (k.source, k.num_warps, k.num_stages)  # noqa: E731
     options, sources = {}, {}
     for (slot, i), cost in costs.items():
@@ -55,12 +58,44 @@ def fake_time(costs: dict[tuple[int, int], float], plans, timed: list, launch_co
         sources.setdefault((slot, k.source), cost)
     factor = launch_cost or (lambda slot, kernel: 1.0)
 
-    def time(plan):
+    def time(plan, only=None):
         timed.append(plan)
         cost = sum(options.get((slot, config(k)), sources[(slot, k.source)]) * factor(slot, k)
-                   for slot, k in enumerate(plan.kernels))
+                   for slot, k in enumerate(plan.kernels) if only in (None, slot))
         return lambda: cost * (clock() if clock else 1.0)
     return time
+
+
+def test_one_kernel_launches_that_kernel_alone_on_what_a_whole_call_wrote(monkeypatch):
+    """The tuning times a kernel's options alone: the whole plan runs once first, so the
+    kernel reads the intermediate it reads in the plan (never unwritten memory); each
+    call then launches that kernel only, and gives the plan's result again."""
+    norm_mm = workloads.get("rmsnorm_matmul")
+    wide = {"s": 2048, "k": 4096, "n": 14336}  # partitioned where it cuts, run at a small odd binding
+    (plan,) = schedule(norm_mm.graph, wide, dynamic=set(wide), top_k=1)
+    assert len(plan.kernels) == 2 and plan.intermediates  # the normed rows, then the MatMul reading them
+    inputs = norm_mm.inputs({"s": 37, "k": 45, "n": 70}, seed=5)
+    (want,) = launch(plan, inputs)
+    launched, real = [], launch_module._jit_launch
+    monkeypatch.setattr(launch_module, "_jit_launch",
+                        lambda fn, grid, values, options, name: launched.append(name) or real(fn, grid, values,
+                                                                                             options, name))
+    call = one_kernel(plan, inputs, 1)
+    assert launched == [k.name for k in plan.kernels]
+    launched.clear()
+    for _ in range(2):
+        (got,) = call()
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert launched == [plan.kernels[1].name] * 2
+
+
+def test_a_kernel_is_tuned_on_its_own_time_not_the_plan_s():
+    """A swap 3% faster on a kernel that is a tenth of the plan gains 0.3% of the plan:
+    under the noise floor of whole-plan replays, plain in the kernel's own."""
+    plans = two_kernel_plans()
+    costs = {(slot, i): 1.0 if slot == 0 else 9.0 for slot in range(2) for i in range(3)}
+    costs[(0, 2)] = 0.97
+    assert fastest_kernels(plans, [0, 1, 2], {}, time=fake_time(costs, plans, [])) == [2, 0]
 
 
 def test_each_kernel_takes_its_fastest_option_and_the_mix_is_exact():
@@ -80,7 +115,9 @@ def test_each_kernel_takes_its_fastest_option_and_the_mix_is_exact():
     assert any(variants)
     swaps = sum(len(o) - 1 for o in options) + sum(len(v) for v in variants)
     assert len({tuple(config(k) for k in p.kernels) for p in timed}) == 1 + swaps
-    assert len(timed) == 1 + swaps  # each plan captured once, replayed beside the one it would replace
+    # each challenger captured once, replayed beside the kernel it would replace, which
+    # is captured once per kernel slot; then the tuned plan once whole
+    assert len(timed) == swaps + len(picks) + 1
     mixed = compose(plans, picks)
     assert [k.source for k in mixed.kernels] == [plans[2].kernels[0].source, plans[1].kernels[1].source]
     assert all(name.startswith(mixed.kernels[0].name) or name.startswith(mixed.kernels[1].name)
@@ -169,9 +206,9 @@ def test_a_clock_that_settles_after_its_first_replays_does_not_favour_the_swap()
         replays.append(0)
         return 0.9 if len(replays) <= 3 else 1.0
 
-    def time(plan):
+    def time(plan, slot=None):
         replays.clear()
-        return fake_time(costs, plans, [], clock=settling)(plan)
+        return fake_time(costs, plans, [], clock=settling)(plan, slot)
 
     assert fastest_kernels(plans, [0, 1, 2], {}, time=time) is None
 
@@ -189,9 +226,9 @@ def test_one_replay_the_clock_dips_in_does_not_decide_a_swap():
         replays.append(0)
         return 1.13 if len(replays) == 12 else 1.0
 
-    def time(plan):
+    def time(plan, slot=None):
         replays.clear()
-        return fake_time(costs, plans, [], clock=dipping)(plan)
+        return fake_time(costs, plans, [], clock=dipping)(plan, slot)
 
     assert fastest_kernels(plans, [0, 1, 2], {}, time=time) is None
     costs[(0, 1)] = 0.98

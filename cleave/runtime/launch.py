@@ -28,6 +28,7 @@ import tempfile
 import threading
 import warnings
 import weakref
+from typing import Callable
 
 import torch
 from triton import knobs
@@ -242,10 +243,13 @@ def prepare(plan: Plan, inputs: dict[str, torch.Tensor]) -> _Prepared:
     return prepared
 
 
-def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None = None) -> list[torch.Tensor]:
+def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None = None, *,
+        scratch: tuple | None = None, only: int | None = None) -> list[torch.Tensor]:
     """Launch a prepared plan on inputs of the shapes it was prepared for. The results
     are written into `out` where given, else into memory no tensor outside cleave can
-    reach (`_outputs`): kept from an earlier call the caller let go of, or fresh."""
+    reach (`_outputs`): kept from an earlier call the caller let go of, or fresh.
+    `scratch` (workspace, arrival counters) replaces the lane's, and `only` launches
+    that one kernel: `one_kernel`'s timing."""
     tensors = {}
     # Fresh allocations are aligned (the caching allocator's blocks are): inputs and
     # caller-given outputs are checked.
@@ -272,18 +276,18 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
     direct_now = aligned and prepared.direct_on in (None, device) and not _hooked()
     workspace = None
     if prepared.intermediates:
-        workspace = _workspace(prepared.workspace_bytes, device, lane)
+        workspace = scratch[0] if scratch else _workspace(prepared.workspace_bytes, device, lane)
         if direct_now and None not in prepared.direct:  # compiled kernels take plain addresses
             base = workspace.data_ptr()
             tensors.update((name, base + offset) for name, offset, _, _ in prepared.intermediates)
         else:  # the JIT reads each buffer's dtype off a tensor
             tensors.update(_views(prepared, workspace))
     if prepared.arrivals:
-        counters = _arrivals(prepared.arrival_slots, device, lane)
+        counters = scratch[1] if scratch else _arrivals(prepared.arrival_slots, device, lane)
         tensors.update((name, counters) for name in prepared.arrivals)
     stream = None
     for i, (fn, grid, args, options) in enumerate(prepared.kernels):
-        if not prepared.launches[i]:  # nothing to compute, and a GPU rejects an empty grid
+        if not prepared.launches[i] or only not in (None, i):  # nothing to compute (a GPU rejects an empty grid)
             continue
         values = [tensors.get(name) if name is not None else value for name, value in args]
         if prepared.tma[i] is not None:
@@ -517,3 +521,18 @@ def _current_stream() -> int:
 
 def launch(plan: Plan, inputs: dict[str, torch.Tensor], out: list | None = None) -> list[torch.Tensor]:
     return run(prepare(plan, inputs), inputs, out)
+
+
+def one_kernel(plan: Plan, inputs: dict[str, torch.Tensor], slot: int) -> Callable[[], None]:
+    """What launches kernel `slot` of `plan` alone, on outputs and intermediates of its
+    own that one whole call of the plan has filled: the kernel reads what it reads in
+    the plan (never unwritten memory, which can run faster than real data). For timing
+    one kernel's options; kernels rewrite their outputs whole (a split's combine leaves
+    its counters zero), so the launch can repeat."""
+    prepared = prepare(plan, inputs)
+    device = next(t.device for t in inputs.values() if isinstance(t, torch.Tensor))
+    outs = [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in prepared.outputs]
+    scratch = (torch.empty(prepared.workspace_bytes, dtype=torch.uint8, device=device),
+               torch.zeros(max(prepared.arrival_slots, 1), dtype=torch.int32, device=device))
+    run(prepared, inputs, outs, scratch=scratch)
+    return lambda: run(prepared, inputs, outs, scratch=scratch, only=slot)

@@ -18,13 +18,15 @@ index or [plan index, warps, stages], all of one partition, that `compose` turns
 into a plan; it is saved with the bucket's ranking so that later processes compose
 without timing.
 
-Every swap is decided by replaying the plan as it stands and the swapped one in
-alternation (`_faster`), never against a time taken earlier: the H200's clock drifts by
-several percent within a tuning (the same Llama layer plan read 1.37 and 1.44 ms two
-timings apart), more than many swaps gain. Timed against the best time so far, then as
-four fresh timings in the order A B B A, the tuning kept Llama's attention kernel of
-0.126 ms beside an option of 0.104, as the profiler timed them (RESULTS.md, session
-18)."""
+Every swap is decided by replaying the kernel's option as it stands and the
+challenger in alternation (`_faster`), never against a time taken earlier: the H200's
+clock drifts by several percent within a tuning (the same Llama layer plan read 1.37
+and 1.44 ms two timings apart), more than many swaps gain. Each replays the kernel
+alone (`launch.one_kernel`, on buffers a whole call filled), not the whole plan: a
+layer's replays resolve 1-2% of the layer, and one kernel's options differ by 20-45%
+of that kernel, so whole-plan replays kept Qwen3's attention at 0.305 ms beside an
+option of 0.221 and took false swaps on the clock's dips (RESULTS.md, sessions 18-19).
+Partitions are compared by replaying their whole tuned plans."""
 from __future__ import annotations
 
 import dataclasses
@@ -39,11 +41,11 @@ import torch
 
 from .. import progress
 from ..scheduler.plan import Plan
-from .launch import SharedMemoryWarning, launch, prepare
+from .launch import SharedMemoryWarning, launch, one_kernel, prepare
 from .profile import graph_timer
 
-# A swap is kept when the whole plan gets at least this much faster: below it a
-# replay's noise (a few tenths of a percent) would decide.
+# A swap is kept when the kernel (a partition: the whole plan) gets at least this much
+# faster: below it a replay's noise (a few tenths of a percent) would decide.
 MIN_GAIN = 0.005
 # Two plans are compared over this many blocks of replays in the order A B B A: a clock
 # drifting steadily adds the same to both sums. A challenger this much slower after the
@@ -131,14 +133,18 @@ def fastest_kernels(plans: list[Plan], ranking: list[int], inputs: dict[str, tor
     made it fastest, or None when nothing beats plans[ranking[0]] as it is (or nothing
     can be timed: off the GPU, under the interpreter). The fastest plan of each of the
     first PARTITIONS_TUNED partitions in `ranking` is tuned, and the picks all come
-    from one partition. `time(plan)` prepares a plan's timing and returns what replays
-    it, each call giving ms (default: a CUDA graph of its calls on `inputs`, the L2
-    flushed before each call: profile.graph_timer)."""
+    from one partition. `time(plan, slot)` prepares a timing of the plan's kernel
+    `slot` alone (slot None: the whole plan) and returns what replays it, each call
+    giving ms (default: a CUDA graph of its calls on `inputs`, the L2 flushed before
+    each call: profile.graph_timer)."""
     if time is None:
         device = next(iter(inputs.values())).device
         if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
             return None
-        time = lambda plan: graph_timer(lambda: launch(plan, inputs), cold=True)  # noqa: E731
+
+        def time(plan: Plan, slot: int | None = None) -> Callable[[], float]:
+            call = (lambda: launch(plan, inputs)) if slot is None else one_kernel(plan, inputs, slot)
+            return graph_timer(call, cold=True)
     firsts, keys = [], []
     for i in ranking:
         key = partition_key(plans[i])
@@ -155,14 +161,13 @@ def fastest_kernels(plans: list[Plan], ranking: list[int], inputs: dict[str, tor
 
 
 def _tuned(plans: list[Plan], first: int, group: list[int], inputs, time) -> tuple[list[Pick], Callable]:
-    """Starting from plans[first], each kernel's option among the plans of `group` (its
-    partition) and launch configuration that make the whole plan fastest, one kernel at
-    a time: the picks, and the replay of the plan they compose (captured once, as each
-    challenger is, and kept while it holds)."""
+    """Starting from plans[first], each kernel's fastest option among the plans of
+    `group` (its partition) and launch configurations, timed alone, one kernel at a
+    time: the picks, and the replay of the whole plan they compose."""
     picks: list[Pick] = [first] * len(plans[first].kernels)
-    current = time(compose(plans, picks))
     for slot in range(len(picks)):
         tried = {_option(plans[first].kernels[slot])}
+        current = time(compose(plans, picks), slot)
 
         def attempt(pick: Pick) -> None:
             nonlocal picks, current
@@ -183,7 +188,7 @@ def _tuned(plans: list[Plan], first: int, group: list[int], inputs, time) -> tup
         # a layer's tuning takes tens of seconds: say where it is
         progress.report(f"[cleave tune] kernel {slot + 1}/{len(picks)} ({plans[first].kernels[slot].name}): "
                         f"{len(tried)} options compared, picked {picks[slot]}")
-    return picks, current
+    return picks, time(compose(plans, picks))
 
 
 _log = logging.getLogger("cleave.tune")
@@ -224,7 +229,7 @@ def _timer(time, plan: Plan, slot: int | None, inputs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SharedMemoryWarning)
         try:
-            replay = time(plan)
+            replay = time(plan, slot)
         except Exception:  # noqa: BLE001 - an option that does not run is no option
             return None
     if inputs and slot is not None:
