@@ -157,6 +157,8 @@ rule("max.other", "min.other")(lambda t, n, a: binary(t, "max" if "max" in str(n
 @rule("add", "sub")
 def _add_sub(t, node, a):
     other = a["other"]
+    if node.target._schema.name.endswith("add") and node.meta["val"].dtype == torch.bool:
+        return _or(t, node, a)  # True + True is True: an add of 1-bit integers wraps to False
     if a.get("alpha", 1) != 1:
         other = binary(t, "mul", other, a["alpha"])
     return binary(t, node.target._schema.name.split("::")[-1], a["self"], other)
@@ -247,11 +249,23 @@ def _both_bool(a, n):
 
 
 def _and(t, node, a):
-    return t.add("where", _truth(t, a["self"]), _truth(t, a["other"]), t.const(False, "bool"))
+    x, y = _truths(t, a)
+    return t.add("where", x, y, t.const(False, "bool"))
 
 
 def _or(t, node, a):
-    return t.add("where", _truth(t, a["self"]), t.const(True, "bool"), _truth(t, a["other"]))
+    x, y = _truths(t, a)
+    return t.add("where", x, t.const(True, "bool"), y)
+
+
+def _truths(t, a):
+    """Both operands as bools; a Python scalar on either side becomes a constant."""
+    x, y = a["self"], a["other"]
+    if not hasattr(x, "graph"):
+        x, y = y, x
+    if not hasattr(y, "graph"):
+        return _truth(t, x), t.const(bool(y), "bool")
+    return _truth(t, x), _truth(t, y)
 
 
 rule("logical_and")(_and)
