@@ -574,10 +574,12 @@ class Emitter:
             for x in n.inputs:
                 offset = offset + x.shape[axis]
                 bounds.append(code(offset))
-            expr = self.f32(args[-1], dims)
+            # integers stay integers: through f32, int64 values past 2**24 would round
+            conv = self.f32 if n.dtype.is_float else lambda v, d: f"{self.align(v, d)}.to({TL[n.dtype]})"
+            expr = conv(args[-1], dims)
             for v, bound in zip(reversed(args[:-1]), reversed(bounds[:-1])):
-                expr = f"tl.where({e} < {bound}, {self.f32(v, dims)}, {expr})"
-            return self.var(b, expr, dims, "tl.float32")
+                expr = f"tl.where({e} < {bound}, {conv(v, dims)}, {expr})"
+            return self.var(b, expr, dims, "tl.float32" if n.dtype.is_float else TL[n.dtype])
         if op == "split":
             axis = n.attrs["axis"]
             merged = inst.view[axis] * n.shape[axis + 1] + inst.view[axis + 1]

@@ -3,6 +3,7 @@ each now matches eager exactly, or runs eagerly with a warning that names the op
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from backend_case import ctx  # noqa: F401 (a fixture)
 
@@ -17,6 +18,23 @@ def test_adding_bools_is_a_logical_or(ctx):
     f = torch.compile(votes, backend="cleave")
     a, b = torch.tensor([1.0, 1.0, -1.0, -1.0, 2.0]), torch.tensor([1.0, -1.0, 1.0, -1.0, -3.0])
     for got, want in zip(f(a, b), votes(a, b)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_integers_concatenated_or_padded_stay_integers(ctx):
+    """torch.cat and F.pad of int64 tensors: the concatenation was computed in f32, and
+    a pad's fill lifted as a float made the result float, so values past 2**24 came
+    back rounded (16777217 as 16777216). The pad's fill takes the tensor's dtype, as
+    torch converts it (7.9 fills an integer tensor with 7)."""
+    def join(a, b):
+        return torch.cat([a, b]) + 1, F.pad(a, (1, 2), value=7.9), torch.cat([a[None], b[None, :2]], 1)
+
+    f = torch.compile(join, backend="cleave")
+    a = torch.tensor([16777217, 123456789, 2 ** 40 + 3, -(2 ** 35) - 7])
+    b = torch.tensor([2 ** 53 + 1, -3, 5])
+    for got, want in zip(f(a, b), join(a, b)):
         assert got.dtype == want.dtype and torch.equal(got, want)
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

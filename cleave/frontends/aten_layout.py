@@ -255,7 +255,17 @@ def _constant_pad(t, node, a):
 def _pad_block(t, x, axis, width, value):
     """A block of x's shape, `width` wide along axis, holding value."""
     shape = tuple(width if i == axis else d for i, d in enumerate(x.shape))
-    return t.add("broadcast", t.lift(value, x), shape=shape)
+    return t.add("broadcast", _fill(t, value, x), shape=shape)
+
+
+def _fill(t, value, x):
+    """value in x's dtype, as torch converts a fill (7.9 truncates to 7 in an integer
+    tensor). Lifted as a float, an integer pad made the whole result float: int64
+    values past 2**24 rounded."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and x.dtype.is_int:
+        return t.const(int(value), x.dtype)
+    v = t.lift(value, x)
+    return v if v.dtype == x.dtype else t.add("cast", v, dtype=x.dtype)
 
 
 def _signed(t, p):
