@@ -2,6 +2,8 @@
 each now matches eager exactly, or runs eagerly with a warning that names the op."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -38,3 +40,22 @@ def test_integers_concatenated_or_padded_stay_integers(ctx):
         assert got.dtype == want.dtype and torch.equal(got, want)
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_integer_and_f64_contractions_run_eagerly_with_a_warning(ctx):
+    """Kernels contract in f32: an int64 product past 2**24 came back rounded
+    (4097 * 4097 + 4097 as 16789504) and an f64 one at f32's 1e-7. Such a contraction
+    now runs eagerly, and the warning names the op and the dtype."""
+    def product(a, b):
+        return a @ b
+
+    cases = [(torch.tensor([[4097, 4097]]), torch.tensor([[4097], [1]])),
+             (torch.randn(5, 7, dtype=torch.float64), torch.randn(7, 3, dtype=torch.float64))]
+    for a, b in cases:
+        torch._dynamo.reset()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = torch.compile(product, backend="cleave")(a, b)
+        assert torch.equal(got, product(a, b))
+        dtype = str(a.dtype).removeprefix("torch.")
+        assert any("aten.mm" in str(w.message) and f"contraction on {dtype}" in str(w.message) for w in caught)
