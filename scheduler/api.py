@@ -5,7 +5,7 @@ import itertools
 import math
 
 from cleave import passes
-from cleave.ir import BindingError, Candidate, Graph
+from cleave.ir import BindingError, Candidate, DType, Graph, ShapeError
 from cleave.ir import dims as D
 from cleave.ir.graph import rebuild
 
@@ -221,6 +221,7 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     if graph.text() != candidate.graph.text():
         raise BindingError("scheduler: the candidate graph is not renumbered (pass ir.rebuild(graph)); "
                            "fact node ids would not match")
+    _check_contractions(graph)
     facts = fact_table(candidate.facts)
     dynamic = set(dynamic)
     splits = split_symbols(graph)
@@ -345,6 +346,18 @@ def _wide(graph, env, dynamic, target) -> dict | None:
             return wide if wide != env else None
         wide.update({s: max(wide[s], 1) * 2 for s in grid})
     return None
+
+
+def _check_contractions(graph: Graph) -> None:
+    """Kernels contract in f32 (a tl.dot, or products summed in f32): a MatMul on
+    integers or f64 would come back rounded (int64 past 2**24, f64 at f32's 1e-7)."""
+    for n in graph.live_nodes():
+        if n.op != "matmul":
+            continue
+        inexact = [str(x.dtype) for x in (n, *n.inputs) if x.dtype == DType.f64 or not x.dtype.is_float]
+        if inexact:
+            raise ShapeError(f"scheduler: matmul %{n.id} on {inexact[0]}" + (f" (at {n.loc})" if n.loc else "")
+                             + ": the kernels contract in f32, which would round it; compute it eagerly")
 
 
 def _interleave(rankings: list[list[Plan]], top_k: int) -> list[Plan]:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 import torch.nn.functional as F
+
+import cleave
+from cleave.ir import ShapeError, parse_graph
 
 from backend_case import ctx  # noqa: F401 (a fixture)
 
@@ -59,3 +63,37 @@ def test_integer_and_f64_contractions_run_eagerly_with_a_warning(ctx):
         assert torch.equal(got, product(a, b))
         dtype = str(a.dtype).removeprefix("torch.")
         assert any("aten.mm" in str(w.message) and f"contraction on {dtype}" in str(w.message) for w in caught)
+
+
+def test_a_query_whose_every_key_is_masked_attends_to_nothing(ctx):
+    """SDPA with a mask that hides every key from one query: torch gives 0 for that
+    row (its _safe_softmax), cleave gave NaN (exp(-inf - -inf)). Bool and additive
+    masks, the other rows as eager's."""
+    def attend(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    f = torch.compile(attend, backend="cleave")
+    q, k, v = (torch.randn(2, 3, 7, 16) for _ in range(3))
+    hidden = torch.rand(7, 7) > 0.3
+    hidden[2] = False
+    bias = torch.randn(7, 7)
+    bias[4] = float("-inf")
+    for mask in (hidden, bias):
+        got, want = f(q, k, v, mask), attend(q, k, v, mask)
+        assert not got.isnan().any() and torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_the_scheduler_refuses_an_integer_or_f64_matmul():
+    """Other paths to kernels (cleave.compile, a graph written in the IR) meet the same
+    limit in the scheduler: a clear error naming the MatMul, not rounded results."""
+    for dtype in ("i64", "f64"):
+        graph = parse_graph(f'''graph product {{
+  %0 = input(name="a", shape=[m,k], dtype={dtype}) : {dtype}[m,k]
+  %1 = input(name="b", shape=[k,n], dtype={dtype}) : {dtype}[k,n]
+  %2 = matmul(%0, %1) : {dtype}[m,n]
+  return y=%2
+}}''')
+        with pytest.raises(ShapeError, match=f"matmul %2 on {dtype}"):
+            cleave.schedule(graph, {"m": 5, "k": 7, "n": 3})

@@ -75,7 +75,14 @@ def _sdpa(t, node, a):
     probs = safe_softmax(t, scores, scores.rank - 1)
     if probs.dtype != v.dtype:
         probs = t.add("cast", probs, dtype=v.dtype)
-    return matmul(t, probs, v)
+    out = matmul(t, probs, v)
+    if mask is not None:
+        # A query whose every key is masked attends to nothing: torch gives 0 there (its
+        # _safe_softmax), where exp(-inf - -inf) is NaN. A select on the row max after
+        # the product leaves the softmax and the product as FlashAttention's rules match them.
+        m = t.add("reduce", scores, op="max", axis=scores.rank - 1, keepdim=True)
+        out = t.add("where", t.add("eq", m, t.const(NEG_INF, m.dtype)), t.const(0.0, out.dtype), out)
+    return out
 
 
 def _scale(t, scale, head_dim, dtype):

@@ -403,8 +403,8 @@ def _batch_axes(x, y):
 
 def _contraction_check(a, n):
     """Kernels contract in f32 (a tl.dot, or products summed in f32): an integer or f64
-    product would come back rounded (int64 past 2**24, f64 to f32's 1e-7), so those run
-    eagerly."""
+    product would come back rounded (int64 past 2**24, f64 to f32's 1e-7), so the
+    backend leaves those to torch (the IR and its interpreter compute them exactly)."""
     val = n.meta.get("val")
     dtype = getattr(val, "dtype", None)
     if dtype is not None and (dtype == torch.float64 or not (dtype.is_floating_point or dtype.is_complex)):
@@ -412,17 +412,17 @@ def _contraction_check(a, n):
     return None
 
 
-rule("matmul", "mm", "bmm", check=_contraction_check)(
+rule("matmul", "mm", "bmm", kernel_check=_contraction_check)(
     lambda t, n, a: matmul(t, a["self"], a["other"] if "other" in a else a["mat2"]))
 
 
-@rule("linear", check=_contraction_check)
+@rule("linear", kernel_check=_contraction_check)
 def _linear(t, node, a):
     out = matmul(t, a["input"], swap(t, a["weight"], -2, -1) if a["weight"].rank >= 2 else a["weight"])
     return out if a.get("bias") is None else t.add("add", out, a["bias"])
 
 
-@rule("addmm", "baddbmm", check=_contraction_check)
+@rule("addmm", "baddbmm", kernel_check=_contraction_check)
 def _addmm(t, node, a):
     prod = matmul(t, a["mat1"] if "mat1" in a else a["batch1"], a["mat2"] if "mat2" in a else a["batch2"])
     if a.get("alpha", 1) != 1:
@@ -431,7 +431,7 @@ def _addmm(t, node, a):
     return t.add("add", bias, prod)
 
 
-@rule("einsum", check=_contraction_check)
+@rule("einsum", kernel_check=_contraction_check)
 def _einsum(t, node, a):
     from .einsum import einsum
 

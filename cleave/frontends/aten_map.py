@@ -23,21 +23,27 @@ IGNORED = {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_co
 class Rule:
     fn: Callable
     check: Callable | None = None
+    # what the IR expresses but kernels would compute inexactly (an integer MatMul):
+    # captured, and left to torch by the torch.compile backend
+    kernel_check: Callable | None = None
 
     def unsupported(self, args, fx_node=None) -> str | None:
         return self.check(args, fx_node) if self.check else None
+
+    def unsupported_in_kernels(self, args, fx_node=None) -> str | None:
+        return self.unsupported(args, fx_node) or (self.kernel_check(args, fx_node) if self.kernel_check else None)
 
 
 RULES: dict[str, Rule] = {}
 
 
-def rule(*names: str, check: Callable | None = None):
+def rule(*names: str, check: Callable | None = None, kernel_check: Callable | None = None):
     """Register fn for aten ops given as 'softmax' (every overload) or 'div.Tensor_mode'."""
     def register(fn):
         for name in names:
             if name in RULES:
                 raise ValueError(f"aten op {name} has two rules")
-            RULES[name] = Rule(fn, check)
+            RULES[name] = Rule(fn, check, kernel_check)
         return fn
     return register
 
@@ -60,8 +66,9 @@ def is_ignored(fx_node) -> bool:
 
 
 def is_supported(fx_node) -> bool:
-    """Whether `capture` can translate this FX node (aten-level graphs, as torch.export
-    or aot_autograd produce). Placeholders and outputs always are."""
+    """Whether the torch.compile backend compiles this FX node: `capture` translates it
+    (aten-level graphs, as torch.export or aot_autograd produce) and the kernels compute
+    it exactly. Placeholders and outputs always are."""
     return unsupported_reason(fx_node) is None
 
 
@@ -86,7 +93,7 @@ def unsupported_reason(fx_node) -> str | None:
                      if isinstance(v, torch.Tensor) and v.dtype not in IR_DTYPES})
     if dtypes:
         return f"on {', '.join(dtypes)}"
-    return found.unsupported(meta_args(fx_node), fx_node)
+    return found.unsupported_in_kernels(meta_args(fx_node), fx_node)
 
 
 def supported_ops() -> list[str]:
