@@ -97,3 +97,25 @@ def test_the_scheduler_refuses_an_integer_or_f64_matmul():
 }}''')
         with pytest.raises(ShapeError, match=f"matmul %2 on {dtype}"):
             cleave.schedule(graph, {"m": 5, "k": 7, "n": 3})
+
+
+def test_an_output_that_is_a_view_of_another_shares_its_memory(ctx):
+    """`return z, z.t()`: eager's second output is a view of the first, so a write into
+    z shows in it. The kernels write each output anew; the views are made again from
+    the output they view, as Inductor reinterprets its buffers."""
+    def both(x, y):
+        z = x + y
+        return z, z.t(), z[1:, ::2], z
+
+    f = torch.compile(both, backend="cleave")
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    got, want = f(x, y), both(x, y)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w) and g.stride() == w.stride()
+    got[0].add_(10)
+    want[0].add_(10)
+    for g, w in zip(got[1:], want[1:]):
+        assert torch.equal(g, w)
+    assert got[3] is got[0]
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

@@ -168,6 +168,37 @@ class _Callable(torch.nn.Module):
         return self.fn(*args)
 
 
+def output_views(outputs: list) -> dict[int, tuple[int, list]]:
+    """Outputs that eager returns as views of another output (`z, z.t()`): position ->
+    (the other's position, the view ops from it, in order). The kernels write each
+    output anew, so these are made views again after a call, as eager's share memory:
+    a write into `z` shows in `z.t()`. Only chains whose other arguments are constants."""
+    first = {}
+    for k, node in enumerate(outputs):
+        if isinstance(node, torch.fx.Node):
+            first.setdefault(node, k)
+    found = {}
+    for k, node in enumerate(outputs):
+        chain, at = [], node
+        while isinstance(at, torch.fx.Node) and _is_view(at) and \
+                not any(isinstance(a, torch.fx.Node) for a in [*at.args[1:], *at.kwargs.values()]):
+            chain.append(at)
+            at = at.args[0]
+        if isinstance(at, torch.fx.Node) and first.get(at, k) != k and (chain or first[at] != k):
+            found[k] = (first[at], chain[::-1])
+    return found
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    """An aten op whose result aliases its first argument without writing it."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    returns = target._schema.returns
+    alias = returns[0].alias_info if len(returns) == 1 else None
+    return alias is not None and not alias.is_write
+
+
 class Region:
     """A supported run of aten nodes, captured and compiled on its first call per
     static signature (the non-dynamic dims, dtypes, and the static ints it reads).
@@ -179,6 +210,7 @@ class Region:
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         self.tuple_output = isinstance(out, (tuple, list))
+        self.output_views = output_views(list(out) if self.tuple_output else [out])
         self.dynamic = {p.name: _dynamic_axes(p) for p in self.placeholders}
         self.runners: dict[tuple, object] = {}
         self.seen: dict[tuple, object] = {}  # exact arguments -> runner: skips the signature
@@ -224,7 +256,7 @@ class Region:
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         op = self.ctx.operator(graph, symbols, device)  # search and schedule run lazily, on its first call
         return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, self.name,
-                        sizes=captured.sizes)
+                        sizes=captured.sizes, views=self.output_views)
 
 
 class Launcher:
@@ -238,10 +270,12 @@ class Launcher:
     through the kernels (they have none), and when inputs it writes share memory."""
 
     def __init__(self, op, ctx: Context, names, tuple_output: bool, eager, where: str,
-                 state: dict | None = None, writes: dict[str, str] | None = None, sizes: dict | None = None):
+                 state: dict | None = None, writes: dict[str, str] | None = None, sizes: dict | None = None,
+                 views: dict | None = None):
         self.op, self.ctx, self.names, self.tuple_output = op, ctx, list(names), tuple_output
         self.eager_fn, self.where, self.failed = eager, where, False
         self.sizes = sizes or {}  # output position -> a size it returns (Captured.sizes)
+        self.views = views or {}  # output position -> a view of another output (output_views)
         self.state = state or {}
         self.graph_inputs = [k for k in op.graph.inputs if k not in self.state]
         self.by_name = set(self.graph_inputs) <= set(self.names)
@@ -289,6 +323,11 @@ class Launcher:
             tensors = iter(results)
             results = [int(D.evaluate(self.sizes[k], env)) if k in self.sizes else next(tensors)
                        for k in range(len(results) + len(self.sizes))]
+        for k, (base, chain) in self.views.items():
+            view = results[base]
+            for node in chain:
+                view = node.target(view, *node.args[1:], **node.kwargs)
+            results[k] = view
         return tuple(results) if self.tuple_output else results[0]
 
     def _runs_eagerly(self, args, inputs) -> bool:
