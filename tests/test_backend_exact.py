@@ -119,3 +119,17 @@ def test_an_output_that_is_a_view_of_another_shares_its_memory(ctx):
     assert got[3] is got[0]
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_an_index_built_by_concatenation_gathers(ctx):
+    """`x[torch.cat([i, j])]`: the concatenated index was an f32 tile, which Triton
+    rejects as a pointer offset, so the region failed at its first launch and ran
+    eagerly."""
+    def pick(x, i, j):
+        return x[torch.cat([i, j])] * 2
+
+    f = torch.compile(pick, backend="cleave")
+    x, i, j = torch.randn(7, 5), torch.tensor([1, 3]), torch.tensor([0, 6])
+    assert torch.equal(f(x, i, j), pick(x, i, j))
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
