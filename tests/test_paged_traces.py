@@ -81,14 +81,14 @@ RAGGED = "gqa_ragged_prefill_causal_h32_kv4_d128"
 
 
 def _ragged_prefill():
-    """The ragged prefill at small heads: its kind, const axes, and f64 inputs for given
-    query and kv lengths per request."""
+    """The ragged prefill at small heads: its kind, const axes, and inputs (f64 unless
+    told) for given query and kv lengths per request."""
     kind = F.kind_of(RAGGED)
     const = {"num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 8}
 
-    def inputs(q_lens, kv_lens, seed):
+    def inputs(q_lens, kv_lens, seed, dtype=torch.float64):
         q_lens, kv_lens, pages, pool = F._layout(RAGGED, q_lens, kv_lens, seed)
-        return F.layout_inputs(RAGGED, q_lens, pages, kv_lens, pool, const=const, seed=seed, dtype=torch.float64)
+        return F.layout_inputs(RAGGED, q_lens, pages, kv_lens, pool, const=const, seed=seed, dtype=dtype)
     return kind, const, inputs
 
 
@@ -109,9 +109,12 @@ def test_a_first_step_of_one_request_captures_with_its_axes_dynamic():
     graph = capture_program(kind.program, *inputs([3], [5], 0), dynamic=F.dynamic_axes(kind), name=RAGGED).graph
     assert "len_indptr" in str(graph.inputs["qo_indptr"].shape)
     assert "Max" not in graph.text()  # the interior boundaries' slice: len_indptr - 2, not clamped at 0
-    binding = {"total_q": 5, "total_kv": 13, "len_indptr": 4, **const}
-    assert cleave.schedule(graph, binding, dynamic={"total_q", "total_kv", "len_indptr"}, top_k=1)
     _serves_batches_with_an_empty_request(graph, kind, inputs)
+    # kernels take it in bf16, as served (an f64 MatMul is left to torch: kernels contract in f32)
+    served = capture_program(kind.program, *inputs([3], [5], 0, torch.bfloat16), dynamic=F.dynamic_axes(kind),
+                             name=RAGGED).graph
+    binding = {"total_q": 5, "total_kv": 13, "len_indptr": 4, **const}
+    assert cleave.schedule(served, binding, dynamic={"total_q", "total_kv", "len_indptr"}, top_k=1)
 
 
 def test_a_step_of_two_requests_captures_where_size_oblivious_tracing_leaves_a_size_unbound(monkeypatch):
