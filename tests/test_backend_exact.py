@@ -133,3 +133,19 @@ def test_an_index_built_by_concatenation_gathers(ctx):
     assert torch.equal(f(x, i, j), pick(x, i, j))
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_gather_with_an_index_shorter_than_its_input(ctx):
+    """torch.gather's index may be shorter than its input along the other axes: that
+    ran eagerly ("dim 0 is 37 vs 5"), and under dynamic shapes the candidate check found
+    no small binding with the index's extent within the input's."""
+    def pick(x, i):
+        return torch.gather(x, 0, i) + 1
+
+    f = torch.compile(pick, backend="cleave")
+    for (rows, cols), (i_rows, i_cols) in (((37, 45), (5, 3)), ((13, 70), (7, 9))):
+        x = torch.randn(rows, cols)
+        i = torch.randint(0, rows, (i_rows, i_cols))
+        assert torch.equal(f(x, i), pick(x, i))
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

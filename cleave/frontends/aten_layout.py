@@ -290,8 +290,14 @@ def _stack(t, node, a):
 
 @rule("gather")
 def _gather(t, node, a):
-    x = a["self"]
-    return t.add("gather", x, a["index"], axis=a["dim"] % x.rank)
+    """torch.gather reads x[..., index[i], ...] at every position i of index, which may
+    be shorter than x along the other axes (torch checks it is not longer): x is cut
+    to index's extent there first."""
+    x, index, axis = a["self"], a["index"], a["dim"] % a["self"].rank
+    for d in range(x.rank):
+        if d != axis and not D.equal(x.shape[d], index.shape[d]):
+            x = t.add("slice", x, axis=d, start=D.dim(0), stop=index.shape[d], step=1)
+    return t.add("gather", x, index, axis=axis)
 
 
 @rule("index_select")

@@ -32,6 +32,7 @@ def small_binding(naive: Graph, cand: Graph, shapes: dict | None = None) -> dict
     plain = [s for s in syms if not s.startswith("s_")]
     for scale in (1, 2, 4, 8):
         env = {s: (shapes or {}).get(s, SMALL[i % len(SMALL)] * scale) for i, s in enumerate(plain)}
+        _meet_bounds(naive.constraints + cand.constraints, env, set(plain) - set(shapes or {}))
         for s in syms:
             if s.startswith("s_"):
                 env[s] = _ragged_count(_extent_of(cand, s, env))
@@ -43,6 +44,26 @@ def small_binding(naive: Graph, cand: Graph, shapes: dict | None = None) -> dict
             continue
     raise CandidateMismatch(f"no small binding satisfies the constraints of {cand.name}:\n"
                             + "\n".join(str(c) for c in cand.constraints))
+
+
+def _meet_bounds(constraints, env: dict, free: set) -> None:
+    """Raise a free symbol that a constraint bounds from below (`s7 <= s13`, a gather's
+    index no longer than its input) to that bound: values given in symbol order may
+    break it at every scale."""
+    for _ in range(len(constraints) + 1):
+        moved = False
+        for c in constraints:
+            rhs = D.dim(c.rhs)
+            if c.kind != "le" or not rhs.is_Symbol or rhs.name not in free:
+                continue
+            try:
+                low = D.evaluate(c.lhs, env)
+            except KeyError:
+                continue
+            if env[rhs.name] < low:
+                env[rhs.name], moved = low, True
+        if not moved:
+            return
 
 
 def _extent_of(g: Graph, count: str, env) -> int:
