@@ -553,6 +553,10 @@ class Emitter:
             ty = "tl.int1" if op in COMPARE else (
                 "tl.float32" if n.dtype.is_float else TL[n.dtype])
             conv = self.f32 if n.dtype.is_float else self.align
+            if op == "mul" and ty == "tl.int64" and a.ty == c.ty == "tl.int32":
+                # int32 tiles (iotas) whose int64 product overflows int32 (46341 * 46341); an
+                # add of two overflows only past 2**30 elements along an axis
+                conv = lambda v, d: f"{self.align(v, d)}.to(tl.int64)"  # noqa: E731
             if op in COMPARE and not (a.ty in ("tl.int32", "tl.int64") and c.ty in ("tl.int32", "tl.int64")):
                 conv = self.f32
             form = {"max": NAN_MAX, "min": NAN_MIN}.get(op, BINARY[op]) if n.dtype.is_float else BINARY[op]

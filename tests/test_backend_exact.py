@@ -149,3 +149,14 @@ def test_gather_with_an_index_shorter_than_its_input(ctx):
         assert torch.equal(f(x, i), pick(x, i))
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_a_product_of_aranges_is_computed_in_int64(ctx):
+    """torch.arange is int64; in the kernel an iota is an int32 tile, and the product of
+    two overflowed past 2**31 (46341 * 46341 came back negative)."""
+    def squares(x):
+        i = torch.arange(x.shape[0])
+        return i * i + x
+
+    x = torch.zeros(46342, dtype=torch.long)
+    assert torch.equal(torch.compile(squares, backend="cleave")(x), squares(x))
