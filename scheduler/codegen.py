@@ -103,6 +103,10 @@ UNARY = per_op({"exp": EXP, "exp2": "tl.exp2({x})", "log": "tl.log({x})", "sqrt"
 # Unary ops torch computes in an integer dtype on integers (the rest make floats):
 # through f32 they would round past 2^24 and could not index (reflect padding's
 # `9 - |9 - |j - 2||` addressed a load with a float).
+# Integer ops whose int64 result an int32 tile (an iota) overflows: computed in int64
+# (46341 * 46341, arange(n) ** 2). An add or sub of two overflows only past 2**30
+# elements along an axis, and stays int32 (attention's masks compare such differences).
+INT_GROWS = ("mul", "square")
 INT_UNARY = {"abs": "tl.abs({x})", "neg": "-{x}", "square": "{x} * {x}", "floor": "{x}", "ceil": "{x}",
              "trunc": "{x}", "round": "{x}", "sign": "tl.where({x} > 0, 1, tl.where({x} < 0, -1, 0))"}
 # torch.pow: |a|^b through exp and log, negated for a negative base and an odd integer
@@ -541,7 +545,10 @@ class Emitter:
         if op in UNARY:
             if not n.dtype.is_float and op in INT_UNARY:  # an index's abs or neg stays an integer
                 ty = TL[n.dtype]
-                return self.var(b, INT_UNARY[op].format(x=args[0].name), dims, ty)
+                x = args[0].name
+                if op in INT_GROWS and ty == "tl.int64" and args[0].ty == "tl.int32":
+                    x = f"{x}.to(tl.int64)"
+                return self.var(b, INT_UNARY[op].format(x=x), dims, ty)
             return self.var(b, UNARY[op].format(x=self.f32(args[0])), dims, "tl.float32")
         if op == "cast":
             ty = TL[n.dtype]
@@ -553,9 +560,7 @@ class Emitter:
             ty = "tl.int1" if op in COMPARE else (
                 "tl.float32" if n.dtype.is_float else TL[n.dtype])
             conv = self.f32 if n.dtype.is_float else self.align
-            if op == "mul" and ty == "tl.int64" and a.ty == c.ty == "tl.int32":
-                # int32 tiles (iotas) whose int64 product overflows int32 (46341 * 46341); an
-                # add of two overflows only past 2**30 elements along an axis
+            if op in INT_GROWS and ty == "tl.int64" and a.ty == c.ty == "tl.int32":
                 conv = lambda v, d: f"{self.align(v, d)}.to(tl.int64)"  # noqa: E731
             if op in COMPARE and not (a.ty in ("tl.int32", "tl.int64") and c.ty in ("tl.int32", "tl.int64")):
                 conv = self.f32

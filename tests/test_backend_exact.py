@@ -153,10 +153,11 @@ def test_gather_with_an_index_shorter_than_its_input(ctx):
 
 def test_a_product_of_aranges_is_computed_in_int64(ctx):
     """torch.arange is int64; in the kernel an iota is an int32 tile, and the product of
-    two overflowed past 2**31 (46341 * 46341 came back negative)."""
+    two, or its square or cube, overflowed past 2**31 (46341 * 46341 came back negative)."""
     def squares(x):
         i = torch.arange(x.shape[0])
-        return i * i + x
+        return i * i + x, i ** 2 - x, i ** 3
 
     x = torch.zeros(46342, dtype=torch.long)
-    assert torch.equal(torch.compile(squares, backend="cleave")(x), squares(x))
+    for got, want in zip(torch.compile(squares, backend="cleave")(x), squares(x)):
+        assert torch.equal(got, want)
