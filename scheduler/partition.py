@@ -119,21 +119,26 @@ def _build(graph: Graph, roots: list[tuple[Node, str]], leaves: set, peel: bool 
     """One kernel storing each root node into its buffer."""
     views = Views(graph, set(leaves), budget=budget)
     by_pos: dict = {}
-    stores, root_labels = [], []
+    stores, depth = [], {}  # depth: a grid label's distance from the innermost dim of the first root storing it
     for out, buffer in roots:
         inner, chain, keys = _stored(graph, out, buffer, peel)
         view = []
-        for key in keys:
+        for i, key in enumerate(keys):
             if key is None:
                 view.append(sympy.Integer(0))
                 continue
             if key not in by_pos:
                 by_pos[key] = views.label(key[0], "out")
-                root_labels.append(by_pos[key])
+                depth[key] = len(keys) - 1 - i
             view.append(by_pos[key].sym)
         inst = views.get(inner, tuple(view))
         stores.append(Store(inst, buffer, forward_view(chain, tuple(view)), out))
     views.roots = [s.inst for s in stores]
+    # Outer dims first, so the last label (the one tiled along its dim) is the first
+    # root's innermost: a later root's outer dim (the 2 of x.repeat(2, 3) beside
+    # x.repeat_interleave(3, 0)) goes in front, not last.
+    ranked = sorted(enumerate(depth), key=lambda ik: (-depth[ik[1]], -ik[0]))
+    root_labels = [by_pos[key] for _, key in ranked]
     return KernelSpec(graph.name, views, stores, root_labels)
 
 
@@ -422,14 +427,19 @@ def _same_grid(a: frozenset, b: frozenset) -> bool:
 
 
 def _grid_groups(graph: Graph, roots: list) -> list[list]:
-    """Roots that share a grid dim, transitively, in root order: one kernel each. A
-    kernel's grid is the product of its roots' dims and each root is stored by every
-    program, so roots over unrelated dims (a (10n,) and an (n, 5)) would multiply each
-    other's programs (50n^3 of them). Roots without a grid dim share the one program."""
-    groups: list[tuple[set, list]] = []  # (dim keys, root indices)
+    """Roots over one grid, in root order: one kernel each. A kernel's grid is the
+    product of its roots' dims and each root is stored by every program, so roots whose
+    dims merely overlap (a (3n, m) and an (n, 2m) repeat of one (n, m) input) would
+    multiply each other's programs (6 n m^2 of them); they share a kernel only when one's
+    dims lie within the other's (`_same_grid`: rows beside their row statistic). A root
+    joins every group within its dims, else the first group whose dims hold its own.
+    Roots without a grid dim share the one program."""
+    groups: list[tuple[frozenset, list]] = []  # (dim keys, root indices)
     for i, (out, buffer) in enumerate(roots):
-        keys = {k for k in _stored(graph, out, buffer)[2] if k is not None} or {()}
-        joined = [g for g in groups if g[0] & keys]
-        groups = [g for g in groups if not g[0] & keys]
+        keys = frozenset(k for k in _stored(graph, out, buffer)[2] if k is not None) or frozenset({()})
+        within = [g for g in groups if _same_grid(g[0], keys) and g[0] <= keys]
+        holding = [g for g in groups if _same_grid(g[0], keys) and keys <= g[0]][:1]
+        joined = within or holding
+        groups = [g for g in groups if all(g is not j for j in joined)]
         groups.append((keys.union(*(g[0] for g in joined)), sorted([i] + [j for g in joined for j in g[1]])))
     return [[roots[j] for j in g[1]] for g in sorted(groups, key=lambda g: g[1][0])]
