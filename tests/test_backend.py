@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import cleave
+
 from backend_case import close as _close
 from backend_case import ctx  # noqa: F401 (a fixture)
 
@@ -117,6 +119,38 @@ def test_tensor_constants_made_in_the_code_trace_and_run_correctly(ctx, fn):
     f = torch.compile(fn, backend="cleave")
     x = torch.randn(6, 10, generator=torch.Generator().manual_seed(2))
     _close(f(x), fn(x))
+
+
+def _scaled_and_picked(x):
+    return x * torch.tensor([0.5, -2.0, 3.0]) + x[:, [2, 0, 0]]
+
+
+@pytest.mark.parametrize("through", ["backend", "cleave.compile"])
+def test_tensor_constants_of_several_elements_run_in_the_kernels(ctx, through):
+    """A constant tensor the code makes (a per-column scale, the index list of
+    `x[:, [2, 0, 0]]`) ran eagerly ("pass it as an input"): it is now an input of the
+    graph that the launcher passes itself, at every length of a dynamic axis."""
+    f = (torch.compile(_scaled_and_picked, backend="cleave", dynamic=True) if through == "backend"
+         else cleave.compile(_scaled_and_picked, dynamic={"x": {0: "n"}}))
+    for n in (4, 7, 9):
+        x = torch.randn(n, 3, generator=torch.Generator().manual_seed(n))
+        assert torch.equal(f(x), _scaled_and_picked(x))
+    st = f.stats if through == "cleave.compile" else ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+    assert st["operators"] == 1
+
+
+def test_an_index_into_an_axis_shorter_than_four_compiles(ctx):
+    """The candidate check drew integer inputs from [0, 4): `x[:, idx]` of 3 columns
+    failed in the reference interpreter (index 3 out of bounds) and ran eagerly."""
+    def pick(x, idx):
+        return x[:, idx] * 2
+
+    f = torch.compile(pick, backend="cleave")
+    x, idx = torch.randn(5, 3, generator=torch.Generator().manual_seed(0)), torch.tensor([2, 0, 1, 1])
+    assert torch.equal(f(x, idx), pick(x, idx))
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["operators"] == 1, st
 
 
 @pytest.mark.parametrize("name, fn", [

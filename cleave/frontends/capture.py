@@ -37,6 +37,10 @@ class Captured:
     # symbols, evaluated from the inputs' dims at each call): dynamo passes sizes such as
     # 2*s27 from one region to the next across a graph break
     sizes: dict = field(default_factory=dict)
+    # graph input -> (value, source line) of a tensor constant the function makes
+    # (`torch.tensor([1.0, 2.0])`, the index list of `x[:, [0, 2]]`): the IR holds no
+    # tensor values, so the runner passes it as an input of its own
+    constants: dict = field(default_factory=dict)
 
 
 def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:
@@ -53,7 +57,12 @@ def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:
     Raises UnsupportedOpError (naming the aten op and the source line) for an op cleave
     cannot express, CaptureError when torch cannot trace the function.
     """
-    return capture_program(fn, *example_inputs, dynamic=dynamic, name=name).graph
+    captured = capture_program(fn, *example_inputs, dynamic=dynamic, name=name)
+    for value, source in captured.constants.values():  # a graph alone cannot carry its value
+        raise UnsupportedOpError("tensor constant", source, f"a constant tensor of shape {list(value.shape)} is "
+                                 f"made inside the function; pass it as an input (cleave.compile and the "
+                                 f"torch.compile backend pass it themselves)")
+    return captured.graph
 
 
 def capture_program(fn, *example_inputs, dynamic=None, name=None) -> Captured:
@@ -266,17 +275,17 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Captured:
     graph = Graph(graph_name)
     t = Translator(graph, symbols)
     user_names = dict(zip((n.name for n in user), params))
-    state = {}
+    state, constants = {}, {}
     for node in placeholders:
         val = node.meta["val"]
         spec = kinds[node.name]
         if spec.kind == InputKind.CONSTANT_TENSOR:
-            t.set(node, constant_node(t, ep.constants[spec.target], node))
+            t.set(node, constant_node(t, ep.constants[spec.target], node, constants, set(params)))
             continue
         input_name = user_names.get(node.name)
         if input_name is None:  # a module's parameter or buffer, named by its state_dict key
             key = str(spec.target).removeprefix("fn.")
-            input_name = state_input_name(key, set(params) | set(state))
+            input_name = state_input_name(key, set(params) | set(state) | set(constants))
             state[input_name] = key
         shape = tuple(t.size(d) for d in val.shape)
         t.set(node, graph.input(input_name, shape, ir_dtype(val.dtype, f"input {input_name!r}")))
@@ -287,7 +296,8 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Captured:
         elif node.op == "output":
             writes = _outputs(t, graph, node, ep.graph_signature, user_names)
             views = _view_outputs(node, ep.graph_signature, graph.output_names)
-    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes, views)
+    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes, views,
+                    constants=constants)
 
 
 def _view_outputs(node, signature, names) -> list[str]:
@@ -324,15 +334,17 @@ def state_input_name(key: str, taken: set[str]) -> str:
     return name
 
 
-def constant_node(t, value: torch.Tensor, node):
-    """A one-element tensor made inside the function becomes a const; larger ones would
-    need their values in the graph, which the IR does not hold."""
+def constant_node(t, value: torch.Tensor, node, constants: dict, taken: set):
+    """A one-element tensor made inside the function becomes a const; a larger one an
+    input of the graph, named after its node and not after anything in `taken`, that
+    `constants` records with its value (Captured.constants)."""
     users = [u for u in node.users if u.op == "call_function"]
     source = source_of(users[0]) if users else None
-    if value.numel() != 1:
-        raise UnsupportedOpError("tensor constant", source, f"a constant tensor of shape {list(value.shape)} is "
-                                 f"made inside the function; pass it as an input")
     dtype = ir_dtype(value.dtype, "tensor constant", source)
+    if value.numel() != 1:
+        name = state_input_name(node.name, taken | set(t.graph.inputs) | set(constants))
+        constants[name] = (value, source)
+        return t.graph.input(name, tuple(value.shape), dtype)
     out = t.graph.add("const", value=value.item(), dtype=dtype, loc=source)
     return t.graph.add("reshape", out, shape=tuple(value.shape), loc=source) if value.dim() else out
 

@@ -63,6 +63,7 @@ def _translate(gm, name: str, placeholders, same: dict[str, str]) -> Captured:
                 symbols.name(d.node.expr, _root(same, str(d.node.expr)))
     graph = Graph(name)
     t = Translator(graph, symbols)
+    constants: dict = {}
     for node in placeholders:
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
@@ -74,12 +75,13 @@ def _translate(gm, name: str, placeholders, same: dict[str, str]) -> Captured:
             raise UnsupportedOpError(f"input {node.name}", None, f"a placeholder holding {type(val).__name__}")
     for node in gm.graph.nodes:
         if node.op == "get_attr":
-            t.set(node, constant_node(t, getattr(gm, node.target), node))
+            t.set(node, constant_node(t, getattr(gm, node.target), node, constants, {p.name for p in placeholders}))
         elif node.op == "call_function" and not aten_map.is_ignored(node):
             t.translate(node)
         elif node.op == "output":
             sizes = _outputs(t, graph, node)
-    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), sizes=sizes)
+    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), sizes=sizes,
+                    constants=constants)
 
 
 def _outputs(t, graph, node) -> dict:

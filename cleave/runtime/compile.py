@@ -16,7 +16,7 @@ import torch
 from .. import passes
 from ..ir import CleaveError
 from .context import Context
-from .graph_breaks import Launcher, exact_key, remember_fast
+from .graph_breaks import Launcher, constant_getters, exact_key, remember_fast
 
 
 class CompiledFunction:
@@ -147,7 +147,8 @@ class CompiledFunction:
         module = self.fn if isinstance(self.fn, torch.nn.Module) else None
         user_outputs = len(graph.outputs) - len(captured.writes)
         return Launcher(op, self.ctx, params, user_outputs != 1, self.fn, self.name,
-                        state=_state_getters(module, captured.state), writes=captured.writes)
+                        state=_state_getters(module, captured.state) | constant_getters(captured.constants, device),
+                        writes=captured.writes)
 
     # -- graph breaks through dynamo --------------------------------------
     def _call_dynamo(self, args, kwargs):

@@ -250,13 +250,22 @@ class Region:
             self.ctx.eager_regions += 1
             return self.gm
         graph = captured.graph
-        if not graph.inputs:  # values from constants alone (an arange between two breaks):
-            return self.gm  # no tensor names the device, and there is nothing to fuse
+        if not set(graph.inputs) - set(captured.constants):  # values from constants alone (an arange
+            return self.gm  # between two breaks): no tensor names the device, and there is nothing to fuse
         symbols = {s.name for s in graph.symbols()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         op = self.ctx.operator(graph, symbols, device)  # search and schedule run lazily, on its first call
         return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, self.name,
-                        sizes=captured.sizes, views=self.output_views)
+                        state=constant_getters(captured.constants, device), sizes=captured.sizes,
+                        views=self.output_views)
+
+
+def constant_getters(constants: dict, device) -> dict:
+    """graph input -> a function returning the tensor constant it stands for
+    (Captured.constants), on the operator's device: the code's `.to(x.device)` of it is
+    a copy the graph does not hold."""
+    on_device = {name: value.to(device) for name, (value, _) in constants.items()}
+    return {name: (lambda value=value: value) for name, value in on_device.items()}
 
 
 class Launcher:

@@ -85,7 +85,7 @@ def inputs_for(g: Graph, env: dict, seed: int, positive: bool = False) -> dict[s
     """Random inputs in fp64 holding values of each input's own dtype (a bf16 input
     gets bf16 values): normal, or in [0.5, 1.5) with `positive` (log's and sqrt's domain)."""
     gen = torch.Generator().manual_seed(seed)
-    out = {}
+    out, indices = {}, _index_range(g, env)
     for name, node in g.inputs.items():
         shape = [D.evaluate(d, env) for d in node.shape]
         if node.dtype.is_float:
@@ -93,8 +93,15 @@ def inputs_for(g: Graph, env: dict, seed: int, positive: bool = False) -> dict[s
                 torch.randn(shape, generator=gen, dtype=torch.float64)
             out[name] = x.to(TORCH_DTYPES[node.dtype]).double()
         else:
-            out[name] = torch.randint(0, 4, shape, generator=gen)
+            out[name] = torch.randint(0, indices, shape, generator=gen)
     return out
+
+
+def _index_range(g: Graph, env: dict) -> int:
+    """Integer inputs take values in [0, this): 4, or less where a gather or take reads
+    a shorter axis (`x[:, idx]` of 3 columns), whose eager form fails past its end."""
+    extents = [D.evaluate(n.inputs[0].shape[n.attrs["axis"]], env) for n in g.nodes if n.op in ("gather", "take")]
+    return max(1, min([4, *extents]))
 
 
 class CandidateCheckSkipped(UserWarning):
