@@ -29,6 +29,21 @@ def test_adding_bools_is_a_logical_or(ctx):
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
 
 
+def test_xor_of_bools_and_bool_scalars_compile(ctx):
+    """`^` on bools was not mapped (a graph break), and a Python bool on the other side
+    of `&`, `|` or `^` failed the whole region's lowering (its operand check read the
+    scalar's dtype)."""
+    def flags(a, b):
+        return (a > 0) ^ (b > 0), torch.logical_xor(a, b), (a > 0) & True, (a > 0) | False, (a > 0) ^ True
+
+    f = torch.compile(flags, backend="cleave")
+    a, b = torch.tensor([1.0, 1.0, -1.0, 0.0, 2.0]), torch.tensor([1.0, -1.0, 1.0, 0.0, 0.0])
+    for got, want in zip(f(a, b), flags(a, b)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
 def test_integers_concatenated_or_padded_stay_integers(ctx):
     """torch.cat and F.pad of int64 tensors: the concatenation was computed in f32, and
     a pad's fill lifted as a float made the result float, so values past 2**24 came

@@ -232,7 +232,9 @@ def _masked_fill(t, node, a):
 
 def _bool_only(a, n):
     x = a["self"]
-    return None if getattr(x, "dtype", None) == torch.bool else f"only bool operands are supported, not {x.dtype}"
+    if isinstance(x, bool) or getattr(x, "dtype", None) == torch.bool:
+        return None
+    return f"only bool operands are supported, not {getattr(x, 'dtype', type(x).__name__)}"
 
 
 @rule("logical_not")
@@ -258,6 +260,11 @@ def _or(t, node, a):
     return t.add("where", x, t.const(True, "bool"), y)
 
 
+def _xor(t, node, a):
+    x, y = _truths(t, a)
+    return t.add("ne", x, y)
+
+
 def _truths(t, a):
     """Both operands as bools; a Python scalar on either side becomes a constant."""
     x, y = a["self"], a["other"]
@@ -270,8 +277,10 @@ def _truths(t, a):
 
 rule("logical_and")(_and)
 rule("logical_or")(_or)
-rule("bitwise_and.Tensor", "__and__.Tensor", check=_both_bool)(_and)  # on integers these are bit ops
-rule("bitwise_or.Tensor", "__or__.Tensor", check=_both_bool)(_or)
+rule("logical_xor")(_xor)
+for _op, _fn in (("and", _and), ("or", _or), ("xor", _xor)):  # on integers these are bit ops
+    rule(f"bitwise_{_op}.Tensor", f"bitwise_{_op}.Scalar", f"__{_op}__.Tensor", f"__{_op}__.Scalar",
+         f"prims.bitwise_{_op}", check=_both_bool)(_fn)
 
 
 def _truth(t, x):
