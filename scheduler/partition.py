@@ -1,6 +1,8 @@
 """Kernel boundaries: which nodes a kernel computes, which it reads from memory.
 
-Outputs that share a grid dim start in one kernel. A Split whose count is bound above
+Outputs over one grid start in one kernel (`_grid_groups`), and so do materialised
+nodes (`_producer_groups`: horizontal fusion; `horizontal=False` leaves MatMuls each
+in a kernel of their own, a partition the runtime times beside the fused one). A Split whose count is bound above
 1 is there to be run in parallel, so every per-chunk reduction (one whose value still
 varies over the chunk-count label) is materialised by a producer kernel whose grid
 includes that label, and the consumer (the combine) reads it back.
@@ -172,7 +174,7 @@ def _per_chunk(views: Views, chunk_labels: set) -> list[Node]:
 
 def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
               dynamic=frozenset(), target=H200, hold_extent: int = 0,
-              max_instances: int | None = None) -> list[tuple[KernelSpec, object]]:
+              max_instances: int | None = None, horizontal: bool = True) -> list[tuple[KernelSpec, object]]:
     """Kernels in launch order (producers first), each with what `tile(spec)` returned
     for it (None without `tile`). `tile` raises BindingError or ShapeError when no
     tiling fits; the kernel is then cut (see the module's doc) and the graph partitioned
@@ -181,7 +183,9 @@ def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
     one up to `hold_extent` is first tried whole, and cut only when no tiling fits.
     A stack of layers is first cut between them (`segment_cuts`). A kernel whose walk
     still derives more than `max_instances` (MAX_INSTANCES) instances is cut at every
-    segment boundary and partitioned again (else a ShapeError says so)."""
+    segment boundary and partitioned again (else a ShapeError says so). Without
+    `horizontal`, materialised MatMuls over one grid (q/k/v projections) get kernels of
+    their own."""
     max_instances = MAX_INSTANCES if max_instances is None else max_instances
     cuts: set[int] = set(segment_cuts(graph))
     segmented = False
@@ -191,7 +195,7 @@ def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
     nested = functools.partial(_nested, env=env, long_extent=long_extent, dynamic=set(dynamic))
     while True:
         try:
-            return _kernels(graph, env, cuts, tile, tried, first, max_instances)
+            return _kernels(graph, env, cuts, tile, tried, first, max_instances, horizontal)
         except TooManyInstances:
             more = set() if segmented else segment_cuts(graph, nested_only=False) - cuts
             if not more:
@@ -215,7 +219,8 @@ class _Rejected(Exception):
         self.spec, self.error = spec, error
 
 
-def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first, budget: int | None = None) -> list:
+def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first, budget: int | None = None,
+             horizontal: bool = True) -> list:
     kernels: list = []
     stem = identifier(graph.name)
 
@@ -245,7 +250,7 @@ def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first, 
         kernels.append((spec, options))
 
     produced_by_cut = [(graph.nodes[i], buffer_name(graph, graph.nodes[i])) for i in sorted(cuts)]
-    for roots, peel in _producer_groups(graph, produced_by_cut):
+    for roots, peel in _producer_groups(graph, produced_by_cut, horizontal):
         visit(roots, cuts - {n.id for n, _ in roots}, peel)
     # Outputs by name: one node may be returned under several names, or be an input.
     for roots in _grid_groups(graph, list(zip(graph.outputs, graph.output_names))):
@@ -386,17 +391,20 @@ def _cuts(spec: KernelSpec, cuts: set[int], first, nested) -> set[int]:
     return set()
 
 
-def _producer_groups(graph: Graph, roots: list) -> list[tuple[list, bool]]:
+def _producer_groups(graph: Graph, roots: list, horizontal: bool = True) -> list[tuple[list, bool]]:
     """Materialised nodes in kernels of their own, in topological order, each with
     whether its stores peel their layout ops; nodes over one grid share one
     (horizontal fusion: a gate and an up projection; fused attention's output with its
     row max and sum, one loop computing all three). Nodes whose computed values differ
     in layout but whose stored ones share a grid (rotated keys beside the values, both
-    [b, heads, s, d]) share one that tiles the stored dims."""
+    [b, heads, s, d]) share one that tiles the stored dims. Without `horizontal`, a
+    node that computes a MatMul joins no group that computes one."""
     cuts = {out.id for out, _ in roots}
     groups: list[list] = []  # [peeled dims, stored dims, members, peel]
     group_of: dict[int, int] = {}
+    contracting: set[int] = set()  # groups that compute a MatMul
     for out, buffer in sorted(roots, key=lambda r: r[0].id):
+        matmul = computes_matmul(out, cuts)
         peeled, stored = (frozenset(k for k in _stored(graph, out, buffer, p)[2] if k is not None)
                           for p in (True, False))
         # it runs after every group it reads from: joining one would make a program
@@ -404,6 +412,8 @@ def _producer_groups(graph: Graph, roots: list) -> list[tuple[list, bool]]:
         after = max((group_of[i] for i in _upstream([(out, buffer)], cuts)), default=-1)
         joined = None
         for i, group in enumerate(groups):
+            if matmul and not horizontal and i in contracting:
+                continue
             if i > after and group[3] and _same_grid(group[0], peeled):
                 joined = i
             elif i > after and _same_grid(group[1], stored):
@@ -417,7 +427,28 @@ def _producer_groups(graph: Graph, roots: list) -> list[tuple[list, bool]]:
         group[0], group[1] = group[0] | peeled, group[1] | stored
         group[2].append((out, buffer))
         group_of[out.id] = joined
+        if matmul:
+            contracting.add(joined)
     return [(members, peel) for _, _, members, peel in groups]
+
+
+def computes_matmul(node: Node, leaves: set) -> bool:
+    """Whether a MatMul lies between `node` and the materialised nodes it reads."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n.op == "matmul":
+            return True
+        for x in n.inputs:
+            if x.id not in seen and x.id not in leaves:
+                seen.add(x.id)
+                stack.append(x)
+    return False
+
+
+def fuses_matmuls(spec: KernelSpec, leaves: set) -> bool:
+    """Whether a kernel stores two or more MatMuls (horizontal fusion: q/k/v)."""
+    return sum(computes_matmul(st.node, leaves) for st in spec.stores) > 1
 
 
 def _same_grid(a: frozenset, b: frozenset) -> bool:
