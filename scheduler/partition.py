@@ -121,7 +121,7 @@ def _build(graph: Graph, roots: list[tuple[Node, str]], leaves: set, peel: bool 
     """One kernel storing each root node into its buffer."""
     views = Views(graph, set(leaves), budget=budget)
     by_pos: dict = {}
-    stores, depth = [], {}  # depth: a grid label's distance from the innermost dim of the first root storing it
+    stores, order = [], []  # order: the grid's dim keys, outer to inner
     for out, buffer in roots:
         inner, chain, keys = _stored(graph, out, buffer, peel)
         view = []
@@ -131,16 +131,16 @@ def _build(graph: Graph, roots: list[tuple[Node, str]], leaves: set, peel: bool 
                 continue
             if key not in by_pos:
                 by_pos[key] = views.label(key[0], "out")
-                depth[key] = len(keys) - 1 - i
+                # in front of the first dim inside it that an earlier root placed, so
+                # the last label (the one tiled along its dim) stays an innermost dim:
+                # the 2 of x.repeat(2, 3) beside x.repeat_interleave(3, 0) goes first
+                after = [order.index(k) for k in keys[i + 1:] if k in order]
+                order.insert(min(after, default=len(order)), key)
             view.append(by_pos[key].sym)
         inst = views.get(inner, tuple(view))
         stores.append(Store(inst, buffer, forward_view(chain, tuple(view)), out))
     views.roots = [s.inst for s in stores]
-    # Outer dims first, so the last label (the one tiled along its dim) is the first
-    # root's innermost: a later root's outer dim (the 2 of x.repeat(2, 3) beside
-    # x.repeat_interleave(3, 0)) goes in front, not last.
-    ranked = sorted(enumerate(depth), key=lambda ik: (-depth[ik[1]], -ik[0]))
-    root_labels = [by_pos[key] for _, key in ranked]
+    root_labels = [by_pos[key] for key in order]
     return KernelSpec(graph.name, views, stores, root_labels)
 
 
