@@ -398,13 +398,14 @@ def _producer_groups(graph: Graph, roots: list, horizontal: bool = True) -> list
     row max and sum, one loop computing all three). Nodes whose computed values differ
     in layout but whose stored ones share a grid (rotated keys beside the values, both
     [b, heads, s, d]) share one that tiles the stored dims. Without `horizontal`, a
-    node that computes a MatMul joins no group that computes one."""
+    node that computes MatMuls joins no group that computes others only (a projection
+    beside another; attention's output still joins its row max, over the same q·k)."""
     cuts = {out.id for out, _ in roots}
     groups: list[list] = []  # [peeled dims, stored dims, members, peel]
     group_of: dict[int, int] = {}
-    contracting: set[int] = set()  # groups that compute a MatMul
+    contracted: dict[int, frozenset] = {}  # group -> the MatMuls it computes
     for out, buffer in sorted(roots, key=lambda r: r[0].id):
-        matmul = computes_matmul(out, cuts)
+        mine = matmuls(out, cuts)
         peeled, stored = (frozenset(k for k in _stored(graph, out, buffer, p)[2] if k is not None)
                           for p in (True, False))
         # it runs after every group it reads from: joining one would make a program
@@ -412,7 +413,7 @@ def _producer_groups(graph: Graph, roots: list, horizontal: bool = True) -> list
         after = max((group_of[i] for i in _upstream([(out, buffer)], cuts)), default=-1)
         joined = None
         for i, group in enumerate(groups):
-            if matmul and not horizontal and i in contracting:
+            if not horizontal and _apart(mine, contracted.get(i, frozenset())):
                 continue
             if i > after and group[3] and _same_grid(group[0], peeled):
                 joined = i
@@ -427,28 +428,34 @@ def _producer_groups(graph: Graph, roots: list, horizontal: bool = True) -> list
         group[0], group[1] = group[0] | peeled, group[1] | stored
         group[2].append((out, buffer))
         group_of[out.id] = joined
-        if matmul:
-            contracting.add(joined)
+        contracted[joined] = contracted.get(joined, frozenset()) | mine
     return [(members, peel) for _, _, members, peel in groups]
 
 
-def computes_matmul(node: Node, leaves: set) -> bool:
-    """Whether a MatMul lies between `node` and the materialised nodes it reads."""
-    stack, seen = [node], set()
+def matmuls(node: Node, leaves: set) -> frozenset:
+    """The ids of the MatMuls between `node` and the materialised nodes it reads."""
+    found, stack, seen = set(), [node], set()
     while stack:
         n = stack.pop()
         if n.op == "matmul":
-            return True
+            found.add(n.id)
         for x in n.inputs:
             if x.id not in seen and x.id not in leaves:
                 seen.add(x.id)
                 stack.append(x)
-    return False
+    return frozenset(found)
+
+
+def _apart(a: frozenset, b: frozenset) -> bool:
+    """Two values that each contract, but not over one MatMul (q and k projections)."""
+    return bool(a) and bool(b) and not a & b
 
 
 def fuses_matmuls(spec: KernelSpec, leaves: set) -> bool:
-    """Whether a kernel stores two or more MatMuls (horizontal fusion: q/k/v)."""
-    return sum(computes_matmul(st.node, leaves) for st in spec.stores) > 1
+    """Whether a kernel stores MatMuls of their own side by side (horizontal fusion:
+    q/k/v projections), not values of one contraction (attention's output and row max)."""
+    found = [matmuls(st.node, leaves) for st in spec.stores]
+    return any(_apart(a, b) for i, a in enumerate(found) for b in found[i + 1:])
 
 
 def _same_grid(a: frozenset, b: frozenset) -> bool:
