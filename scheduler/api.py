@@ -1,7 +1,6 @@
 """`schedule`: bind, partition, tile, generate and rank plans for one candidate."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 
@@ -15,8 +14,8 @@ from .codegen import Emitter, fact_table
 from .combine import fuse_combines
 from .cost import kernel_time, resident_programs
 from .exprs import code, evaluate
-from .partition import KernelSpec, Store, fuses_matmuls, partition, stored_dtype
-from .plan import UNFUSED, Buffer, Kernel, Plan
+from .partition import KernelSpec, Store, partition, stored_dtype
+from .plan import Buffer, Kernel, Plan
 from .target import H200
 from .tiles import aliases, enumerate_tilings, launch_options, remap
 
@@ -265,8 +264,7 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     else:
         extra = [at for at in (_long(graph, env, dynamic), _wide(graph, env, dynamic, target)) if at]
         if extra:
-            rankings = _rankings(graph, facts, [env] + extra, dynamic, symbols, target, top_k)
-            return lead_with_each_split(_interleave(rankings, sum(map(len, rankings))), top_k)
+            return _interleave(_rankings(graph, facts, [env] + extra, dynamic, symbols, target, top_k), top_k)
         grid_choices = [{}]
     options = []
     for sc in grid_choices:
@@ -375,12 +373,11 @@ def _interleave(rankings: list[list[Plan]], top_k: int) -> list[Plan]:
 
 
 def lead_with_each_split(ranked: list[Plan], top_k: int) -> list[Plan]:
-    """The best plan of each split count and partition variant first (in rank order),
-    then the rest: profiling on the GPU then chooses among split counts and partitions,
-    where the cost model is least sure."""
+    """The best plan of each split count first (in rank order), then the rest: profiling
+    on the GPU then chooses among split counts, where the cost model is least sure."""
     seen, firsts, rest = set(), [], []
     for p in ranked:
-        key = (tuple(sorted(p.split.items())), p.variant)
+        key = tuple(sorted(p.split.items()))
         (rest if key in seen else firsts).append(p)
         seen.add(key)
     return (firsts + rest)[:top_k]
@@ -391,27 +388,10 @@ def _programs(plan: Plan) -> int:
 
 
 def _schedule_at(graph, facts, env, dynamic, symbols, target, top_k, split=None) -> list[Plan]:
-    """The plans of the partition, ranked; where it fuses MatMuls horizontally (q/k/v
-    projections sharing their x tile), then those of the partition that does not,
-    marked UNFUSED: the model cannot rank them (a 256 x 64 dot per projection beside a
-    64 x 256 one: 12% apart on the H200, RESULTS.md session 20), the runtime times both."""
     graph.check(env)
-
-    def kernels(horizontal):
-        return partition(graph, env, lambda s: _kernel_options(s, facts, env, dynamic, symbols, target),
-                         long_extent=target.full_matmul, dynamic=dynamic, target=target,
-                         hold_extent=target.hold_matmul, horizontal=horizontal)
-
-    fused = kernels(True)
-    plans = _plans_of(graph, fused, facts, env, dynamic, symbols, target, top_k, split)
-    stored = {st.node.id for spec, _ in fused for st in spec.stores}
-    if any(fuses_matmuls(spec, stored) for spec, _ in fused):
-        plans += [dataclasses.replace(p, variant=UNFUSED)
-                  for p in _plans_of(graph, kernels(False), facts, env, dynamic, symbols, target, top_k, split)]
-    return plans
-
-
-def _plans_of(graph, kernels, facts, env, dynamic, symbols, target, top_k, split) -> list[Plan]:
+    kernels = partition(graph, env, lambda s: _kernel_options(s, facts, env, dynamic, symbols, target),
+                        long_extent=target.full_matmul, dynamic=dynamic, target=target,
+                        hold_extent=target.hold_matmul)
     specs, every = [s for s, _ in kernels], [options for _, options in kernels]
     per_kernel = [options[:top_k] for options in every]
     plans = []

@@ -1,11 +1,10 @@
 """Kernel boundaries: which nodes a kernel computes, which it reads from memory.
 
-Outputs over one grid start in one kernel (`_grid_groups`), and so do materialised
-nodes (`_producer_groups`: horizontal fusion; `horizontal=False` leaves MatMuls each
-in a kernel of their own, a partition the runtime times beside the fused one). A Split whose count is bound above
-1 is there to be run in parallel, so every per-chunk reduction (one whose value still
-varies over the chunk-count label) is materialised by a producer kernel whose grid
-includes that label, and the consumer (the combine) reads it back.
+Outputs over one grid (one's dims within the other's) start in one kernel. A Split
+whose count is bound above 1 is there to be run in parallel, so every per-chunk
+reduction (one whose value still varies over the chunk-count label) is materialised by
+a producer kernel whose grid includes that label, and the consumer (the combine) reads
+it back.
 
 A kernel is cut, and the graph partitioned again with the cut nodes materialised by
 producer kernels of their own (read by every kernel that needs them), at the first of
@@ -174,7 +173,7 @@ def _per_chunk(views: Views, chunk_labels: set) -> list[Node]:
 
 def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
               dynamic=frozenset(), target=H200, hold_extent: int = 0,
-              max_instances: int | None = None, horizontal: bool = True) -> list[tuple[KernelSpec, object]]:
+              max_instances: int | None = None) -> list[tuple[KernelSpec, object]]:
     """Kernels in launch order (producers first), each with what `tile(spec)` returned
     for it (None without `tile`). `tile` raises BindingError or ShapeError when no
     tiling fits; the kernel is then cut (see the module's doc) and the graph partitioned
@@ -183,9 +182,7 @@ def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
     one up to `hold_extent` is first tried whole, and cut only when no tiling fits.
     A stack of layers is first cut between them (`segment_cuts`). A kernel whose walk
     still derives more than `max_instances` (MAX_INSTANCES) instances is cut at every
-    segment boundary and partitioned again (else a ShapeError says so). Without
-    `horizontal`, materialised MatMuls over one grid (q/k/v projections) get kernels of
-    their own."""
+    segment boundary and partitioned again (else a ShapeError says so)."""
     max_instances = MAX_INSTANCES if max_instances is None else max_instances
     cuts: set[int] = set(segment_cuts(graph))
     segmented = False
@@ -195,7 +192,7 @@ def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
     nested = functools.partial(_nested, env=env, long_extent=long_extent, dynamic=set(dynamic))
     while True:
         try:
-            return _kernels(graph, env, cuts, tile, tried, first, max_instances, horizontal)
+            return _kernels(graph, env, cuts, tile, tried, first, max_instances)
         except TooManyInstances:
             more = set() if segmented else segment_cuts(graph, nested_only=False) - cuts
             if not more:
@@ -219,8 +216,7 @@ class _Rejected(Exception):
         self.spec, self.error = spec, error
 
 
-def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first, budget: int | None = None,
-             horizontal: bool = True) -> list:
+def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first, budget: int | None = None) -> list:
     kernels: list = []
     stem = identifier(graph.name)
 
@@ -250,7 +246,7 @@ def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first, 
         kernels.append((spec, options))
 
     produced_by_cut = [(graph.nodes[i], buffer_name(graph, graph.nodes[i])) for i in sorted(cuts)]
-    for roots, peel in _producer_groups(graph, produced_by_cut, horizontal):
+    for roots, peel in _producer_groups(graph, produced_by_cut):
         visit(roots, cuts - {n.id for n, _ in roots}, peel)
     # Outputs by name: one node may be returned under several names, or be an input.
     for roots in _grid_groups(graph, list(zip(graph.outputs, graph.output_names))):
@@ -391,21 +387,17 @@ def _cuts(spec: KernelSpec, cuts: set[int], first, nested) -> set[int]:
     return set()
 
 
-def _producer_groups(graph: Graph, roots: list, horizontal: bool = True) -> list[tuple[list, bool]]:
+def _producer_groups(graph: Graph, roots: list) -> list[tuple[list, bool]]:
     """Materialised nodes in kernels of their own, in topological order, each with
     whether its stores peel their layout ops; nodes over one grid share one
     (horizontal fusion: a gate and an up projection; fused attention's output with its
     row max and sum, one loop computing all three). Nodes whose computed values differ
     in layout but whose stored ones share a grid (rotated keys beside the values, both
-    [b, heads, s, d]) share one that tiles the stored dims. Without `horizontal`, a
-    node that computes MatMuls joins no group that computes others only (a projection
-    beside another; attention's output still joins its row max, over the same q·k)."""
+    [b, heads, s, d]) share one that tiles the stored dims."""
     cuts = {out.id for out, _ in roots}
     groups: list[list] = []  # [peeled dims, stored dims, members, peel]
     group_of: dict[int, int] = {}
-    contracted: dict[int, frozenset] = {}  # group -> the MatMuls it computes
     for out, buffer in sorted(roots, key=lambda r: r[0].id):
-        mine = matmuls(out, cuts)
         peeled, stored = (frozenset(k for k in _stored(graph, out, buffer, p)[2] if k is not None)
                           for p in (True, False))
         # it runs after every group it reads from: joining one would make a program
@@ -413,8 +405,6 @@ def _producer_groups(graph: Graph, roots: list, horizontal: bool = True) -> list
         after = max((group_of[i] for i in _upstream([(out, buffer)], cuts)), default=-1)
         joined = None
         for i, group in enumerate(groups):
-            if not horizontal and _apart(mine, contracted.get(i, frozenset())):
-                continue
             if i > after and group[3] and _same_grid(group[0], peeled):
                 joined = i
             elif i > after and _same_grid(group[1], stored):
@@ -428,34 +418,7 @@ def _producer_groups(graph: Graph, roots: list, horizontal: bool = True) -> list
         group[0], group[1] = group[0] | peeled, group[1] | stored
         group[2].append((out, buffer))
         group_of[out.id] = joined
-        contracted[joined] = contracted.get(joined, frozenset()) | mine
     return [(members, peel) for _, _, members, peel in groups]
-
-
-def matmuls(node: Node, leaves: set) -> frozenset:
-    """The ids of the MatMuls between `node` and the materialised nodes it reads."""
-    found, stack, seen = set(), [node], set()
-    while stack:
-        n = stack.pop()
-        if n.op == "matmul":
-            found.add(n.id)
-        for x in n.inputs:
-            if x.id not in seen and x.id not in leaves:
-                seen.add(x.id)
-                stack.append(x)
-    return frozenset(found)
-
-
-def _apart(a: frozenset, b: frozenset) -> bool:
-    """Two values that each contract, but not over one MatMul (q and k projections)."""
-    return bool(a) and bool(b) and not a & b
-
-
-def fuses_matmuls(spec: KernelSpec, leaves: set) -> bool:
-    """Whether a kernel stores MatMuls of their own side by side (horizontal fusion:
-    q/k/v projections), not values of one contraction (attention's output and row max)."""
-    found = [matmuls(st.node, leaves) for st in spec.stores]
-    return any(_apart(a, b) for i, a in enumerate(found) for b in found[i + 1:])
 
 
 def _same_grid(a: frozenset, b: frozenset) -> bool:

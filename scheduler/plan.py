@@ -77,10 +77,6 @@ class Kernel:
                    arrivals=list(d.get("arrivals", [])), pipelined=d.get("pipelined", True))
 
 
-# The partition that leaves horizontally fused MatMuls (q/k/v) each in a kernel of its own.
-UNFUSED = "matmuls unfused"
-
-
 @dataclass
 class Plan:
     """A ranked schedule of one candidate: kernels in launch order. `graph` is the
@@ -100,9 +96,6 @@ class Plan:
     dynamic: list[str]
     env: dict[str, int]
     requires: list[tuple[str, str]] = field(default_factory=list)
-    # which partition of the graph, where the scheduler offers more than one for the
-    # runtime to time (UNFUSED); ranking only, not saved
-    variant: str = field(default="", compare=False)
 
     def fits(self, env: dict[str, int]) -> str | None:
         """None when every requirement holds at env (symbols incl. split counts), else

@@ -80,10 +80,7 @@ def test_real_width_llama_layer_schedules_within_its_kernel_budget(naive):
     assert "normalize-after-matmul" in best.derivation or not naive, best.derivation
     env = {batch: 2, seq: 2048}
     plans = cleave.schedule(best, env, dynamic={batch, seq}, top_k=2)
-    counts = [(p.variant, len(p.kernels)) for p in plans]
-    assert plans[0].variant == "" and all(n <= KERNEL_BUDGET for v, n in counts if not v), counts
-    # the partition offered beside it with the key and value projections apart: one more
-    assert all(n <= KERNEL_BUDGET + 1 for v, n in counts if v), counts
+    assert plans and all(len(p.kernels) <= KERNEL_BUDGET for p in plans), [len(p.kernels) for p in plans]
     inter = plans[0].intermediates
     sizes = {b.name: math.prod(evaluate(d, env) for d in b.shape) for b in inter}
     # activations in bf16; only a kv-head tensor may keep f32 (taken before a cast to

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import re
 
-import torch
-
 import cleave
 from cleave import workloads
 from kernel_check import computed_kernels, run_and_check
@@ -98,26 +96,3 @@ def test_intermediates_reuse_one_kept_workspace_per_stream(monkeypatch):
     L._WORKSPACES.clear()
     L.launch(plan, inputs)
     assert not L._WORKSPACES
-
-
-def _attend(x, wq, wk, wv):
-    q, k, v = x @ wq, x @ wk, x @ wv
-    return torch.softmax(q @ k.T, -1) @ v
-
-
-def test_projections_fused_horizontally_are_offered_unfused_too():
-    """Keys and values projected from one x share a kernel (two accumulators over one
-    x tile). The model cannot rank that against a kernel per projection (12% apart
-    the other way on the H200, RESULTS.md session 20), so the plans lead with the best
-    of each partition and the runtime times both; both match the fp64 interpreter."""
-    from cleave.scheduler.plan import UNFUSED
-
-    ex = (torch.randn(300, 512), torch.randn(512, 64), torch.randn(512, 64), torch.randn(512, 64))
-    best = cleave.search(cleave.capture(_attend, *ex, dynamic={"x": {0: "s"}}), top_k=1, progress=False).best
-    plans = cleave.schedule(best, {"s": 300}, dynamic={"s"}, top_k=3)
-    assert [p.variant for p in plans[:2]] == ["", UNFUSED], [p.variant for p in plans]
-    fused = next(p for p in plans if p.variant == "" and any(len(s) == 2 for s in _stores(p)))
-    unfused = plans[1]
-    assert all(len(s) == 1 for s in _stores(unfused)) and len(unfused.kernels) == len(fused.kernels) + 1
-    for plan in (fused, unfused):
-        run_and_check(best.graph, plan, {"s": 37}, seed=1)
