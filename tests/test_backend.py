@@ -140,6 +140,24 @@ def test_tensor_constants_of_several_elements_run_in_the_kernels(ctx, through):
     assert st["operators"] == 1
 
 
+def _head_and_padded(x, n):
+    return x[:n] * 2, torch.cat([x, x.new_zeros(n, x.shape[1])]) + 1
+
+
+def test_a_length_passed_as_an_int_compiles(ctx):
+    """`x[:n]` with n an argument: no tensor's dim carries n, so the operator had no
+    value for its symbol and ran eagerly ("no value for symbol"). The launcher now
+    passes n as the length of a one-element view, and one compile serves every n."""
+    f = torch.compile(_head_and_padded, backend="cleave", dynamic=True)
+    x = torch.randn(9, 5, generator=torch.Generator().manual_seed(0))
+    for n in (3, 4, 6, 7):
+        for got, want in zip(f(x, n), _head_and_padded(x, n)):
+            assert torch.equal(got, want)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+    assert st["operators"] == 1 and st["compiles"] <= 2, st
+
+
 def test_an_index_into_an_axis_shorter_than_four_compiles(ctx):
     """The candidate check drew integer inputs from [0, 4): `x[:, idx]` of 3 columns
     failed in the reference interpreter (index 3 out of bounds) and ran eagerly."""

@@ -41,6 +41,9 @@ class Captured:
     # (`torch.tensor([1.0, 2.0])`, the index list of `x[:, [0, 2]]`): the IR holds no
     # tensor values, so the runner passes it as an input of its own
     constants: dict = field(default_factory=dict)
+    # graph inputs standing for an int argument whose symbol no tensor carries (`x[:n]`):
+    # a [n] tensor the runner makes from the int, so the operator reads n off the shapes
+    size_inputs: list = field(default_factory=list)
 
 
 def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:

@@ -5,7 +5,10 @@ Nothing is traced again: each node's meta value gives its shape and dtype,
 placeholders are the inputs (named as in the graph), and a dim torch made symbolic
 (`mark_dynamic`, automatic dynamic shapes, `dynamic=True`) is an IR symbol named
 after torch's (`s0`, `s77`). Every other dim is an int, so a module's parameters
-are static. Integer placeholders (sizes dynamo passes along) are their values.
+are static. Integer placeholders (sizes dynamo passes along) are their values; one
+whose symbol no tensor's dim carries (`x[:n]` with n an argument) is also an input of
+its own, a [n] tensor the launcher makes from the int (Captured.size_inputs), so the
+operator reads its value off the shapes as it reads every other symbol.
 """
 from __future__ import annotations
 
@@ -80,8 +83,34 @@ def _translate(gm, name: str, placeholders, same: dict[str, str]) -> Captured:
             t.translate(node)
         elif node.op == "output":
             sizes = _outputs(t, graph, node)
+    size_inputs = _size_inputs(graph, placeholders, t)
     return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), sizes=sizes,
-                    constants=constants)
+                    constants=constants, size_inputs=size_inputs)
+
+
+def _size_inputs(graph: Graph, placeholders, t) -> list[str]:
+    """Declare an input [n] for each int placeholder n that the graph's ops use and no
+    tensor input's dim carries, when torch knows n >= 0 (a length); return their names."""
+    carried = {s for n in graph.inputs.values() for d in n.shape for s in sympy.sympify(d).free_symbols}
+    used = {s for n in graph.live_nodes() for d in n.shape for s in sympy.sympify(d).free_symbols}
+    used |= {s for n in graph.live_nodes() for v in n.attrs.values() if isinstance(v, sympy.Expr)
+             for s in v.free_symbols}
+    names = []
+    for node in placeholders:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.SymInt):
+            continue
+        size = t.size(val)
+        if isinstance(size, sympy.Symbol) and size in used - carried and _at_least_zero(val):
+            graph.input(node.name, (size,), "bool")
+            names.append(node.name)
+            carried.add(size)
+    return names
+
+
+def _at_least_zero(val: torch.SymInt) -> bool:
+    env = val.node.shape_env
+    return env is not None and env.bound_sympy(val.node.expr).lower >= 0
 
 
 def _outputs(t, graph, node) -> dict:

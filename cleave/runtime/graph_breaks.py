@@ -257,7 +257,13 @@ class Region:
         op = self.ctx.operator(graph, symbols, device)  # search and schedule run lazily, on its first call
         return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, self.name,
                         state=constant_getters(captured.constants, device), sizes=captured.sizes,
-                        views=self.output_views)
+                        views=self.output_views, size_inputs=size_carriers(captured.size_inputs, device))
+
+
+def size_carriers(names: list[str], device) -> dict:
+    """graph input -> one element on the device, expanded (a view, no allocation) to an
+    int argument's length at each call (Captured.size_inputs)."""
+    return {name: torch.empty(1, dtype=torch.bool, device=device) for name in names}
 
 
 def constant_getters(constants: dict, device) -> dict:
@@ -280,12 +286,13 @@ class Launcher:
 
     def __init__(self, op, ctx: Context, names, tuple_output: bool, eager, where: str,
                  state: dict | None = None, writes: dict[str, str] | None = None, sizes: dict | None = None,
-                 views: dict | None = None):
+                 views: dict | None = None, size_inputs: dict | None = None):
         self.op, self.ctx, self.names, self.tuple_output = op, ctx, list(names), tuple_output
         self.eager_fn, self.where, self.failed = eager, where, False
         self.sizes = sizes or {}  # output position -> a size it returns (Captured.sizes)
         self.views = views or {}  # output position -> a view of another output (output_views)
         self.state = state or {}
+        self.size_inputs = size_inputs or {}  # graph input -> its one element (size_carriers)
         self.graph_inputs = [k for k in op.graph.inputs if k not in self.state]
         self.by_name = set(self.graph_inputs) <= set(self.names)
         self.positions = [self.names.index(k) for k in self.graph_inputs] if self.by_name else None
@@ -321,6 +328,8 @@ class Launcher:
             out = dict(zip(self.graph_inputs, [a for a in args if isinstance(a, torch.Tensor)]))
         for name, get in self.state.items():
             out[name] = get()
+        for name, one in self.size_inputs.items():
+            out[name] = one.expand(int(out[name]))
         return out
 
     def _finish(self, args, outs, inputs):
