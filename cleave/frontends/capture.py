@@ -61,7 +61,8 @@ def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:
     cannot express, CaptureError when torch cannot trace the function.
     """
     captured = capture_program(fn, *example_inputs, dynamic=dynamic, name=name)
-    for value, source in captured.constants.values():  # a graph alone cannot carry its value
+    if captured.constants:  # a graph alone cannot carry a constant's values
+        value, source = next(iter(captured.constants.values()))
         raise UnsupportedOpError("tensor constant", source, f"a constant tensor of shape {list(value.shape)} is "
                                  f"made inside the function; pass it as an input (cleave.compile and the "
                                  f"torch.compile backend pass it themselves)")
