@@ -47,13 +47,14 @@ _UNARY = per_op({
     "erf": torch.erf, "log1p": torch.log1p, "expm1": torch.expm1,
     "inf_to_zero": lambda x: torch.where(torch.isinf(x), torch.zeros_like(x), x),
     "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc, "round": torch.round, "sign": torch.sign,
-    "erfinv": torch.erfinv,
+    "erfinv": torch.erfinv, "bit_not": torch.bitwise_not,
 }, "unary", where="interpreter")
 _BINARY = per_op({
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
     "min": torch.minimum, "pow": torch.pow, "fmod": _fmod, "idiv": _idiv,
     "atan2": torch.atan2, "hypot": torch.hypot, "copysign": torch.copysign, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
-    "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
+    "ge": torch.ge, "eq": torch.eq, "ne": torch.ne, "bit_and": torch.bitwise_and, "bit_or": torch.bitwise_or,
+    "bit_xor": torch.bitwise_xor, "shl": torch.bitwise_left_shift, "shr": torch.bitwise_right_shift,
 }, "binary", "compare", where="interpreter")
 _EMPTY_REDUCE = per_op(  # a reduction over nothing
     {"sum": 0.0, "max": float("-inf"), "min": float("inf"), "prod": 1.0}, "reduce", where="interpreter")

@@ -19,8 +19,8 @@ import sympy
 
 from cleave.ir import ShapeError
 from cleave.ir import dims as D
-from cleave.ir.dtypes import DType
-from cleave.ir.ops import COMPARE, per_op
+from cleave.ir.dtypes import DType, promote
+from cleave.ir.ops import BITWISE, COMPARE, per_op
 
 from . import half_swap, scale_after
 from .bounds import segments
@@ -40,6 +40,10 @@ from .views import gathers, merged_offset
 TL = {d: d.triton_name for d in DType}
 _ITEMSIZE = {d.triton_name: d.itemsize for d in DType}
 LOW = ("tl.bfloat16", "tl.float16")
+INTS = tuple(TL[d] for d in DType if d.is_int)
+# Triton combines integers C's way (uint8 with int8 is uint8); torch computes in the
+# promoted type (int16), so a narrow operand is converted to it first.
+NARROW = ("tl.int8", "tl.uint8", "tl.int16")
 VIEW_OPS = ("broadcast", "permute", "reshape", "slice", "take", "gather")  # emitted as their operand's value
 GROUP = 8  # row tiles per group in the grouped program order of a tiled MatMul
 MAX_TENSOR_NUMEL = 1 << 20  # triton.language.TRITON_MAX_TENSOR_NUMEL
@@ -99,7 +103,7 @@ UNARY = per_op({"exp": EXP, "exp2": "tl.exp2({x})", "log": "tl.log({x})", "sqrt"
                          "tl.where(tl.floor({x}) == -1.0, {x} * 0.0, tl.floor({x}) + 1.0))))",
                 # (0 < x) - (x < 0), as torch computes it: 0 for NaN and for either zero
                 "sign": "tl.where({x} > 0.0, 1.0, tl.where({x} < 0.0, -1.0, 0.0))",
-                "erfinv": "erfinv_f32({x})"}, "unary", where="codegen")
+                "erfinv": "erfinv_f32({x})", "bit_not": "~{x}"}, "unary", where="codegen")
 # Unary ops torch computes in an integer dtype on integers (the rest make floats):
 # through f32 they would round past 2^24 and could not index (reflect padding's
 # `9 - |9 - |j - 2||` addressed a load with a float).
@@ -108,7 +112,8 @@ UNARY = per_op({"exp": EXP, "exp2": "tl.exp2({x})", "log": "tl.log({x})", "sqrt"
 # elements along an axis, and stays int32 (attention's masks compare such differences).
 INT_GROWS = ("mul", "square")
 INT_UNARY = {"abs": "tl.abs({x})", "neg": "-{x}", "square": "{x} * {x}", "floor": "{x}", "ceil": "{x}",
-             "trunc": "{x}", "round": "{x}", "sign": "tl.where({x} > 0, 1, tl.where({x} < 0, -1, 0))"}
+             "trunc": "{x}", "round": "{x}", "sign": "tl.where({x} > 0, 1, tl.where({x} < 0, -1, 0))",
+             "bit_not": "~{x}"}
 # torch.pow: |a|^b through exp and log, negated for a negative base and an odd integer
 # exponent, NaN for a negative base and a fractional one, and 1 for a zero exponent.
 # Nested selects, not `&` of comparisons: with a scalar exponent, Triton's CPU
@@ -123,7 +128,16 @@ BINARY = per_op({"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "di
                  "atan2": "atan2_f32({a}, {b})", "hypot": "hypot_f32({a}, {b})",
                  "copysign": "tl.where(negative({b}), -tl.abs({a}), tl.abs({a}))",
                  "lt": "{a} < {b}", "le": "{a} <= {b}", "gt": "{a} > {b}", "ge": "{a} >= {b}", "eq": "{a} == {b}",
-                 "ne": "{a} != {b}"}, "binary", "compare", where="codegen")
+                 "ne": "{a} != {b}", "bit_and": "{a} & {b}", "bit_or": "{a} | {b}", "bit_xor": "{a} ^ {b}",
+                 "shl": "{a} << {b}", "shr": "{a} >> {b}"}, "binary", "compare", where="codegen")
+
+# torch's shifts by an amount outside [0, bits): 0 to the left; the sign to the right
+# (0 for uint8). A shift by `bits` or more is undefined on the GPU; a constant amount
+# folds the selects away.
+SHIFTS = {("shl", True): "tl.where({b} < 0, 0, tl.where({b} < {bits}, {a} << {b}, 0))",
+          ("shl", False): "tl.where({b} < {bits}, {a} << {b}, 0)",
+          ("shr", True): "{a} >> tl.where({b} < 0, {bits} - 1, tl.minimum({b}, {bits} - 1))",
+          ("shr", False): "tl.where({b} < {bits}, {a} >> {b}, 0)"}
 
 
 @dataclass
@@ -390,7 +404,12 @@ class Emitter:
 
     def f32(self, v: Val, dims=None) -> str:
         s = self.align(v, dims) if dims is not None else v.name
-        return f"{s}.to(tl.float32)" if v.ty in LOW or v.ty in ("tl.int64", "tl.int32") else s
+        return f"{s}.to(tl.float32)" if v.ty in LOW or v.ty in INTS else s
+
+    def as_int(self, v: Val, dims, ty: str) -> str:
+        """v as an operand of an integer op computed in `ty` (see NARROW)."""
+        s = self.align(v, dims)
+        return s if v.ty == ty or (v.ty not in NARROW and ty not in NARROW) else convert(s, ty)
 
     @staticmethod
     def find(block: Block, inst) -> Val | None:
@@ -559,19 +578,27 @@ class Emitter:
             a, c = args
             ty = "tl.int1" if op in COMPARE else (
                 "tl.float32" if n.dtype.is_float else TL[n.dtype])
-            conv = self.f32 if n.dtype.is_float else self.align
+            conv = self.f32 if n.dtype.is_float else lambda v, d: self.as_int(v, d, ty)  # noqa: E731
             if op in INT_GROWS and ty == "tl.int64" and a.ty == c.ty == "tl.int32":
                 conv = lambda v, d: f"{self.align(v, d)}.to(tl.int64)"  # noqa: E731
-            if op in COMPARE and not (a.ty in ("tl.int32", "tl.int64") and c.ty in ("tl.int32", "tl.int64")):
-                conv = self.f32
+            if op in COMPARE:
+                if a.ty in INTS and c.ty in INTS:  # compared in their promoted type, exact
+                    common = TL[promote(*(x.dtype for x in n.inputs))]
+                    conv = lambda v, d: self.as_int(v, d, common)  # noqa: E731
+                else:
+                    conv = self.f32
+            if op in BITWISE:  # in the result's type: Triton refuses bit ops across signedness (uint8 & int8)
+                conv = lambda v, d: self.align(v, d) if v.ty == ty else convert(self.align(v, d), ty)  # noqa: E731
             form = {"max": NAN_MAX, "min": NAN_MIN}.get(op, BINARY[op]) if n.dtype.is_float else BINARY[op]
+            if op in ("shl", "shr"):
+                form = SHIFTS[op, n.dtype.int_range[0] < 0].replace("{bits}", str(8 * n.dtype.itemsize))
             left = conv(a, dims) if a.scale is None else f"{conv(a, dims)} * {a.scale.name}"  # one fma
             return self.var(b, form.format(a=left, b=conv(c, dims)), dims, ty)
         if op == "where":
             c, x, y = args
-            conv = self.f32 if n.dtype.is_float else self.align
-            out = self.var(b, f"tl.where({self.align(c, dims)}, {conv(x, dims)}, {conv(y, dims)})", dims,
-                           "tl.float32" if n.dtype.is_float else TL[n.dtype])
+            ty = "tl.float32" if n.dtype.is_float else TL[n.dtype]
+            conv = self.f32 if n.dtype.is_float else lambda v, d: self.as_int(v, d, ty)  # noqa: E731
+            out = self.var(b, f"tl.where({self.align(c, dims)}, {conv(x, dims)}, {conv(y, dims)})", dims, ty)
             out.scale = x.scale  # a fill of 0 or +-inf is itself scaled by a positive factor
             return out
         if op in VIEW_OPS:  # take: its operand's loads gather

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from cleave.interpreter import TORCH_DTYPES, interpret
 from cleave.ir import BindingError, Graph, parse_graph
-from cleave.ir.ops import BINARY, COMPARE, UNARY
+from cleave.ir.ops import BINARY, BITWISE, COMPARE, UNARY
 
 SYMBOLS = ("a", "b", "c")
 
@@ -46,7 +46,7 @@ class Builder:
         self.nodes.append(out)
 
     def _unary(self, x):  # nan from log(-x) is fine: only shapes and dtypes are checked
-        return self.g.add(self.draw(st.sampled_from(UNARY)), x)
+        return self.g.add(self.draw(st.sampled_from([u for u in UNARY if u not in BITWISE])), x)  # floats here
 
     def _partner(self, x):
         """A new input that broadcasts against x: some dims replaced by 1, maybe fewer of them."""
@@ -56,7 +56,7 @@ class Builder:
 
     def _binary(self, x):
         y = self._partner(x)
-        op = self.draw(st.sampled_from([b for b in BINARY if b not in ("pow", "idiv")]))  # idiv: integers only
+        op = self.draw(st.sampled_from([b for b in BINARY if b not in ("pow", "idiv", *BITWISE)]))  # integer ops
         return self.g.add(op, *((x, y) if self.draw(st.booleans()) else (y, x)))
 
     def _compare_where(self, x):

@@ -11,7 +11,7 @@ from .aten_map import rule
 
 # aten op -> IR op. aten names every IR unary op the same way but these:
 _ATEN_NAME = {"recip": "reciprocal"}
-_NO_ATEN_OP = ("inf_to_zero",)  # no single aten op computes it
+_NO_ATEN_OP = ("inf_to_zero", "bit_not")  # no single aten op computes it (bitwise_not: a rule below)
 _UNARY = {_ATEN_NAME.get(op, op): op for op in UNARY if op not in _NO_ATEN_OP}
 # add, sub and pow have rules of their own (alpha, special exponents)
 _BINARY = {**{op: op for op in COMPARE}, "mul": "mul", "div": "div", "true_divide": "div",
@@ -230,24 +230,12 @@ def _masked_fill(t, node, a):
     return t.add("where", a["mask"], t.lift(a["value"], x), x)
 
 
-def _bool_only(a, n):
-    x = a["self"]
-    if isinstance(x, bool) or getattr(x, "dtype", None) == torch.bool:
-        return None
-    return f"only bool operands are supported, not {getattr(x, 'dtype', type(x).__name__)}"
-
-
-@rule("logical_not")
 def _logical_not(t, node, a):
     x = a["self"]
     return t.add("eq", x, t.const(False, "bool") if x.dtype.value == "bool" else t.lift(0, x))
 
 
-rule("bitwise_not", check=_bool_only)(_logical_not)
-
-
-def _both_bool(a, n):
-    return _bool_only(a, n) or _bool_only({"self": a["other"]}, n)
+rule("logical_not")(_logical_not)
 
 
 def _and(t, node, a):
@@ -278,9 +266,35 @@ def _truths(t, a):
 rule("logical_and")(_and)
 rule("logical_or")(_or)
 rule("logical_xor")(_xor)
-for _op, _fn in (("and", _and), ("or", _or), ("xor", _xor)):  # on integers these are bit ops
-    rule(f"bitwise_{_op}.Tensor", f"bitwise_{_op}.Scalar", f"__{_op}__.Tensor", f"__{_op}__.Scalar",
-         f"prims.bitwise_{_op}", check=_both_bool)(_fn)
+
+
+def _no_floats(a, n):
+    dtype = n.meta["val"].dtype
+    return f"bitwise ops of {dtype} are not supported" if dtype.is_floating_point else None
+
+
+def _bitwise(op, logical):
+    """On bools the logical op (what the rules know: selects and compares); on integers
+    the bit op, in torch's result type."""
+    def lower(t, node, a):
+        if node.meta["val"].dtype == torch.bool:
+            return logical(t, node, a)
+        return binary(t, op, *_operands(t, a["self"], a["other"]))
+    return lower
+
+
+for _op, _fn in (("and", _and), ("or", _or), ("xor", _xor)):
+    rule(f"bitwise_{_op}", f"__{_op}__", f"prims.bitwise_{_op}", check=_no_floats)(_bitwise(f"bit_{_op}", _fn))
+for _op, _torch_dir, _prims in (("shl", "left", ("prims.shift_left",)),
+                                ("shr", "right", ("prims.shift_right_arithmetic",))):
+    rule(f"bitwise_{_torch_dir}_shift", f"__{_torch_dir[0]}shift__", *_prims, check=_no_floats)(
+        _bitwise(_op, None))
+
+
+@rule("bitwise_not", "prims.bitwise_not", check=_no_floats)
+def _bitwise_not(t, node, a):
+    x = a["self"]
+    return _logical_not(t, node, {"self": x}) if x.dtype.value == "bool" else t.add("bit_not", x)
 
 
 def _truth(t, x):

@@ -12,6 +12,9 @@ class DType(enum.Enum):
     bf16 = "bf16"
     i64 = "i64"
     i32 = "i32"
+    i16 = "i16"
+    i8 = "i8"
+    u8 = "u8"
     bool = "bool"
 
     def __str__(self) -> str:
@@ -26,7 +29,7 @@ class DType(enum.Enum):
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.i32, DType.i64)
+        return self in _INT_BITS
 
     @property
     def torch_name(self) -> str:
@@ -48,6 +51,8 @@ class DType(enum.Enum):
         if not self.is_int:
             raise ValueError(f"{self} is not an integer type")
         bits = 8 * self.itemsize
+        if self == DType.u8:
+            return 0, 2 ** bits - 1
         return -2 ** (bits - 1), 2 ** (bits - 1) - 1
 
 
@@ -66,9 +71,15 @@ _TABLE = {
     DType.bf16: _Row("bfloat16", (), "tl.bfloat16", 2),
     DType.i64: _Row("int64", ("long",), "tl.int64", 8),
     DType.i32: _Row("int32", ("int",), "tl.int32", 4),
+    DType.i16: _Row("int16", ("short",), "tl.int16", 2),
+    DType.i8: _Row("int8", (), "tl.int8", 1),
+    DType.u8: _Row("uint8", (), "tl.uint8", 1),
     DType.bool: _Row("bool", (), "tl.int1", 1),
 }
 _NAMES = {name: d for d, row in _TABLE.items() for name in (d.value, row.torch, *row.aliases)}
+
+# The signed integer types by width; uint8 stands beside them.
+_INT_BITS = {DType.i8: 8, DType.u8: 8, DType.i16: 16, DType.i32: 32, DType.i64: 64}
 
 # Promotion order among floats: the larger rank wins; f16 with bf16 meets at f32.
 _FLOAT_RANK = {DType.bf16: 1, DType.f16: 1, DType.f32: 2, DType.f64: 3}
@@ -98,11 +109,12 @@ def promote(a: DType, b: DType) -> DType:
         return a
     if b.is_float:
         return b
-    if DType.i64 in (a, b):
-        return DType.i64
-    if DType.i32 in (a, b):
-        return DType.i32
-    return DType.bool
+    if DType.bool in (a, b):
+        return b if a == DType.bool else a
+    if DType.u8 in (a, b):  # uint8 with int8 meets at int16, as in torch; a wider signed type holds it
+        other = b if a == DType.u8 else a
+        return DType.i16 if other == DType.i8 else other
+    return a if _INT_BITS[a] > _INT_BITS[b] else b
 
 
 # The float types whose every value each float type holds exactly (f16 and bf16 each

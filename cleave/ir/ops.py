@@ -24,10 +24,14 @@ from .errors import DimMismatch, ShapeError
 # The elementwise vocabulary, by kind; the structural ops are registered at the end.
 UNARY = ("exp", "exp2", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh",
          "square", "cos", "sin", "abs", "erf", "log1p", "expm1", "inf_to_zero",
-         "floor", "ceil", "trunc", "round", "sign", "erfinv")
+         "floor", "ceil", "trunc", "round", "sign", "erfinv",
+         "bit_not")  # ~x of an integer or bool
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow", "fmod",  # fmod: C's, exact (torch.fmod)
           "idiv",  # integer division truncated toward 0 (C's; torch.div(rounding_mode="trunc"))
-          "atan2", "hypot", "copysign")  # torch's: atan2(y, x); copysign reads b's sign bit (-0.0, -NaN)
+          "atan2", "hypot", "copysign",  # torch's: atan2(y, x); copysign reads b's sign bit (-0.0, -NaN)
+          "bit_and", "bit_or", "bit_xor", "shl", "shr")  # of integers; shr is arithmetic on signed ones
+# Ops of integers (and bools, but for the shifts), never of floats.
+BITWISE = ("bit_not", "bit_and", "bit_or", "bit_xor", "shl", "shr")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 REDUCE_OPS = ("sum", "max", "min", "prod")  # the `op` attribute of `reduce`
 # log2(e) as the float the rules write and the kernels use: exp(x) = exp2(x * LOG2E).
@@ -117,8 +121,16 @@ def _infer_iota(*, shape, axis, dtype):
     return Result(tuple(shape), dtype)
 
 
-def _infer_unary(x):
-    return Result(x.shape, x.dtype)
+def _make_unary(op):
+    def infer(x):
+        _bitwise_operands(op, x.dtype)
+        return Result(x.shape, x.dtype)
+    return infer
+
+
+def _bitwise_operands(op: str, dtype: DType) -> None:
+    if op in BITWISE and (dtype.is_float or (dtype == DType.bool and op in ("shl", "shr"))):
+        _fail(op, f"takes {'integer' if op in ('shl', 'shr') else 'integer or bool'} operands, not {dtype}")
 
 
 def _infer_cast(x, *, dtype):
@@ -132,6 +144,7 @@ def _make_binary(op):
             _fail(op, f"divides integers, not {dtype}")
         if op in ("atan2", "hypot", "copysign") and not dtype.is_float:
             _fail(op, f"takes floating-point operands, not {dtype} (cast them first, as torch does)")
+        _bitwise_operands(op, dtype)
         return Result(broadcast_shapes(op, [a.shape, b.shape]), dtype)
     return infer
 
@@ -303,7 +316,7 @@ _register("const", 0, [("value", "float"), ("dtype", "dtype")], _infer_const)
 _register("size", 0, [("value", "dim"), ("dtype", "dtype")], _infer_size)
 _register("iota", 0, [("shape", "shape"), ("axis", "int"), ("dtype", "dtype")], _infer_iota)
 for _name in UNARY:
-    _register(_name, 1, [], _infer_unary)
+    _register(_name, 1, [], _make_unary(_name))
 _register("cast", 1, [("dtype", "dtype")], _infer_cast)
 for _name in BINARY:
     _register(_name, 2, [], _make_binary(_name))

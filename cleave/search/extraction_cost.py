@@ -32,7 +32,7 @@ REDUCTIONS = ("reduce", "matmul", "topk")
 SOURCES = ("input",)  # leaves whose bytes a loop streams (consts, sizes, iotas are free)
 FREE = ("input", "const", "size", "iota")
 VIEWS = ("reshape", "permute", "broadcast", "split", "slice", "cast")
-BYTES = {DType.f64: 8, DType.i64: 8, DType.f32: 4, DType.i32: 4, DType.f16: 2, DType.bf16: 2, DType.bool: 1}
+BYTES = {d: d.itemsize for d in DType}
 
 
 def reduced_extent(n: Node):

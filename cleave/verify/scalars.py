@@ -17,6 +17,9 @@ from fractions import Fraction
 
 from ..ir.ops import LOG2E, per_op
 
+_BIT_OPS = {"bit_and": operator.and_, "bit_or": operator.or_, "bit_xor": operator.xor,
+            "shl": operator.lshift, "shr": operator.rshift}
+
 INF, NINF, NAN = math.inf, -math.inf, math.nan
 
 
@@ -208,6 +211,10 @@ class Algebra:
             return self.mul(x, x)
         if op == "abs":
             return self.max(x, self.neg(x))
+        if op == "bit_not" and isinstance(x, bool):
+            return not x
+        if op == "bit_not" and is_num(x) and Fraction(x).denominator == 1:
+            return Fraction(~int(x))
         if op == "inf_to_zero":  # symbolic values are finite: only a special changes
             return Fraction(0) if is_special(x) and math.isinf(x) else x
         if op == "sigmoid":
@@ -247,6 +254,31 @@ class Algebra:
 
     def copysign(self, x, y):
         return self._transcendental("copysign", x, y)
+
+    def bit_and(self, x, y):
+        return self._bitwise("bit_and", x, y)
+
+    def bit_or(self, x, y):
+        return self._bitwise("bit_or", x, y)
+
+    def bit_xor(self, x, y):
+        return self._bitwise("bit_xor", x, y)
+
+    def shl(self, x, y):
+        return self._bitwise("shl", x, y)
+
+    def shr(self, x, y):
+        return self._bitwise("shr", x, y)
+
+    def _bitwise(self, op, x, y):
+        """Exact on integers (Python's ints are two's complement of unbounded width, as
+        narrow ones are until they wrap); uninterpreted otherwise."""
+        if isinstance(x, bool) and isinstance(y, bool):
+            return _BIT_OPS[op](x, y)
+        if is_num(x) and is_num(y) and Fraction(x).denominator == Fraction(y).denominator == 1 and \
+                (op not in ("shl", "shr") or 0 <= y < 64):
+            return Fraction(_BIT_OPS[op](int(x), int(y)))
+        return self._transcendental(op, x, y)
 
     def _transcendental(self, op, x, y):
         """Uninterpreted: no rule rewrites these ops, so their values need only be equal."""
