@@ -313,10 +313,19 @@ def _eq(a, b) -> bool:
 def reshape_groups(src, dst, node) -> list[tuple[list[int], list[int]]]:
     """Pair contiguous groups of non-unit dims of equal product (symbolically)."""
     groups = _reshape_groups(tuple(src), tuple(dst))
+    if groups is None:  # h heads of floor(d/h): the graph's constraint (checked at every binding) says h divides d
+        groups = _reshape_groups(*(tuple(_exact_quotients(d) for d in shape) for shape in (src, dst)))
     if groups is None:
         raise ShapeError(f"scheduler: reshape %{node.id} from {D.fmt_shape(src)} to {D.fmt_shape(dst)} "
                          f"does not split into groups of equal size")
     return groups
+
+
+def _exact_quotients(d):
+    """d with each floor(p/q) read as p/q. A reshape's total sizes are equal at every
+    binding, and q*floor(p/q) <= p: so where the quotients pair groups of dims, each
+    group's sizes are equal."""
+    return D.dim(d).replace(sympy.floor, lambda x: x)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -334,14 +343,14 @@ def _reshape_groups(src: tuple, dst: tuple):
         i, j = i + 1, j + 1
         while not _eq(pa, pb):
             num, den = sympy.fraction(sympy.cancel(pa / pb))
-            if den == 1 and j < len(b):
+            if (den == 1 or i == len(a)) and j < len(b):
                 gb.append(b[j]); pb = pb * dst[b[j]]; j += 1
             elif i < len(a):
                 ga.append(a[i]); pa = pa * src[a[i]]; i += 1
             else:
                 break
         if not _eq(pa, pb):
-            break
+            return None
         groups.append((ga, gb))
     if i != len(a) or j != len(b):
         return None

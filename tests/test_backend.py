@@ -158,6 +158,43 @@ def test_a_length_passed_as_an_int_compiles(ctx):
     assert st["operators"] == 1 and st["compiles"] <= 2, st
 
 
+def _heads(x, h):
+    b, s, d = x.shape
+    return x.view(b, s, h, d // h).transpose(1, 2).softmax(-1), x.view(h, -1).sum(0)
+
+
+def test_a_split_into_a_count_of_heads_passed_as_an_int_compiles(ctx):
+    """`x.view(b, s, h, d // h)` with h an argument: the reshape's dims are h and
+    floor(d/h). No small binding met the divisibility (the candidate check raised "no
+    small binding"), and the scheduler could not pair d with h * floor(d/h); both ran
+    eagerly. The pairing also returned no groups where it failed with every dim used,
+    which would have indexed the operand at 0."""
+    f = torch.compile(_heads, backend="cleave", dynamic=True)
+    for shape, h in (((2, 5, 12), 4), ((2, 5, 12), 3), ((3, 7, 30), 5)):
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(h))
+        for got, want in zip(f(x, h), _heads(x, h)):
+            assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+    assert st["operators"] == 1, st
+
+
+def test_reshape_dims_that_do_not_pair_are_refused():
+    import types
+
+    import sympy
+
+    from cleave.ir import ShapeError
+    from cleave.ir import dims as D
+    from cleave.scheduler.views import reshape_groups
+
+    a, b, c = (D.symbol(n) for n in "abc")
+    node = types.SimpleNamespace(id=2)
+    with pytest.raises(ShapeError, match="reshape %2 from .* does not split into groups"):
+        reshape_groups((a, b), (c,), node)  # equal only where a constraint says a*b = c
+    assert reshape_groups((a, b), (c, b * sympy.floor(a / c)), node) == [([0, 1], [0, 1])]
+
+
 def test_an_index_into_an_axis_shorter_than_four_compiles(ctx):
     """The candidate check drew integer inputs from [0, 4): `x[:, idx]` of 3 columns
     failed in the reference interpreter (index 3 out of bounds) and ran eagerly."""

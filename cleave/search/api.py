@@ -8,7 +8,7 @@ from cleave.ir import Graph
 from cleave.ir.contracts import Candidate
 
 from . import extraction_cost as C
-from .validate import check_candidates
+from .validate import NoSmallBinding, check_candidates
 from .encode import encode
 from .extract import Index, distinct, explore, find_class, read, to_candidate
 from .saturate import Budgets, saturate
@@ -64,7 +64,11 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
         for origin, constraint in _nonempty_constraints(c.graph, rules, c.derivation):
             c.graph._constrain(constraint)
     if verify:
-        check_candidates(graph, [c.graph for c in candidates])
+        try:
+            check_candidates(graph, [c.graph for c in candidates])
+        except NoSmallBinding:
+            if not shapes:
+                raise
         if shapes:
             check_candidates(graph, [c.graph for c in candidates], shapes)
     stats = {"seconds": round(time.perf_counter() - start, 3), "rule_check_seconds": round(verify_seconds, 3),

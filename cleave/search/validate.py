@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import sympy
 import torch
 
 from cleave.interpreter import TORCH_DTYPES, interpret
@@ -25,6 +26,11 @@ class CandidateMismatch(CleaveError):
     """A candidate computes something else than the graph it came from: a bug in a rule or in the search."""
 
 
+class NoSmallBinding(CandidateMismatch):
+    """No small values of the symbols meet the graph's constraints: it can be checked at
+    the user's shapes only."""
+
+
 def small_binding(naive: Graph, cand: Graph, shapes: dict | None = None) -> dict[str, int]:
     """Small odd values for the symbols (or the user's), then split counts that leave a
     ragged, non-empty last chunk; bumped until every constraint holds."""
@@ -32,6 +38,7 @@ def small_binding(naive: Graph, cand: Graph, shapes: dict | None = None) -> dict
     plain = [s for s in syms if not s.startswith("s_")]
     for scale in (1, 2, 4, 8):
         env = {s: (shapes or {}).get(s, SMALL[i % len(SMALL)] * scale) for i, s in enumerate(plain)}
+        _meet_divisions(naive.constraints + cand.constraints, env, set(plain) - set(shapes or {}))
         _meet_bounds(naive.constraints + cand.constraints, env, set(plain) - set(shapes or {}))
         for s in syms:
             if s.startswith("s_"):
@@ -42,8 +49,24 @@ def small_binding(naive: Graph, cand: Graph, shapes: dict | None = None) -> dict
             return env
         except (BindingError, KeyError):
             continue
-    raise CandidateMismatch(f"no small binding satisfies the constraints of {cand.name}:\n"
-                            + "\n".join(str(c) for c in cand.constraints))
+    raise NoSmallBinding(f"no small binding satisfies the constraints of {cand.name}:\n"
+                         + "\n".join(str(c) for c in naive.constraints + cand.constraints))
+
+
+def _meet_divisions(constraints, env: dict, free: set) -> None:
+    """Make a free symbol that an equality divides (a reshape of d into h heads of
+    floor(d/h): d = h * floor(d/h)) a multiple of its divisor."""
+    for c in constraints:
+        if c.kind != "eq":
+            continue
+        for part in (D.dim(c.lhs), D.dim(c.rhs)):
+            for fl in part.atoms(sympy.floor):
+                num, den = sympy.fraction(sympy.together(fl.args[0]))
+                if num.is_Symbol and num.name in free and not den.free_symbols & {num}:
+                    try:
+                        env[num.name] *= D.evaluate(den, env)
+                    except KeyError:
+                        continue
 
 
 def _meet_bounds(constraints, env: dict, free: set) -> None:
@@ -93,7 +116,8 @@ def inputs_for(g: Graph, env: dict, seed: int, positive: bool = False) -> dict[s
                 torch.randn(shape, generator=gen, dtype=torch.float64)
             out[name] = x.to(TORCH_DTYPES[node.dtype]).double()
         else:
-            out[name] = torch.randint(0, indices, shape, generator=gen)
+            high = 2 if node.dtype.value == "bool" else indices
+            out[name] = torch.randint(0, high, shape, generator=gen).to(TORCH_DTYPES[node.dtype])
     return out
 
 
