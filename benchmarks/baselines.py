@@ -19,7 +19,7 @@ from cleave.workloads.flashinfer import DEFINITIONS
 from . import paged_baselines
 from .strongest import Baseline, compiles_within
 
-GEMM = {"matmul", "rmsnorm_matmul", "swiglu", "matmul_matmul", "matmul_rowsum"}
+GEMM = {"matmul", "rmsnorm_matmul", "swiglu", "matmul_matmul", "matmul_rowsum", "matmul_w4"}
 # Autotuning that takes longer than this is not what a user waits for.
 AUTOTUNE_BUDGET_S = 60.0
 

@@ -36,6 +36,14 @@ class TensorOps:
     def __neg__(self): return self._op("neg")
     def __matmul__(self, o): return self._op("matmul", o)
 
+    # bit operations, of integers
+    def __and__(self, o): return self._op("bit_and", o)
+    def __or__(self, o): return self._op("bit_or", o)
+    def __xor__(self, o): return self._op("bit_xor", o)
+    def __invert__(self): return self._op("bit_not")
+    def __lshift__(self, o): return self._op("shl", o)
+    def __rshift__(self, o): return self._op("shr", o)
+
     # comparisons (equality is .eq/.ne: == stays identity so nodes can be dict keys)
     def __lt__(self, o): return self._op("lt", o)
     def __le__(self, o): return self._op("le", o)

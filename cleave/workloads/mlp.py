@@ -1,4 +1,5 @@
-"""MatMul chains: plain, RMSNorm→MatMul, SwiGLU, MatMul→MatMul, MatMul→row sum."""
+"""MatMul chains: plain, RMSNorm→MatMul, SwiGLU, MatMul→MatMul, MatMul→row sum, and a MatMul
+with int4 weights packed two per byte."""
 from __future__ import annotations
 
 import torch
@@ -54,6 +55,36 @@ def _matmul_rowsum() -> Graph:
     return g.output((x @ w).cast("f32").sum(-1), names=["y"])
 
 
+def _matmul_w4() -> Graph:
+    """X @ Wᵀ with W's int4 values packed two per uint8 along k (the low nibble first),
+    stored +8, and a bf16 scale per output column: unpacked and scaled as written."""
+    g = Graph("matmul_w4")
+    x = g.input("x", ("s", "2*h"), "bf16")
+    packed = g.input("packed", ("n", "h"), "u8")
+    scale = g.input("scale", ("n",), "bf16")
+    low = ((packed & 15).cast("i8") - 8).reshape("n", "h", 1)
+    high = ((packed >> 4).cast("i8") - 8).reshape("n", "h", 1)
+    w = g.add("concat", low, high, axis=2).reshape("n", "2*h").cast("bf16") * scale.reshape("n", 1)
+    return g.output(x @ w.permute(1, 0), names=["y"])
+
+
+def reference_matmul_w4(x, packed, scale):
+    low = (packed & 0xF).to(torch.int8) - 8
+    high = (packed >> 4).to(torch.int8) - 8
+    w = torch.stack([low, high], -1).reshape(packed.shape[0], -1).to(x.dtype) * scale[:, None]
+    return x @ w.t()
+
+
+def _w4_inputs(graph, env, seed=0, device="cpu", dtype=None):
+    """Every packed byte value, and scales of an int4 quantiser's size (1/8 of N(0, 1)
+    weights' range), so the output is of the order of a bf16 MatMul's."""
+    gen = torch.Generator().manual_seed(seed)
+    s, h, n = env["s"], env["h"], env["n"]
+    return {"x": torch.randn(s, 2 * h, generator=gen).to(dtype or torch.bfloat16).to(device),
+            "packed": torch.randint(0, 256, (n, h), generator=gen, dtype=torch.uint8).to(device),
+            "scale": (torch.rand(n, generator=gen) * 0.05 + 0.05).to(dtype or torch.bfloat16).to(device)}
+
+
 _SMALL_MM = ({"s": 7, "k": 37, "n": 19}, {"s": 13, "k": 21, "n": 45})
 _DYN_S = {"x": {0: "s"}}
 
@@ -74,3 +105,7 @@ register(Workload("matmul_matmul", "(X @ W1) @ W2 per batch-head, X (b*h, s, 128
 register(Workload("matmul_rowsum", "rowsum(X @ W), X (s, 4096), W (4096, 4096)", _matmul_rowsum,
                   lambda x, w: (x @ w).float().sum(-1),
                   {"s4096": {"s": 4096, "k": 4096, "n": 4096}}, _SMALL_MM, _DYN_S))
+register(Workload("matmul_w4", "X (s, 4096) @ Wᵀ, W (6144, 4096) int4 packed in uint8, a scale per row of W",
+                  _matmul_w4, reference_matmul_w4,
+                  {"s16": {"s": 16, "h": 2048, "n": 6144}, "s4096": {"s": 4096, "h": 2048, "n": 6144}},
+                  ({"s": 7, "h": 19, "n": 13}, {"s": 13, "h": 11, "n": 45}), _DYN_S, make_inputs=_w4_inputs))
