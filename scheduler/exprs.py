@@ -29,20 +29,43 @@ def _p(e, names) -> str:
     if isinstance(e, sympy.Mul):
         num, den = sympy.fraction(e)
         if den != 1:
-            return f"({_p(num, names)} // {_p(den, names)})"
+            return _floor_code(num, den, names)
         return "(" + " * ".join(_p(a, names) for a in e.args) + ")"
     if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and e.exp > 0:
         return "(" + " * ".join([_p(e.base, names)] * int(e.exp)) + ")"
     if isinstance(e, sympy.ceiling):
         num, den = _fraction(e.args[0])
         n, d = _p(num, names), _p(den, names)
+        if not _nonnegative(num):
+            return f"(({n} + ({d} - {_mod(n, d)}) % {d}) // {d})"
         return f"(({n} + {d} - 1) // {d})"
     if isinstance(e, sympy.floor):
         num, den = _fraction(e.args[0])
-        return f"({_p(num, names)} // {_p(den, names)})"
+        return _floor_code(num, den, names)
     if isinstance(e, sympy.Mod):
-        return f"({_p(e.args[0], names)} % {_p(e.args[1], names)})"
+        a, m = _p(e.args[0], names), _p(e.args[1], names)
+        return _mod(a, m) if not _nonnegative(e.args[0]) else f"({a} % {m})"
     raise ValueError(f"cannot print index expression {e}")
+
+
+# Triton's // and % truncate toward 0 on integers, as C's (on the GPU and in the
+# interpreter), where sympy's floor and Mod, and the host's grid in Python, floor: a
+# numerator that may be negative (the pad to a multiple of n, Mod(-s, n)) gets forms
+# exact under both, for a positive divisor.
+def _mod(a: str, m: str) -> str:
+    return f"((({a} % {m}) + {m}) % {m})"
+
+
+def _floor_code(num, den, names) -> str:
+    n, d = _p(num, names), _p(den, names)
+    if not _nonnegative(num):
+        return f"(({n} - {_mod(n, d)}) // {d})"
+    return f"({n} // {d})"
+
+
+@functools.lru_cache(maxsize=4096)
+def _nonnegative(e) -> bool:
+    return bool(e.is_nonnegative)
 
 
 @functools.lru_cache(maxsize=4096)

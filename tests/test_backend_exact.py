@@ -176,3 +176,20 @@ def test_a_product_of_aranges_is_computed_in_int64(ctx):
     x = torch.zeros(46342, dtype=torch.long)
     for got, want in zip(torch.compile(squares, backend="cleave")(x), squares(x)):
         assert torch.equal(got, want)
+
+
+def test_a_pad_to_a_multiple_of_a_count_passed_as_an_int(ctx):
+    """F.pad to a multiple of n, then blocks of n: the pad is Mod(-T, n) rows, which the
+    kernels printed as `(-T) % n`. Triton's % truncates toward 0 as C's (-7 % 8 is -7),
+    where sympy's Mod and the host's grid floor (1): the kernel read past its input."""
+    def blocks(x, n):
+        y = F.pad(x, (0, 0, 0, (n - x.shape[1] % n) % n))
+        return y.view(y.shape[0], -1, n, y.shape[-1]).sum(2)
+
+    f = torch.compile(blocks, backend="cleave", dynamic=True)
+    for t, n in ((7, 8), (13, 8), (13, 5)):
+        x = torch.randn(2, t, 5, generator=torch.Generator().manual_seed(t))
+        got, want = f(x, n), blocks(x, n)
+        assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
