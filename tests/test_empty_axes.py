@@ -119,8 +119,15 @@ def flatten_matmul(x, w):
     return torch.tanh(x.reshape(-1, x.shape[-1]) @ w).reshape(x.shape[0], x.shape[1], w.shape[1])
 
 
+def append_to_cache(cache, new):
+    """A KV cache's first append: the empty operand was loaded at index 0 of a buffer of
+    no element (a segfault under the interpreter, an illegal address on the GPU)."""
+    return torch.cat([cache, new], 1) * 2
+
+
 @pytest.mark.parametrize("fn, shapes", [(sum_exp, [(3, 0)]), (silu_matmul, [(3, 0), (0, 4)]),
-                                        (flatten_matmul, [(2, 0, 6), (6, 4)])])
+                                        (flatten_matmul, [(2, 0, 6), (6, 4)]),
+                                        (append_to_cache, [(2, 0, 4), (2, 1, 4)])])
 def test_compile_static_empty_axis(monkeypatch, tmp_path, fn, shapes):
     monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
     compiled = cleave.compile(fn)

@@ -225,9 +225,13 @@ def _pieces(t, node, a):
 @rule("cat")
 def _cat(t, node, a):
     xs = [x for x in a["tensors"] if not (x.rank == 1 and x.shape[0] == 0)]  # torch skips legacy empty (0,)
-    if len(xs) == 1:
-        return xs[0]
-    return t.add("concat", *xs, axis=a["dim"] % xs[0].rank)
+    axis = a["dim"] % xs[0].rank
+    # An operand empty along the axis adds nothing; kept, it would be a load from a
+    # buffer of no element (an empty KV cache's first append).
+    kept = [x for x in xs if x.shape[axis] != 0] or xs[:1]
+    if len(kept) == 1:
+        return kept[0]
+    return t.add("concat", *kept, axis=axis)
 
 
 @rule("constant_pad_nd")
