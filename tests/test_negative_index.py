@@ -14,6 +14,8 @@ import torch
 
 import cleave
 
+from backend_case import ctx  # noqa: F401 (a fixture)
+
 
 def columns(x, index):
     return x[:, index] * 2.0
@@ -50,3 +52,21 @@ def test_one_index_into_two_extents_wraps_into_each():
             warnings.filterwarnings("error", message="cleave")  # an eager fallback warns
             assert torch.equal(f(a, b, i), fn(a, b, i))
     assert f.stats["failed"] == 0 and f.stats["compiles"] + f.stats["from_cache"] == 1, f.stats
+
+
+def _tail_and_row(x, n):
+    return x[-n:] + 1, x[-n] * 2, x[-(x.shape[0] // 2):] - 1, x.narrow(0, -n, n).sum(0)
+
+
+def test_a_negative_start_computed_from_a_size_counts_from_the_end(ctx):
+    """`x[-n:]` with n an int argument or a size: its start was kept as the negative -n
+    and read rows from the buffer's front (`x[-4:]` of 9 rows read rows 0.., past them).
+    narrow's start comes wrapped by torch, rows - n, of a sign sympy cannot tell."""
+    f = torch.compile(_tail_and_row, backend="cleave", dynamic=True)
+    for rows, n in ((9, 4), (9, 1), (12, 5)):
+        x = torch.randn(rows, 3, generator=torch.Generator().manual_seed(rows + n))
+        for got, want in zip(f(x, n), _tail_and_row(x, n)):
+            assert got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

@@ -163,12 +163,21 @@ def _repeat(t, node, a):
 
 
 def _index(value, extent):
-    """A slice bound as a dim: None is 0, negative counts from the end."""
+    """A slice bound as a dim: None is 0, negative counts from the end, also where it is
+    symbolic (`x[-n:]`, `x[-(len // 2):]`)."""
     if value is None:
         return D.dim(0)
     if isinstance(value, int):
         return D.dim(value) if value >= 0 else extent + value
-    return D.dim(value)
+    value = D.dim(value)
+    if value.is_nonnegative:
+        return value
+    if value.is_negative:
+        return extent + value
+    if extent.is_positive:  # a negative one wraps, one in [0, extent) stays; at the extent the slice is empty
+        return sympy.Mod(value, extent)
+    raise CaptureError(f"a slice bound {value} that may be negative, on an axis of extent {extent} "
+                       f"that may be 0")
 
 
 # torch's end of `x[a:]`: past any extent
