@@ -193,3 +193,23 @@ def test_a_pad_to_a_multiple_of_a_count_passed_as_an_int(ctx):
         assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-5)
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_python_scalars_beside_half_and_bool_tensors_are_torchs(ctx):
+    """torch computes a bf16 or f16 tensor with a Python number in f32, the number not
+    rounded to the half type (x * 1.004 is not x, x_f16 * 1e5 is finite), compares it in
+    the half type (x_bf16 == 0.1 holds), and adds an int to a bool as an int64 (True + 2
+    is 3). cleave rounded the number to the half type first, the interpreter truncating
+    its literal (0.1 became 0.099609375), and added in bool."""
+    def with_scalars(x, m):
+        return (x * 1.004, x * 1e5, x / 1e5, x + 1e-3, x > 0.1, x == 0.1, 0.1 < x,
+                x.masked_fill(x > 0.5, 0.1), (m > 0) + 2, (m > 0) * 3, (m > 0) + (-1))
+
+    f = torch.compile(with_scalars, backend="cleave")
+    m = torch.tensor([1.0, -1.0, 2.0, 0.0])
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.tensor([0.1, 1.0, 0.3, -0.25], dtype=dtype)
+        for got, want in zip(f(x, m), with_scalars(x, m)):
+            assert got.dtype == want.dtype and torch.equal(got, want), (dtype, got, want)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

@@ -38,9 +38,10 @@ def _log_base(t, node, a):
 
 def binary(t, op, x, y):
     """x op y where either side may be a scalar (lifted next to the other's dtype)."""
+    compare = op in COMPARE
     if not hasattr(x, "graph"):
-        x = t.lift(x, y)
-    return t.add(op, x, t.lift(y, x))
+        x = t.lift(x, y, compare)
+    return t.add(op, x, t.lift(y, x, compare))
 
 
 def _binary(t, node, a):

@@ -108,9 +108,10 @@ class Translator:
     def const(self, value, dtype) -> Node:
         return self.graph.add("const", value=value, dtype=dtype, loc=self.loc)
 
-    def lift(self, value, like) -> Node:
+    def lift(self, value, like, compare: bool = False) -> Node:
         """A tensor operand: a Node as is; a Python or symbolic scalar as a const/size
-        node of the dtype torch would give it next to `like` (a Node or DType)."""
+        node of the dtype torch would give it next to `like` (a Node or DType). A
+        comparison takes it in a half `like`'s own type (x_bf16 == 0.1 holds)."""
         if isinstance(value, Node):
             return value
         like_dtype = like.dtype if isinstance(like, Node) else like
@@ -118,6 +119,12 @@ class Translator:
             return self.const(bool(value), "bool")
         if isinstance(value, (int, float)):
             if isinstance(value, float) and not like_dtype.is_float:
+                return self.const(value, "f32")
+            if like_dtype == DType.bool:  # True + 1 is 2, an int64
+                return self.const(value, "i64")
+            if like_dtype in (DType.bf16, DType.f16) and not compare:
+                # torch computes a half tensor with a Python scalar in f32, the scalar not
+                # rounded to the half type (x * 1.004 is not x; x_f16 * 1e5 is finite)
                 return self.const(value, "f32")
             return self.const(value, like_dtype)
         if isinstance(value, sympy.Expr):
