@@ -313,19 +313,15 @@ def _eq(a, b) -> bool:
 def reshape_groups(src, dst, node) -> list[tuple[list[int], list[int]]]:
     """Pair contiguous groups of non-unit dims of equal product (symbolically)."""
     groups = _reshape_groups(tuple(src), tuple(dst))
-    if groups is None:  # h heads of floor(d/h): the graph's constraint (checked at every binding) says h divides d
-        groups = _reshape_groups(*(tuple(_exact_quotients(d) for d in shape) for shape in (src, dst)))
+    if groups is None:
+        # h heads of floor(d/h): a reshape's total sizes are equal at every binding (its
+        # constraint), and q*floor(p/q) <= p, so where the exact quotients pair groups of
+        # dims, each group's sizes are equal
+        groups = _reshape_groups(*(tuple(D.exact_quotients(d) for d in shape) for shape in (src, dst)))
     if groups is None:
         raise ShapeError(f"scheduler: reshape %{node.id} from {D.fmt_shape(src)} to {D.fmt_shape(dst)} "
                          f"does not split into groups of equal size")
     return groups
-
-
-def _exact_quotients(d):
-    """d with each floor(p/q) read as p/q. A reshape's total sizes are equal at every
-    binding, and q*floor(p/q) <= p: so where the quotients pair groups of dims, each
-    group's sizes are equal."""
-    return D.dim(d).replace(sympy.floor, lambda x: x)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -66,3 +66,26 @@ def test_llama_style_attention_with_left_padding_compiles_whole():
             torch.testing.assert_close(compiled(x, mask), layer(x, mask), rtol=1e-4, atol=1e-5)
     stats = ctx.stats()
     assert stats["graph_breaks"] == 0 and stats["failed"] == 0 and stats["operators"] >= 1, stats
+
+
+def _gqa_by_repeat(q, kv):
+    k, v = kv.unbind(0)  # one tensor's heads: dynamo gives k and v one symbol, as projections of one x do
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_kv_heads_repeated_by_a_symbolic_group_size_compile():
+    """GQA written with repeat_interleave by q_heads // kv_heads, under dynamic=True: the
+    kv heads become kv_heads * floor(q_heads/kv_heads), and SDPA's lowering read the
+    group size with int(), a TypeError that escaped to the user."""
+    ctx = backend.reset()
+    f = torch.compile(_gqa_by_repeat, backend="cleave", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")  # no graph break, no fallback
+        for heads, kv_heads, s in ((6, 2, 7), (6, 3, 5)):
+            gen = torch.Generator().manual_seed(heads + s)
+            q = torch.randn(2, heads, s, 8, generator=gen)
+            kv = torch.randn(2, 2, kv_heads, s, 8, generator=gen)
+            torch.testing.assert_close(f(q, kv), _gqa_by_repeat(q, kv), rtol=1e-5, atol=1e-5)
+    assert ctx.stats()["failed"] == 0, ctx.stats()

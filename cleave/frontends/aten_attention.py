@@ -6,8 +6,9 @@ import operator
 import sympy
 
 from ..ir import dims as D
-from .aten_layout import matmul, repeat_interleave, swap
+from .aten_layout import matmul, repeat_interleave, reshape, swap
 from .aten_map import rule
+from .errors import CaptureError
 from .aten_reduce import safe_softmax
 
 NEG_INF = float("-inf")
@@ -49,14 +50,26 @@ rule("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_a
      "_scaled_dot_product_attention_math", check=_check)(_fused)
 
 
+def _heads_like(t, x, heads):
+    """k or v with q's count of heads: each kv head repeated for its group of q heads, or
+    the same heads where the counts are equal by the graph's constraints (kv heads
+    repeated by a symbolic q_heads // kv_heads before SDPA: kv_heads * floor(h/kv_heads))."""
+    axis = x.rank - 3
+    ratio = sympy.simplify(heads / x.shape[axis])
+    if ratio.is_Integer:
+        return repeat_interleave(t, x, int(ratio), axis)
+    if D.equal(D.exact_quotients(heads), D.exact_quotients(x.shape[axis])):
+        return reshape(t, x, x.shape[:axis] + (heads,) + x.shape[axis + 1:])
+    raise CaptureError(f"{t.op}: {D.fmt(heads)} query heads over {D.fmt(x.shape[axis])} key/value heads "
+                       f"is not a constant group size" + (f" (at {t.loc})" if t.loc else ""))
+
+
 @rule("scaled_dot_product_attention", check=_check)
 def _sdpa(t, node, a):
     q, k, v = a["query"], a["key"], a["value"]
     # enable_gqa, or a fused kernel SDPA dispatched to with fewer kv heads than query heads
     if q.rank >= 3 and not D.equal(q.shape[-3], k.shape[-3]):
-        groups = int(q.shape[-3] / k.shape[-3])
-        k = repeat_interleave(t, k, groups, k.rank - 3)
-        v = repeat_interleave(t, v, groups, v.rank - 3)
+        k, v = (_heads_like(t, x, q.shape[-3]) for x in (k, v))
     scores = matmul(t, q, swap(t, k, -2, -1))
     if not scores.dtype.is_float or scores.dtype.value in ("bf16", "f16"):
         scores = t.add("cast", scores, dtype="f32")  # softmax in f32, like the workloads

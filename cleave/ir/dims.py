@@ -52,6 +52,12 @@ def equal(a: Dim, b: Dim) -> bool:
     return sympy.simplify(a - b) == 0
 
 
+def exact_quotients(d: Dim) -> Dim:
+    """d with each floor(p/q) read as p/q: equal where the graph's constraints say q
+    divides p (h heads of floor(d/h) rows make d rows)."""
+    return dim(d).replace(sympy.floor, lambda x: x)
+
+
 def is_one(d: Dim) -> bool:
     return d == 1
 
