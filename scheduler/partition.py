@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import sympy
 
 from cleave.ir import BindingError, Graph, Node, ShapeError
+from cleave.ir.graph import fresh_name
 from cleave.ir.dtypes import DType
 from cleave.ir import dims as D
 from cleave.ir.dominators import dominated, immediate_dominators
@@ -73,7 +74,7 @@ def buffer_name(graph: Graph, node: Node) -> str:
     for name, out in zip(graph.output_names, graph.outputs):
         if out is node:
             return name
-    return f"t{node.id}"
+    return fresh_name(f"t{node.id}", {*graph.inputs, *graph.output_names})  # an input may be called t5
 
 
 def identifier(name: str) -> str:

@@ -213,3 +213,32 @@ def test_python_scalars_beside_half_and_bool_tensors_are_torchs(ctx):
             assert got.dtype == want.dtype and torch.equal(got, want), (dtype, got, want)
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_inputs_named_like_outputs_or_intermediates_keep_their_own_buffers():
+    """An argument called `out` or `out0`, or a module parameter `self.out`, had the
+    name of cleave's default output: one kernel argument served both, and the kernel
+    read the output it wrote. An input called `t2` could meet an intermediate's name."""
+    def scaled(out, y):
+        return (out * y).sum(0)
+
+    def both(out0, y):
+        return out0 * y, out0 + y
+
+    def through(t2, t3):
+        return torch.softmax(t2 @ t3, -1).sum(-1)
+
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.out = torch.nn.Parameter(torch.full((3,), 3.0))
+
+        def forward(self, x):
+            return x * self.out
+
+    a, b = torch.ones(5, 3), torch.full((5, 3), 2.0)
+    with torch.no_grad():
+        for fn, args in ((scaled, (a, b)), (both, (a, b)), (through, (a, b.t())), (Scale(), (b,))):
+            got, want = cleave.compile(fn)(*args), fn(*args)
+            for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                torch.testing.assert_close(g, w)

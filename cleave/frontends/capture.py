@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ir import Graph, rebuild
+from ..ir.graph import fresh_name
 from . import aten_map
 from .errors import CaptureError, UnsupportedOpError, source_of
 from .layout_sink import sink_layouts
@@ -366,10 +367,10 @@ def _outputs(t, graph, node, signature, user_names) -> dict[str, str]:
         if spec.kind == OutputKind.USER_OUTPUT:
             if not hasattr(v, "graph"):
                 raise UnsupportedOpError("output", source_of(node), f"output {k} is {v!r}, not a tensor")
-            names.append("out" if user == 1 else f"out{len(names)}")
+            names.append(fresh_name("out" if user == 1 else f"out{len(names)}", graph.inputs))
         elif spec.kind == OutputKind.USER_INPUT_MUTATION:
             target = user_names[spec.target]
-            names.append(f"{target}_inplace")
+            names.append(fresh_name(f"{target}_inplace", graph.inputs))
             writes[names[-1]] = target
         else:  # a module's buffer changed in place (batch norm's running stats in training)
             raise UnsupportedOpError(f"in-place update of {spec.target}", source_of(node),

@@ -16,6 +16,7 @@ import sympy
 import torch
 
 from ..ir import Graph, rebuild
+from ..ir.graph import fresh_name
 from . import aten_map
 from .capture import Captured, constant_node
 from .errors import UnequalSymbols, UnsupportedOpError, source_of
@@ -127,5 +128,5 @@ def _outputs(t, graph, node) -> dict:
     tensors = [(k, v) for k, v in enumerate(values) if k not in sizes]
     if not tensors:
         raise UnsupportedOpError("output", source_of(node), "it returns sizes only, no tensor")
-    graph.output(*[v for _, v in tensors], names=[f"out{k}" for k, _ in tensors])
+    graph.output(*[v for _, v in tensors], names=[fresh_name(f"out{k}", graph.inputs) for k, _ in tensors])
     return sizes

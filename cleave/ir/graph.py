@@ -37,6 +37,15 @@ class Constraint:
         return f"{D.fmt(self.lhs)} {sign} {D.fmt(self.rhs)}  (from {self.origin})"
 
 
+def fresh_name(name: str, taken) -> str:
+    """name, or name_1, name_2...: the first not in `taken`."""
+    k, out = 0, name
+    while out in taken:
+        k += 1
+        out = f"{name}_{k}"
+    return out
+
+
 def _check_name(kind: str, name: str) -> None:
     """Inputs and outputs name the kernels' buffer arguments: Python identifiers."""
     if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)):
@@ -163,11 +172,14 @@ class Graph:
         return self.add("iota", shape=shape, axis=axis, dtype=dtype)
 
     def output(self, *nodes: Node, names: Sequence[str] | None = None) -> "Graph":
-        names = list(names) if names else [f"out{len(self.outputs) + i}" for i in range(len(nodes))]
+        names = list(names) if names else [fresh_name(f"out{len(self.outputs) + i}", self.inputs)
+                                            for i in range(len(nodes))]
         for node, name in zip(nodes, names, strict=True):
             _check_name("output", name)
             if name in self.output_names:
                 raise ShapeError(f"output {name!r} is declared twice")
+            if name in self.inputs:  # one kernel argument, one buffer, for both
+                raise ShapeError(f"output {name!r} has the name of an input")
             if node.graph is not self:
                 raise ShapeError(f"output {name!r} is not a node of graph {self.name!r}")
             self.outputs.append(node)
