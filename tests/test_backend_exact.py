@@ -242,3 +242,30 @@ def test_inputs_named_like_outputs_or_intermediates_keep_their_own_buffers():
             got, want = cleave.compile(fn)(*args), fn(*args)
             for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
                 torch.testing.assert_close(g, w)
+
+
+def test_degenerate_reductions_and_an_ignored_addend_are_torchs(ctx):
+    """var/std where N - correction <= 0 is NaN (torch divides by max(0, N - correction);
+    cleave divided by the negative count: -0.); addmm and baddbmm with beta=0 ignore the
+    input, NaN or inf in it included; a 0-d tensor reduced or softmaxed over dim 0 is
+    itself, or 1 (the axis normalisation divided by its rank of 0)."""
+    def degenerate(x, c, a, b, s):
+        return (x.var(1, correction=2), x.std(1), torch.var_mean(x, 1), torch.addmm(c, a, b, beta=0),
+                torch.baddbmm(c[None], a[None], b[None], beta=0), s.sum(0), s.softmax(0), s.log_softmax(-1))
+
+    f = torch.compile(degenerate, backend="cleave")
+    c = torch.tensor([[float("nan"), 0.0], [0.0, float("inf")]])
+    args = (torch.randn(3, 1), c, torch.eye(2), torch.ones(2, 2), torch.tensor(1.5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's own "degrees of freedom is <= 0"
+        got, want = f(*args), degenerate(*args)
+    for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+        assert g.shape == w.shape and torch.allclose(g, w, equal_nan=True), (g, w)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_var_of_integers_raises_as_eager_does():
+    f = torch.compile(lambda i: i.var(1), backend="cleave")
+    with pytest.raises(RuntimeError, match="floating point"):
+        f(torch.arange(12).reshape(3, 4))

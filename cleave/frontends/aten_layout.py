@@ -446,6 +446,8 @@ def _addmm(t, node, a):
     prod = matmul(t, a["mat1"] if "mat1" in a else a["batch1"], a["mat2"] if "mat2" in a else a["batch2"])
     if a.get("alpha", 1) != 1:
         prod = binary(t, "mul", prod, a["alpha"])
+    if a.get("beta", 1) == 0:  # torch ignores the input then: a NaN or inf in it does not propagate
+        return prod
     bias = a["self"] if a.get("beta", 1) == 1 else binary(t, "mul", a["self"], a["beta"])
     return t.add("add", bias, prod)
 

@@ -19,6 +19,8 @@ def axes(dims, rank: int) -> list[int]:
     if dims is None or (isinstance(dims, (list, tuple)) and not dims):
         return list(range(rank))
     dims = [dims] if isinstance(dims, int) else dims
+    if rank == 0:  # a 0-d tensor's dim 0 or -1: over nothing, as torch reduces it
+        return []
     return sorted({d % rank for d in dims})
 
 
@@ -32,7 +34,10 @@ def count(t, x, dims: list[int], minus=0):
     """The number of elements reduced over, as a scalar of x's dtype (a `size` node
     when symbolic, like the DSL's mean)."""
     n = math.prod((x.shape[d] for d in dims), start=sympy.Integer(1)) - minus
-    return t.const(float(n), x.dtype) if n.is_number else t.add("size", value=n, dtype=x.dtype)
+    if n.is_number:
+        return t.const(float(max(n, 0)), x.dtype)  # torch divides by max(0, n - correction): 0/0 is NaN
+    size = t.add("size", value=n, dtype=x.dtype)
+    return t.add("max", size, t.const(0.0, x.dtype)) if minus else size
 
 
 def _cast_arg(t, x, dtype):
@@ -116,8 +121,13 @@ def _correction(a) -> int:
     return 1 if a.get("unbiased", True) else 0
 
 
-_NON_INT_CORRECTION = (lambda a, n: "a fractional correction is not supported"
-                       if a.get("correction") is not None and a["correction"] != int(a["correction"]) else None)
+def _NON_INT_CORRECTION(a, n):
+    val = n.meta["val"]
+    if not (val[0] if isinstance(val, (tuple, list)) else val).dtype.is_floating_point:
+        return "var and std of integers (torch raises)"
+    if a.get("correction") is not None and a["correction"] != int(a["correction"]):
+        return "a fractional correction is not supported"
+    return None
 
 
 @rule("var", check=_NON_INT_CORRECTION)
@@ -220,14 +230,22 @@ def _softmax_input(t, a):
 @rule("softmax", "_softmax", "_safe_softmax")
 def _softmax(t, node, a):
     x = _softmax_input(t, a)
-    return safe_softmax(t, x, a["dim"] % x.rank)
+    return _on_a_vector(t, x, lambda v, axis: safe_softmax(t, v, axis), a["dim"])
 
 
 @rule("log_softmax", "_log_softmax")
 def _log_softmax(t, node, a):
     x = _softmax_input(t, a)
-    axis = a["dim"] % x.rank
-    return t.add("sub", x, log_sum_exp(t, x, axis, keepdim=True, guard=False))
+    return _on_a_vector(t, x, lambda v, axis: t.add("sub", v, log_sum_exp(t, v, axis, keepdim=True, guard=False)),
+                        a["dim"])
+
+
+def _on_a_vector(t, x, fn, dim):
+    """fn(x, axis) over `dim`; a 0-d x as a vector of one element (torch's softmax of a
+    scalar is 1)."""
+    if x.rank:
+        return fn(x, dim % x.rank)
+    return t.add("reshape", fn(t.add("reshape", x, shape=(D.dim(1),)), 0), shape=())
 
 
 @rule("logsumexp")

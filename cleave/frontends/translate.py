@@ -66,6 +66,13 @@ class Translator:
                 if pair:
                     raise UnequalSymbols(message, pair) from None
                 raise CaptureError(message) from None
+            except (CaptureError, UnsupportedOpError):
+                raise
+            except (ArithmeticError, TypeError, ValueError, KeyError, IndexError) as err:
+                # a case the rule does not handle (a reduction over dim 0 of a 0-d tensor):
+                # that op runs eagerly, named, rather than an error from deep inside the rule
+                raise UnsupportedOpError(self.op, self.loc, f"its lowering failed ({type(err).__name__}: {err})") \
+                    from None
         self.values[fx_node] = value
         return value
 
