@@ -922,13 +922,23 @@ class Emitter:
             idxs = self.var(b, f"tl.zeros({[self.t.block[d] for d in dims]}, tl.int64)", dims, "tl.int64")
             red = Val("", tuple(d for d in x.dims if d != r), "")
             ri, ki = self.idx(r, x.dims), kexpr
+            best = self.align(Val("best", red.dims, ""), x.dims)
+            # torch's order: NaN above everything (it propagates through the max and
+            # matches itself), ties by index; a lane once taken is out, so that a row's
+            # -inf entries, or its NaNs, each come once (overwriting the taken lane
+            # with -inf let a later step take it again)
+            # (selects, not & and |: Triton's interpreter refuses bit ops on some mask tiles)
+            match = f"live == {best}" if dtype.is_int else f"tl.where(live != live, {best} != {best}, live == {best})"
+            taken = self.var(b, f"tl.zeros({[self.t.block[d] for d in x.dims]}, tl.int32)", x.dims, "tl.int32")
             b.lines += [
                 f"for kk in tl.static_range({node.attrs['k']}):",
-                f"    best = tl.max({work.name}, axis={pos})",
-                f"    hit = tl.min(tl.where({work.name} == {self.align(Val('best', red.dims, ''), x.dims)}, {ri}, {self.t.block[r]}), axis={pos})",
+                f"    live = tl.where({taken.name} != 0, {lowest}, {work.name})",
+                f"    best = {'tl.max' if dtype.is_int else 'reduce_max'}(live, {pos})",
+                f"    hit = tl.min(tl.where({taken.name} != 0, {self.t.block[r]}, tl.where({match}, {ri}, "
+                f"{self.t.block[r]})), axis={pos})",
                 f"    {vals.name} = tl.where({ki} == kk, {self.align(Val('best', red.dims, ''), dims)}, {vals.name})",
                 f"    {idxs.name} = tl.where({ki} == kk, {self.align(Val('hit', red.dims, ''), dims)}, {idxs.name})",
-                f"    {work.name} = tl.where({ri} == {self.align(Val('hit', red.dims, ''), x.dims)}, {lowest}, {work.name})",
+                f"    {taken.name} = tl.where({ri} == {self.align(Val('hit', red.dims, ''), x.dims)}, 1, {taken.name})",
             ]
             b.cache[key] = (vals, idxs)
         vals, idxs = b.cache[key]

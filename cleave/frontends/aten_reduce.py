@@ -374,7 +374,12 @@ def _topk(t, node, a):
     axis = a["dim"] % x.rank
     if a.get("largest", True):
         return (t.add("topk", x, k=k, axis=axis, which="values"), t.add("topk", x, k=k, axis=axis, which="indices"))
-    flipped = t.add("neg", x)  # smallest k of x are the largest k of -x
-    return (t.add("neg", t.add("topk", flipped, k=k, axis=axis, which="values")),
-            t.add("topk", flipped, k=k, axis=axis, which="indices"))
+    # The smallest k of x are the largest k of -x, with NaN (torch's largest value, so
+    # the last of the smallest) below every number: -inf; the values are read back from
+    # x, a NaN as itself.
+    flipped = t.add("neg", x)
+    if x.dtype.is_float:
+        flipped = t.add("where", t.add("ne", x, x), t.const(float("-inf"), flipped.dtype), flipped)
+    indices = t.add("topk", flipped, k=k, axis=axis, which="indices")
+    return t.add("gather", x, indices, axis=axis), indices
 
