@@ -302,3 +302,16 @@ def test_tanh_keeps_its_relative_precision_near_zero(ctx):
     assert ((got.double() - want).abs() <= 2e-6 * want.abs()).all(), (got, want)
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_cat_and_stack_of_many_tensors_compile(ctx):
+    """The search encodes an opaque op of at most 3 operands: a cat of 4 or more ran the
+    whole region eagerly. They join as nested concats of at most 3."""
+    def joined(a, b, c, d, e):
+        return torch.cat([a, b, c, d, e], 0) * 2, torch.stack([a, b, c, d], 1).sum(1), torch.cat([a, b] * 4, 1)
+
+    args = [torch.randn(7, 3, generator=torch.Generator().manual_seed(i)) for i in range(5)]
+    for got, want in zip(torch.compile(joined, backend="cleave", dynamic=True)(*args), joined(*args)):
+        assert torch.equal(got, want)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

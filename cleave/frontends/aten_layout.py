@@ -238,9 +238,18 @@ def _cat(t, node, a):
     # An operand empty along the axis adds nothing; kept, it would be a load from a
     # buffer of no element (an empty KV cache's first append).
     kept = [x for x in xs if x.shape[axis] != 0] or xs[:1]
-    if len(kept) == 1:
-        return kept[0]
-    return t.add("concat", *kept, axis=axis)
+    return concat(t, kept, axis)
+
+
+def concat(t, parts, axis):
+    """parts joined along axis, as concats of at most 3 operands each (what the search
+    encodes of an op it does not rewrite), nested."""
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) > 3:
+        size = -(-len(parts) // 3)
+        parts = [concat(t, parts[i:i + size], axis) for i in range(0, len(parts), size)]
+    return t.add("concat", *parts, axis=axis)
 
 
 @rule("constant_pad_nd")
@@ -297,8 +306,7 @@ def _signed(t, p):
 def _stack(t, node, a):
     xs = a["tensors"]
     axis = a["dim"] % (xs[0].rank + 1)
-    parts = [unsqueeze(t, x, axis) for x in xs]
-    return parts[0] if len(parts) == 1 else t.add("concat", *parts, axis=axis)
+    return concat(t, [unsqueeze(t, x, axis) for x in xs], axis)
 
 
 @rule("gather")
