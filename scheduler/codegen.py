@@ -422,7 +422,7 @@ class Emitter:
 
     def f32(self, v: Val, dims=None) -> str:
         s = self.align(v, dims) if dims is not None else v.name
-        return f"{s}.to(tl.float32)" if v.ty in LOW or v.ty in INTS else s
+        return f"{s}.to(tl.float32)" if v.ty in LOW or v.ty in INTS or v.ty == "tl.int1" else s
 
     def as_int(self, v: Val, dims, ty: str) -> str:
         """v as an operand of an integer op computed in `ty` (see NARROW)."""

@@ -315,3 +315,20 @@ def test_cat_and_stack_of_many_tensors_compile(ctx):
         assert torch.equal(got, want)
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_float_functions_of_bools_and_integer_powers(ctx):
+    """sin, sqrt, sigmoid... of a bool tensor failed on first launch (Triton's sin of a
+    1-bit integer); an integer power past the cube went through exp and log in f32
+    (1000 ** 5 rounds there) and now runs eagerly, named."""
+    def of_bools(m):
+        return torch.sin(m), torch.sqrt(m), torch.sigmoid(m), m ** 0.5, m.to(torch.int64) ** 3 + m.to(torch.int64) ** 0
+
+    m = torch.tensor([True, False, True])
+    for got, want in zip(torch.compile(of_bools, backend="cleave")(m), of_bools(m)):
+        assert got.dtype == want.dtype and torch.allclose(got.double(), want.double())
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+    i = torch.tensor([1000, -7, 3])
+    with pytest.warns(UserWarning, match="integer power"):
+        assert torch.equal(torch.compile(lambda i: i ** 5 + 1, backend="cleave")(i), i ** 5 + 1)

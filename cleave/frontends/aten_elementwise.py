@@ -171,12 +171,24 @@ def _rsub(t, node, a):
     return binary(t, "sub", a["other"], x)
 
 
-@rule("pow")
+def _integer_power_check(a, n):
+    """An integer power is exact in torch; the kernels' pow goes through exp and log."""
+    exp = a["exponent"]
+    if n.meta["val"].dtype.is_floating_point or n.meta["val"].dtype == torch.bool:
+        return None
+    if isinstance(exp, int) and not isinstance(exp, bool) and exp in (0, 1, 2, 3):
+        return None
+    return "an integer power other than x**0..x**3 (kernels compute pow in floats)"
+
+
+@rule("pow", check=_integer_power_check)
 def _pow(t, node, a):
     base, exp = a["self"], a["exponent"]
     if not hasattr(base, "graph"):  # pow.Scalar: number ** tensor
         return binary(t, "pow", base, exp)
     if isinstance(exp, (int, float)) and not isinstance(exp, bool):
+        if exp == 0 and not base.dtype.is_float:  # torch: 1, in the base's integer type
+            return t.add("broadcast", t.const(1, base.dtype), shape=base.shape)
         if exp == 1:
             return base
         if exp in _POW_SPECIAL:
