@@ -349,10 +349,14 @@ def _wide(graph, env, dynamic, target) -> dict | None:
 
 
 def _check_contractions(graph: Graph) -> None:
-    """Kernels contract in f32 (a tl.dot, or products summed in f32): a MatMul on
-    integers or f64 would come back rounded (int64 past 2**24, f64 at f32's 1e-7)."""
+    """Kernels compute floats in f32 and contract in f32 (a tl.dot, or products summed
+    in f32): a value computed in f64 would come back at f32's 1e-7, a MatMul on
+    integers rounded past 2**24."""
     for n in graph.live_nodes():
         if n.op != "matmul":
+            if n.dtype == DType.f64 and n.rank and n.op != "input":
+                raise ShapeError(f"scheduler: {n.op} %{n.id} computes in float64" + (f" (at {n.loc})" if n.loc else "")
+                                 + ": the kernels compute floats in f32, which would round it; compute it eagerly")
             continue
         inexact = [str(x.dtype) for x in (n, *n.inputs) if x.dtype == DType.f64 or not x.dtype.is_float]
         if inexact:

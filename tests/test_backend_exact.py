@@ -332,3 +332,17 @@ def test_float_functions_of_bools_and_integer_powers(ctx):
     i = torch.tensor([1000, -7, 3])
     with pytest.warns(UserWarning, match="integer power"):
         assert torch.equal(torch.compile(lambda i: i ** 5 + 1, backend="cleave")(i), i ** 5 + 1)
+
+
+def test_values_computed_in_float64_run_eagerly_with_a_warning():
+    """The kernels compute floats in f32: exp of a float64 tensor, or of x.double(), came
+    back at f32's 1e-7 relative error (tanh(1e-12) as 0). Such ops run eagerly, named."""
+    def upcast(x):
+        d = x.double()
+        return torch.exp(d) / 3, torch.tanh(d * 1e-12), (d / 3).sum()
+
+    x = torch.tensor([0.5, 1e-3, 0.3, 2.0, 1e-12])
+    with pytest.warns(UserWarning, match="float64"):
+        got = torch.compile(upcast, backend="cleave")(x)
+    for g, w in zip(got, upcast(x)):
+        assert torch.equal(g, w)

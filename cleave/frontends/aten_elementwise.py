@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from ..ir.dtypes import DType
 from ..ir.ops import COMPARE, UNARY
 from .aten_map import rule
 
@@ -40,8 +41,17 @@ def binary(t, op, x, y):
     """x op y where either side may be a scalar (lifted next to the other's dtype)."""
     compare = op in COMPARE
     if not hasattr(x, "graph"):
-        x = t.lift(x, y, compare)
-    return t.add(op, x, t.lift(y, x, compare))
+        x = _operand(t, x, y, compare)
+    return t.add(op, x, _operand(t, y, x, compare))
+
+
+def _operand(t, value, beside, compare):
+    """A scalar operand next to `beside`; an int next to a bool computes in int64, as
+    torch's mask + 2 does (lifted as a bool, it was computed in bool)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not compare and \
+            getattr(beside, "dtype", None) == DType.bool:
+        return t.const(value, "i64")
+    return t.lift(value, beside, compare)
 
 
 def _binary(t, node, a):

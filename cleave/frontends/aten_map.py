@@ -93,7 +93,11 @@ def unsupported_reason(fx_node) -> str | None:
                      if isinstance(v, torch.Tensor) and v.dtype not in IR_DTYPES})
     if dtypes:
         return f"on {', '.join(dtypes)}"
-    return found.unsupported_in_kernels(meta_args(fx_node), fx_node)
+    reason = found.unsupported_in_kernels(meta_args(fx_node), fx_node)
+    if reason is None and any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 and v.dim() for v in vals):
+        # (a 0-d float64, a decomposition's scalar such as 1/sqrt(d), stays: as before)
+        return "on float64 (cleave's kernels compute floats in f32, which would round it)"
+    return reason
 
 
 def supported_ops() -> list[str]:

@@ -127,8 +127,6 @@ class Translator:
         if isinstance(value, (int, float)):
             if isinstance(value, float) and not like_dtype.is_float:
                 return self.const(value, "f32")
-            if like_dtype == DType.bool:  # True + 1 is 2, an int64
-                return self.const(value, "i64")
             if like_dtype in (DType.bf16, DType.f16) and not compare:
                 # torch computes a half tensor with a Python scalar in f32, the scalar not
                 # rounded to the half type (x * 1.004 is not x; x_f16 * 1e5 is finite)
