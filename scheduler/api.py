@@ -354,7 +354,7 @@ def _check_contractions(graph: Graph) -> None:
     integers rounded past 2**24."""
     for n in graph.live_nodes():
         if n.op != "matmul":
-            if n.dtype == DType.f64 and n.rank and n.op != "input":
+            if n.dtype == DType.f64 and n.op != "input" and (n.rank or any(x.rank for x in n.inputs)):
                 raise ShapeError(f"scheduler: {n.op} %{n.id} computes in float64" + (f" (at {n.loc})" if n.loc else "")
                                  + ": the kernels compute floats in f32, which would round it; compute it eagerly")
             continue

@@ -93,8 +93,10 @@ def unsupported_reason(fx_node) -> str | None:
                      if isinstance(v, torch.Tensor) and v.dtype not in IR_DTYPES})
     if dtypes:
         return f"on {', '.join(dtypes)}"
-    reason = found.unsupported_in_kernels(meta_args(fx_node), fx_node)
-    if reason is None and any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 and v.dim() for v in vals):
+    args = meta_args(fx_node)
+    reason = found.unsupported_in_kernels(args, fx_node)
+    tensors = [*vals, *(v for a in args.values() for v in (a if isinstance(a, (list, tuple)) else [a]))]
+    if reason is None and any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 and v.dim() for v in tensors):
         # (a 0-d float64, a decomposition's scalar such as 1/sqrt(d), stays: as before)
         return "on float64 (cleave's kernels compute floats in f32, which would round it)"
     return reason
