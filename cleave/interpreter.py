@@ -89,8 +89,10 @@ def _eval(node: Node, args, inputs, env, float_type, device) -> torch.Tensor:
     op, a = node.op, node.attrs
     if op == "input":
         return inputs[a["name"]].to(float_type(node.dtype))
-    if op == "const":
-        return torch.tensor(a["value"], dtype=float_type(node.dtype), device=device)
+    if op == "const":  # a half const is the number torch computes with, in f32 (a 0-d tensor: no promotion)
+        dtype = float_type(node.dtype)
+        return torch.tensor(a["value"], dtype=torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype,
+                            device=device)
     if op == "size":
         return torch.tensor(D.evaluate(a["value"], env), dtype=float_type(node.dtype), device=device)
     if op == "iota":

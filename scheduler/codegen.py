@@ -12,7 +12,6 @@ one of its accumulators is first needed, as one `for` per segment of its tiles
 from __future__ import annotations
 
 import math
-import struct
 
 from dataclasses import dataclass, field
 
@@ -56,21 +55,6 @@ def float_literal(value) -> str:
     if math.isinf(value):
         return 'float("inf")' if value > 0 else 'float("-inf")'
     return repr(value)
-
-
-def half_rounded(value: float, dtype: DType) -> float:
-    """A constant of a half type as that type holds it, rounded to nearest even: the
-    interpreter truncates a literal to bf16 (0.1 became 0.099609375, below x_bf16 = 0.1)."""
-    if dtype == DType.f16:
-        return struct.unpack("<e", struct.pack("<e", value))[0] if abs(value) < 65520 or not math.isfinite(value) \
-            else math.copysign(math.inf, value)
-    if dtype != DType.bf16 or not math.isfinite(value):
-        return value
-    bits = struct.unpack("<I", struct.pack("<f", value))[0] if abs(value) < 3.4e38 else None
-    if bits is None:
-        return math.copysign(math.inf, value)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 NEUTRAL = per_op({"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")', "prod": "1.0"}, "reduce",
@@ -569,9 +553,11 @@ class Emitter:
         if op == "load":
             return self.load(b, inst, dims)
         if op == "const":
-            ty = TL[n.dtype]
+            # a half const is the Python number torch computes with in f32, not rounded
+            # (x_bf16 * 1.004 is not x); one a comparison reads comes rounded (frontends)
+            ty = "tl.float32" if n.dtype in (DType.bf16, DType.f16) else TL[n.dtype]
             value = n.attrs["value"]
-            lit = float_literal(half_rounded(float(value), n.dtype)) if n.dtype.is_float else str(int(value))
+            lit = float_literal(value) if n.dtype.is_float else str(int(value))
             return self.var(b, f"tl.full([], {lit}, {ty})", (), ty)
         if op == "size":  # an integer size stays one: it may index a load (flip over a dynamic axis)
             ty = "tl.float32" if n.dtype.is_float else TL[n.dtype]

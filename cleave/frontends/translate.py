@@ -13,7 +13,7 @@ import operator
 import sympy
 import torch
 
-from ..interpreter import IR_DTYPES
+from ..interpreter import IR_DTYPES, TORCH_DTYPES
 from ..ir import DimMismatch, Graph, Node, ShapeError
 from ..ir import dims as D
 from ..ir.dtypes import DType
@@ -127,10 +127,11 @@ class Translator:
         if isinstance(value, (int, float)):
             if isinstance(value, float) and not like_dtype.is_float:
                 return self.const(value, "f32")
-            if like_dtype in (DType.bf16, DType.f16) and not compare:
-                # torch computes a half tensor with a Python scalar in f32, the scalar not
-                # rounded to the half type (x * 1.004 is not x; x_f16 * 1e5 is finite)
-                return self.const(value, "f32")
+            if like_dtype in (DType.bf16, DType.f16) and compare:
+                # torch computes a half tensor with a Python number in f32, the number not
+                # rounded (a half const keeps its value: x * 1.004 is not x, x_f16 * 1e5 is
+                # finite), but compares it rounded to the half type (x_bf16 == 0.1 holds)
+                value = torch.tensor(value, dtype=TORCH_DTYPES[like_dtype]).item()
             return self.const(value, like_dtype)
         if isinstance(value, sympy.Expr):
             dtype = like_dtype if like_dtype.is_float or value.is_integer else DType.f32
