@@ -1,10 +1,12 @@
-"""How far a compiled output is from eager fp32: max absolute difference, and the KL
-divergence of the softmax over the last dim (for logits, the next-token distribution)."""
+"""How far a compiled output is from eager fp32: for a floating output the max absolute
+difference and the KL divergence of the softmax over the last dim (for logits, the
+next-token distribution); an integer or bool output is compared exactly."""
 from __future__ import annotations
 
 import copy
 
 import torch
+from torch.utils import _pytree as pytree
 
 
 def compare(got: torch.Tensor, want: torch.Tensor) -> dict[str, float]:
@@ -20,6 +22,19 @@ def compare(got: torch.Tensor, want: torch.Tensor) -> dict[str, float]:
     return {"max_abs": max_abs, "kl": kl}
 
 
+def compare_exact(got: torch.Tensor, want: torch.Tensor) -> dict[str, int]:
+    """How many elements of an integer or bool output differ from eager's."""
+    got, want = got.detach().cpu(), want.detach().cpu()
+    if got.shape != want.shape:
+        return {"mismatches": max(got.numel(), want.numel()), "numel": want.numel()}
+    return {"mismatches": int((got != want).sum()), "numel": want.numel()}
+
+
+def check(got: torch.Tensor, want: torch.Tensor) -> dict:
+    """compare for a floating output, compare_exact for any other."""
+    return compare(got, want) if want.is_floating_point() else compare_exact(got, want)
+
+
 def eager_fp32(fn, args, kwargs=None):
     """fn's eager result with its floating tensors (arguments, a module's parameters and
     buffers) in fp32; a module is copied, not cast in place."""
@@ -33,12 +48,7 @@ def eager_fp32(fn, args, kwargs=None):
         return fn(*map(up, args), **{k: up(v) for k, v in (kwargs or {}).items()})
 
 
-def outputs(result) -> list[torch.Tensor]:
-    """The floating tensors of a result (a tensor, or a tuple, list or dict of them)."""
-    if isinstance(result, torch.Tensor):
-        return [result] if result.is_floating_point() else []
-    if isinstance(result, dict):
-        result = list(result.values())
-    if isinstance(result, (tuple, list)):
-        return [t for r in result for t in outputs(r)]
-    return []
+def outputs(result) -> list[tuple[int, torch.Tensor]]:
+    """The tensors of a result (a tensor, or any nesting of tuples, lists and dicts),
+    each with its position among the result's values in pytree order, as it returns them."""
+    return [(k, t) for k, t in enumerate(pytree.tree_leaves(result)) if isinstance(t, torch.Tensor)]

@@ -15,6 +15,7 @@ reuses its operator: `context()` gives it, `reset()` starts a fresh one.
 from __future__ import annotations
 
 import itertools
+import warnings
 
 from .. import passes
 from .context import Context
@@ -65,5 +66,21 @@ def partitioning_backend(ctx: Context, name: str | None = None):
     return backend
 
 
-def cleave_backend(gm, example_inputs):
+def cleave_backend(gm, example_inputs, mode=None, options=None):
+    """`torch.compile(..., backend="cleave")`. torch.compile's `mode` and `options` are
+    inductor's knobs: none applies to cleave (it has no modes, and every graph of the
+    process shares one context), so each one given is said once and ignored."""
+    if mode is not None:
+        _ignore_once(f"mode={mode!r}")
+    for key in options or {}:
+        _ignore_once(f"option {key!r}")
     return partitioning_backend(_CONTEXT)(gm, example_inputs)
+
+
+_IGNORED: set[str] = set()
+
+
+def _ignore_once(what: str) -> None:
+    if what not in _IGNORED:
+        _IGNORED.add(what)
+        warnings.warn(f"cleave: torch.compile {what} does not apply to the cleave backend; ignored", stacklevel=3)

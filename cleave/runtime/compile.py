@@ -5,18 +5,33 @@ the function is run through torch.compile with cleave's partitioning backend
 instead: dynamo gives the FX graph, the supported runs are compiled, the rest runs
 eagerly. Calls whose shapes differ only along dynamic axes reuse the operator;
 a new shape along a static axis recaptures (cheap) and reuses the search.
+
+What the capture bakes in besides the arguments' shapes is guarded as well: the
+autocast state (part of each launch's key) and the tensors and Python scalars fn
+reads from its globals and closure cells (a new object, an in-place change or a new
+value recaptures). The compiled callable is opaque to dynamo: inside a model under
+torch.compile it runs as one black box.
 """
 from __future__ import annotations
 
+import builtins
+import functools
 import inspect
+import keyword
 import os
+import re
+import types
+import warnings
 
 import torch
+from torch._dynamo.decorators import skip as _dynamo_skip
+from torch.utils import _pytree as pytree
 
 from .. import passes
-from ..ir import CleaveError
+from ..ir import BindingError, CleaveError
 from .context import Context
-from .graph_breaks import Launcher, constant_getters, exact_key, remember_fast
+from .graph_breaks import Launcher, constant_getters, exact_key
+from .launch import remember
 
 
 class CompiledFunction:
@@ -27,9 +42,11 @@ class CompiledFunction:
         self.dynamic = dynamic
         self.ctx = Context(device, top_k, artifact, verbose, rules, candidates)
         self.calls = 0
+        self.recaptures = 0  # captures redone because a global or closure value fn reads changed
         self._signature_of = _call_signature(fn)
         self._runners: dict[tuple, object] = {}
         self._seen: dict[tuple, object] = {}  # exact argument shapes -> runner: skips the signature
+        self._guards: _Guards | None = None  # the globals and closure values the runners baked in
         self._dynamo = None
         # Why torch.export did not take the function whole (it then runs through dynamo's
         # graphs, its first call eagerly); None when it did, or has not been tried.
@@ -37,34 +54,44 @@ class CompiledFunction:
 
     @property
     def stats(self) -> dict:
-        return {"calls": self.calls, **self.ctx.stats()}
+        return {"calls": self.calls, "recaptures": self.recaptures, **self.ctx.stats()}
 
     @property
     def operators(self):
         return list(self.ctx.operators.values())
 
     def __call__(self, *args, **kwargs):
+        if _dynamo_frame_hook() is not None:  # inside code torch.compile runs: none of cleave is traced
+            return _with_dynamo_off(self, args, kwargs)
         self.calls += 1
         if kwargs:
             args, kwargs = self._positional(args, kwargs)
         if self._dynamo is not None or kwargs:
             return self._call_dynamo(args, kwargs)
+        if self._guards is not None and not self._guards.hold():
+            self._forget_captures()
         exact = exact_key(args)
-        runner = self._seen.get(exact)
-        if runner is not None:
-            return runner(*args)
-        sig = self._signature(args)
-        runner = self._runners.get(sig)
-        if runner is None:
-            runner = self._build(args)
+        if torch._C._is_any_autocast_enabled():  # autocast changes the captured graph's dtypes
+            exact = (_AUTOCAST, exact, _autocast_state())
+        try:
+            runner = self._seen.get(exact)
+        except TypeError:  # an unhashable argument (a dict, a list) keys no launch
+            runner = None
+        try:
+            if runner is not None:
+                return runner(*args)
+            runner = self._runner_for(args)
             if isinstance(runner, _Ran):
                 return runner.result
-            if runner is None:
-                return self._call_dynamo(args, {})
-            self._runners[sig] = runner
-        result = runner(*args)
-        remember_fast(self._seen, exact, runner, args)
-        return result
+            result = runner(*args)  # called here, not deeper: warnings name the user's line
+            fast = runner.hot(args)
+            if fast is not None:
+                remember(self._seen, exact, fast)
+            return result
+        except Exception as err:
+            if isinstance(err.__context__, BindingError):  # the launcher ran eager: its error is the user's
+                raise err from None
+            raise
 
     def prepare(self, *args):
         """Search (or load) and schedule for the shapes of `args` without running: the
@@ -73,12 +100,13 @@ class CompiledFunction:
         runner = self._runners.get(sig)
         if runner is None:
             runner = self._build(args)
-        if not isinstance(runner, Launcher):
+        launcher = runner.launcher if isinstance(runner, _Restructured) else runner
+        if not isinstance(launcher, Launcher):
             why = self.capture_error or ", ".join(self.ctx.stats()["unsupported"]) or "graph break"
             raise CleaveError(f"{self.name} does not capture whole ({why}): nothing to prepare")
         self._runners[sig] = runner
-        runner.op.prepare({k: tuple(v.shape) for k, v in runner.inputs(args).items()})
-        return runner.op
+        launcher.op.prepare({k: tuple(v.shape) for k, v in launcher.inputs(args).items()})
+        return launcher.op
 
     def _positional(self, args, kwargs) -> tuple[tuple, dict]:
         """Keyword arguments moved to their positions where the signature allows; the
@@ -92,6 +120,36 @@ class CompiledFunction:
         return tuple(bound.args), dict(bound.kwargs)
 
     # -- whole-function capture -------------------------------------------
+    def _runner_for(self, args):
+        """The runner for a call whose exact shapes have not run yet, found or built; or,
+        where it ran otherwise (eagerly, through dynamo), the call's result as a _Ran."""
+        container = _container_argument(self._params(len(args)), args)
+        if container is not None:
+            return _Ran(self._call_containers(args, *container))
+        sig = self._signature(args)
+        runner = self._runners.get(sig)
+        if runner is None:
+            runner = self._build(args)
+            if runner is None:
+                return _Ran(self._call_dynamo(args, {}))
+            if not isinstance(runner, _Ran):
+                self._runners[sig] = runner
+        return runner
+
+    def _call_containers(self, args, name: str, value):
+        self.capture_error = (f"argument {name!r} is a {type(value).__name__}: whole-function capture takes "
+                              f"tensors")
+        warnings.warn(f"cleave.compile: {self.name}'s {self.capture_error}; {self.name} runs through "
+                      f"torch.compile's graphs (cleave compiles them) from now on", stacklevel=4)
+        return self._call_dynamo(args, {})
+
+    def _forget_captures(self):
+        """A global or closure value the captures baked in changed: capture again."""
+        self._runners.clear()
+        self._seen.clear()
+        self._guards = None
+        self.recaptures += 1
+
     def _params(self, count: int) -> list[str]:
         from ..frontends.capture import param_names
 
@@ -100,7 +158,7 @@ class CompiledFunction:
     def _axes(self, name: str, tensor: torch.Tensor) -> dict[int, str]:
         if self.dynamic == "all":
             return {i: f"{name}_{i}" for i in range(tensor.dim())}
-        return dict((self.dynamic or {}).get(name, {}))
+        return _axes_in_range(name, (self.dynamic or {}).get(name, {}), tensor.dim())
 
     def _signature(self, args) -> tuple:
         sig = []
@@ -110,15 +168,17 @@ class CompiledFunction:
                 sig.append((a.dtype, a.device.type, tuple(-1 if k in dyn else s for k, s in enumerate(a.shape))))
             else:
                 sig.append(a)
+        if torch._C._is_any_autocast_enabled():
+            sig.append((_AUTOCAST, _autocast_state()))
         return tuple(sig)
 
     def _build(self, args):
-        from ..frontends.capture import capture_program
         from ..frontends.errors import CaptureError, UnsupportedOpError
 
+        guards = _Guards.read_by(self.fn)  # before the capture: the values it bakes in
         try:
             with passes.recording(self.ctx.pass_seconds), passes.timed("capture"):
-                captured = capture_program(self.fn, *args, dynamic=self.dynamic, name=self.name)
+                captured, structure = _capture(self.fn, args, self.dynamic, self.name)
         except UnsupportedOpError:  # dynamo cuts the function around that op (its warning names it)
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return None
@@ -139,16 +199,19 @@ class CompiledFunction:
             result = self.fn(*args)
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return _Ran(result)
+        self._guards = guards
         params = self._params(len(args))
         graph = captured.graph
         symbols = _dynamic_symbols(graph, self.dynamic, params)
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         op = self.ctx.operator(graph, symbols, device)
         module = self.fn if isinstance(self.fn, torch.nn.Module) else None
-        user_outputs = len(graph.outputs) - len(captured.writes)
-        return Launcher(op, self.ctx, params, user_outputs != 1, self.fn, self.name,
-                        state=_state_getters(module, captured.state) | constant_getters(captured.constants, device),
-                        writes=captured.writes)
+        flat = not _is_plain(structure)
+        launcher = Launcher(op, self.ctx, params, not structure.is_leaf(), _flat_outputs(self.fn) if flat else self.fn,
+                            self.name,
+                            state=_state_getters(module, captured.state) | constant_getters(captured.constants, device),
+                            writes=captured.writes)
+        return _Restructured(launcher, structure) if flat else launcher
 
     # -- graph breaks through dynamo --------------------------------------
     def _call_dynamo(self, args, kwargs):
@@ -158,14 +221,197 @@ class CompiledFunction:
             if isinstance(a, torch.Tensor):
                 for axis in self._axes(name, a):
                     torch._dynamo.maybe_mark_dynamic(a, axis)
-        return self._dynamo(*args, **kwargs)
+        try:
+            return self._dynamo(*args, **kwargs)
+        except torch._dynamo.exc.TorchRuntimeError as err:  # tracing with fake tensors failed
+            failure = err
+        return self._eager_instead(args, kwargs, failure)  # outside the except: eager's error unchained
+
+    def _eager_instead(self, args, kwargs, failure):
+        """Dynamo could not trace this call (nothing of it ran): eager raises its own error
+        for wrong arguments; where eager succeeds, its result is the call's."""
+        result = self.fn(*args, **kwargs)
+        first = (str(failure).strip().splitlines() or [""])[0][:200]
+        self.ctx.warn_eager(self.name, f"torch.compile could not trace this call ({first})")
+        return result
+
+
+# Dynamo inlines calls it traces, and compiles the frames run while its hook is set:
+# __call__ is neither inlined (skip marks it) nor compiled, and runs with the hook off
+# (checked per call: one C call; torch.compiler.disable's wrapper costs ~0.4 us a call).
+_dynamo_skip(CompiledFunction.__call__)
+_dynamo_frame_hook = torch._C._dynamo.eval_frame.get_eval_frame_callback
+
+
+@torch.compiler.disable
+def _with_dynamo_off(compiled, args, kwargs):
+    return compiled(*args, **kwargs)
 
 
 class _Ran:
-    """What a first call that ran eagerly returned."""
+    """What a call that no runner served returned (it ran eagerly, or through dynamo)."""
 
     def __init__(self, result):
         self.result = result
+
+
+class _Restructured:
+    """A launcher of a function whose outputs are not one tensor or a flat tuple of them
+    (a dict, a list, a namedtuple, nested, a 1-tuple): the operator's outputs are fn's
+    tensors in pytree order, put back into fn's structure."""
+
+    def __init__(self, launcher: Launcher, structure):
+        self.launcher, self.structure = launcher, structure
+
+    def __call__(self, *args):
+        return pytree.tree_unflatten(self.launcher(*args), self.structure)
+
+    def hot(self, args):
+        fast = self.launcher.hot(args)
+        if fast is None or fast is self.launcher:
+            return None if fast is None else self
+        structure = self.structure
+        return lambda *args: pytree.tree_unflatten(fast(*args), structure)
+
+
+def _capture(fn, args, dynamic, name):
+    """capture_program of fn, and the pytree structure of fn's output (torch.export
+    returns the output's tensors flat, in pytree order), recorded as export traces it."""
+    from ..frontends.capture import _as_forward, capture_program
+
+    structures = []
+
+    def record(out):
+        structures.append(pytree.tree_structure(out))
+
+    if isinstance(fn, torch.nn.Module):
+        hook = fn.register_forward_hook(lambda module, inputs, out: record(out))
+        try:
+            return capture_program(fn, *args, dynamic=dynamic, name=name), structures[-1]
+        finally:
+            hook.remove()
+    traced = _as_forward(fn)  # torch.export records the stack frames of functions named forward
+
+    @functools.wraps(fn)
+    def recording(*args):
+        out = traced(*args)
+        record(out)
+        return out
+
+    return capture_program(recording, *args, dynamic=dynamic, name=name), structures[-1]
+
+
+def _is_plain(structure) -> bool:
+    """Whether a launcher returns this structure itself: one tensor, or a plain tuple of
+    two or more (a launcher returns one output bare)."""
+    if structure.is_leaf():
+        return True
+    children = structure.children()
+    return structure.type is tuple and len(children) > 1 and all(c.is_leaf() for c in children)
+
+
+def _flat_outputs(fn):
+    """fn returning its output tensors as a flat tuple, as the launcher of its capture
+    does (the launcher runs it when it runs eagerly)."""
+    def flat(*args):
+        return tuple(pytree.tree_leaves(fn(*args)))
+    return flat
+
+
+def _container_argument(params, args):
+    """(name, value) of the first argument that is a container (a dict, list or tuple),
+    which whole-function capture cannot take; None if there is none."""
+    for name, a in zip(params, args):
+        if isinstance(a, (dict, list, tuple)):
+            return name, a
+    return None
+
+
+# -- guards ------------------------------------------------------------------
+_SCALARS = (bool, int, float, complex, str)
+_MISSING = object()
+
+
+class _Guards:
+    """The globals and closure cells fn's code reads that hold a tensor or a Python
+    scalar, with what they held when it was captured: the capture bakes them into the
+    graph. `hold()` runs per call, so it compares cheaply: a tensor by identity and
+    version (an in-place change), a scalar by type and value. Globals read by functions
+    fn calls, and a module's attributes, are not guarded."""
+
+    def __init__(self, names: list, cells: list):
+        self.names = names  # (globals dict, name, value, version)
+        self.cells = cells  # (cell, value, version)
+
+    @classmethod
+    def read_by(cls, fn) -> _Guards | None:
+        func = _python_function(fn)
+        if func is None:
+            return None
+        code_names = _names_read(func.__code__)
+        names = [(func.__globals__, n, *_guarded(func.__globals__[n]))
+                 for n in sorted(code_names) if n in func.__globals__ and _guardable(func.__globals__[n])]
+        cells = [(cell, *_guarded(_cell_value(cell)))
+                 for cell in func.__closure__ or () if _guardable(_cell_value(cell))]
+        return cls(names, cells) if names or cells else None
+
+    def hold(self) -> bool:
+        for scope, name, value, version in self.names:
+            if not _same(scope.get(name, _MISSING), value, version):
+                return False
+        for cell, value, version in self.cells:
+            if not _same(_cell_value(cell), value, version):
+                return False
+        return True
+
+
+def _guardable(value) -> bool:
+    return isinstance(value, (torch.Tensor, *_SCALARS))
+
+
+def _guarded(value) -> tuple:
+    return value, (value._version if isinstance(value, torch.Tensor) else None)
+
+
+def _same(now, value, version) -> bool:
+    if version is not None:
+        return now is value and now._version == version
+    return type(now) is type(value) and now == value
+
+
+def _cell_value(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell (a variable assigned later)
+        return _MISSING
+
+
+def _python_function(fn):
+    """The Python function whose code a capture of fn runs: a module's forward, a
+    method's function; None for other callables."""
+    if isinstance(fn, torch.nn.Module):
+        fn = type(fn).forward
+    fn = getattr(fn, "__func__", fn)
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
+def _names_read(code: types.CodeType) -> set[str]:
+    """The global (and attribute) names code and the code nested in it reads."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_read(const)
+    return names
+
+
+# -- autocast ----------------------------------------------------------------
+_AUTOCAST = object()  # marks a key made under autocast: no argument can equal it
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def _autocast_state() -> tuple:
+    """Per device type, whether autocast is on and to which dtype."""
+    return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES)
 
 
 def _dynamo_compile(fn, ctx: Context, name: str):
@@ -218,12 +464,90 @@ def _function_name(fn) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
+# -- the dynamic spec ----------------------------------------------------------
+# Names the generated Triton modules use (scheduler/codegen.py, partition.py, tma.py):
+# a symbol is a kernel parameter, so one of these would shadow or clash with it.
+_KERNEL_NAMES = frozenset({
+    "tl", "triton", "os", "DOT_BF16", "INTERPRETED", "TMA", "AXIS", "to_bf16", "mul", "max_nan", "min_nan",
+    "reduce_max", "reduce_min", "first_at_least", "negative", "atan2_f32", "hypot_f32", "erfinv_f32",
+    "pid", "tile", "pmn", "first", "rows", "arrived", "arrivals", "out"})
+# kernel locals and buffers (v3, tid0, idx1, acc0, start2, t4, out0), pointer and
+# descriptor parameters (x_ptr), and the split factors the search adds (s_n)
+_KERNEL_NAME_PATTERN = re.compile(r"(v|t|tid|idx|acc|start|out)\d+|.*_(ptr|desc)|s_.*")
+
+
+def _checked_dynamic(fn, dynamic):
+    """`dynamic` as compile() takes it, or a TypeError / ValueError saying what is wrong."""
+    if dynamic is None or dynamic == "all":
+        return dynamic
+    if not isinstance(dynamic, dict):
+        raise TypeError(f"dynamic must be None, 'all' or a dict of axes per argument, not {dynamic!r}")
+    params = _positional_names(fn)
+    for pname, axes in dynamic.items():
+        if params is not None and not _names_argument(pname, params):
+            raise ValueError(f"cleave.compile: dynamic names argument {pname!r}, but {_function_name(fn)} takes "
+                             f"{', '.join(params[0]) or 'no positional arguments'}"
+                             + (f" (and *{params[1]}: {params[1]}_0, {params[1]}_1, ...)" if params[1] else ""))
+        if not isinstance(axes, dict):
+            raise TypeError(f"cleave.compile: dynamic[{pname!r}] must be a dict {{axis: symbol}}, not {axes!r}")
+        for axis, symbol in axes.items():
+            if not isinstance(axis, int) or isinstance(axis, bool):
+                raise TypeError(f"cleave.compile: dynamic[{pname!r}]: axis {axis!r} is not an int")
+            _check_symbol(symbol, f"argument {pname!r} axis {axis}", set(params[0]) if params else set())
+    return dynamic
+
+
+def _check_symbol(symbol, where: str, arguments: set[str]) -> None:
+    if not (isinstance(symbol, str) and symbol.isidentifier()):
+        raise TypeError(f"cleave.compile: {where}: symbol {symbol!r} is not an identifier")
+    why = ("a Python keyword" if keyword.iskeyword(symbol)
+           else "a Python builtin" if hasattr(builtins, symbol)
+           else "a name the generated kernels use" if symbol in _KERNEL_NAMES or _KERNEL_NAME_PATTERN.fullmatch(symbol)
+           else "also an argument's name (the kernels name both alike)" if symbol in arguments
+           else None)
+    if why:
+        raise ValueError(f"cleave.compile: {where}: symbol {symbol!r} is {why}; choose another name")
+
+
+def _positional_names(fn):
+    """(fn's positional parameter names, its *args name or None); None if fn has no
+    readable signature."""
+    sig = _call_signature(fn)
+    if sig is None:
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    rest = next((p.name for p in sig.parameters.values() if p.kind == p.VAR_POSITIONAL), None)
+    return [p.name for p in sig.parameters.values() if p.kind in kinds], rest
+
+
+def _names_argument(pname, params) -> bool:
+    names, rest = params
+    return pname in names or (rest is not None and isinstance(pname, str)
+                              and re.fullmatch(rf"{re.escape(rest)}_\d+", pname) is not None)
+
+
+def _axes_in_range(name: str, axes: dict, rank: int) -> dict[int, str]:
+    """A spec's axes of one argument, counted from 0, for an argument of this rank."""
+    out = {}
+    for axis, symbol in axes.items():
+        if not -rank <= axis < rank:
+            raise ValueError(f"cleave.compile: argument {name!r} has rank {rank}; dynamic axis {axis} is out of range")
+        if axis % rank in out:
+            raise ValueError(f"cleave.compile: argument {name!r}: dynamic axes name axis {axis % rank} twice "
+                             f"({out[axis % rank]!r} and {symbol!r})")
+        out[axis % rank] = symbol
+    return out
+
+
 def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbose=None,
             rules=None, candidates: int = 1) -> CompiledFunction:
     """Wrap `fn` so that its first call compiles it with cleave and later calls reuse the result.
 
     `dynamic` names the axes that vary between calls, per argument name:
-    `{"q": {0: "b"}, "k": {2: "L"}}`, or "all". `compiled.stats` counts calls,
+    `{"q": {0: "b"}, "k": {2: "L"}}`, or "all". A symbol is an identifier that is not a
+    keyword, a builtin, an argument's name or a name the kernels use (`pid`, `tl`,
+    `v0`, `x_ptr`, `s_...`); a spec naming no argument of fn is refused here, an axis
+    out of range at the first call. `compiled.stats` counts calls,
     searches, compiles, cache hits and graph breaks. `artifact` is a directory built
     elsewhere (`cleave trace build`) to load operators from, whatever machine built it.
     `verbose`: True shows this function's progress lines (search, compile, tuning),
@@ -233,8 +557,7 @@ def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbos
     unsound one with its counterexample), and they are part of the operators' cache key.
     `candidates`: how many of the search's first candidates each operator schedules and
     ranks by the cost model (`cleave trace build` ranks 3; each costs a schedule)."""
-    if dynamic is not None and dynamic != "all" and not isinstance(dynamic, dict):
-        raise TypeError(f"dynamic must be None, 'all' or a dict of axes per argument, not {dynamic!r}")
+    dynamic = _checked_dynamic(fn, dynamic)
     if not (isinstance(top_k, int) and top_k >= 1):
         raise ValueError(f"top_k must be an int >= 1, not {top_k!r}")
     if not (isinstance(candidates, int) and candidates >= 1):

@@ -48,7 +48,9 @@ class Report:
     graph_breaks: int
     unsupported: list[str] = field(default_factory=list)
     pass_seconds: dict[str, float] = field(default_factory=dict)  # compile time per pass, so far
-    fidelity: list[dict] = field(default_factory=list)  # per floating output: max_abs, kl against eager fp32
+    # per tensor output against eager fp32: its position ("output"), then max_abs and kl
+    # (floating) or mismatches of numel (compared exactly: integer, bool)
+    fidelity: list[dict] = field(default_factory=list)
 
     @property
     def kernels(self) -> list[KernelInfo]:
@@ -61,8 +63,7 @@ class Report:
         if self.unsupported:
             lines.append("eager (unsupported): " + ", ".join(self.unsupported))
         lines.append("compile time per pass: " + passes.summary(self.pass_seconds))
-        for i, f in enumerate(self.fidelity):
-            lines.append(f"output {i} against eager fp32: max abs diff {f['max_abs']:.3g}, KL {f['kl']:.3g}")
+        lines += [_fidelity_line(f) for f in self.fidelity]
         for i, op in enumerate(self.operators):
             lines += [
                 "", f"== operator {i}: {op.name}  (cache key {op.key}, {'from cache' if op.from_cache else 'built now'})",
@@ -95,7 +96,13 @@ def explain(compiled, *args, **kwargs) -> Report:
     got = fidelity.outputs(result)
     stats = {"calls": getattr(compiled, "calls", None), **ctx.stats()}
     return Report(reports, stats, stats["graph_breaks"], stats["unsupported"], dict(ctx.pass_seconds),
-                  [fidelity.compare(g, w) for g, w in zip(got, want)])
+                  [{"output": k, **fidelity.check(g, w)} for (k, g), (_, w) in zip(got, want)])
+
+
+def _fidelity_line(f: dict) -> str:
+    if "mismatches" in f:
+        return f"output {f['output']} against eager fp32: {f['mismatches']} of {f['numel']} elements differ (exact)"
+    return f"output {f['output']} against eager fp32: max abs diff {f['max_abs']:.3g}, KL {f['kl']:.3g}"
 
 
 def _context(compiled):
@@ -106,11 +113,45 @@ def _context(compiled):
     if isinstance(compiled, CompiledFunction):
         return compiled.ctx, compiled.fn
     if isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule):
+        _check_cleave_backend(compiled, compiled.dynamo_ctx)
         return backend.context(), compiled._orig_mod
     if callable(compiled) and hasattr(compiled, "_torchdynamo_orig_callable"):
+        _check_cleave_backend(compiled, _dynamo_context(compiled))
         return backend.context(), compiled._torchdynamo_orig_callable
     raise CleaveError("explain takes what cleave.compile returns, or a function or module compiled with "
                       f"torch.compile(..., backend=\"cleave\"), not {type(compiled).__name__}")
+
+
+def _check_cleave_backend(compiled, dynamo_ctx) -> None:
+    """Raise if torch.compile compiled `compiled` with a backend other than cleave's: the
+    backend's context holds other functions' operators, none of this one's. A backend
+    torch's wrappers do not show (they change between versions) is taken as cleave."""
+    from .backend import cleave_backend
+
+    found = _compiler(getattr(dynamo_ctx, "callback", None))
+    if found is not None and getattr(found, "compiler_fn", None) is not cleave_backend:
+        name = getattr(found, "compiler_name", None) or getattr(found, "name", None) or type(found).__name__
+        raise CleaveError(f"explain: {_name(compiled)} is compiled with torch.compile's {name!r} backend, not "
+                          f"cleave's: compile it with torch.compile(..., backend=\"cleave\") or cleave.compile")
+
+
+def _dynamo_context(compiled):
+    """The torch.compile context a compiled function's wrapper closes over, or None."""
+    cells = getattr(compiled, "__closure__", None) or ()
+    return next((c.cell_contents for c in cells
+                 if isinstance(c.cell_contents, torch._dynamo.eval_frame._TorchDynamoContext)), None)
+
+
+def _compiler(callback):
+    """torch.compile's wrapper of the backend under dynamo's frame callback, or None."""
+    while callback is not None and hasattr(callback, "_torchdynamo_orig_backend"):
+        callback = callback._torchdynamo_orig_backend
+    return callback if hasattr(callback, "compiler_name") or hasattr(callback, "compiler_fn") else None
+
+
+def _name(compiled) -> str:
+    inner = getattr(compiled, "_torchdynamo_orig_callable", compiled)
+    return getattr(inner, "__name__", None) or type(inner).__name__
 
 
 def _operator_report(op, spec, plan, shapes) -> OperatorReport:

@@ -1,0 +1,231 @@
+"""The cleave.compile API at its edges: the structure of what a compiled function
+returns, container arguments, autocast, globals and closures read by the function,
+the `dynamic` spec, eager's own errors, explain, and use from inside torch.compile.
+Tiny elementwise functions under TRITON_INTERPRET=1."""
+from __future__ import annotations
+
+import collections
+import traceback
+import warnings
+
+import pytest
+import torch
+
+import cleave
+from cleave.ir import CleaveError
+
+X = torch.arange(6.0).reshape(2, 3)
+
+
+# -- 1. outputs keep eager's structure ------------------------------------------
+Pair = collections.namedtuple("Pair", "a b")
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: {"y": x + 1, "p": x * 0},
+    lambda x: [x + 1, x * 0],
+    lambda x: (x + 1,),
+    lambda x: (x + 1, [x * 2, {"k": x - 1}]),
+    lambda x: Pair(x + 1, x * 2),
+    lambda x: (x + 1, x * 2),
+    lambda x: x + 1,
+], ids=["dict", "list", "1-tuple", "nested", "namedtuple", "tuple", "tensor"])
+def test_outputs_keep_eager_structure(fn):
+    compiled = cleave.compile(fn)
+    for _ in range(2):  # the first call builds, the second runs the remembered launch
+        got, want = compiled(X), fn(X)
+        assert torch.utils._pytree.tree_structure(got) == torch.utils._pytree.tree_structure(want)
+        for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+            torch.testing.assert_close(g, w)
+    assert compiled.capture_error is None
+
+
+def test_one_tuple_unpacks_with_eager_shape():
+    (a,) = cleave.compile(lambda x: (x + 1,))(X[:1])
+    assert a.shape == (1, 3)
+
+
+# -- 2. container arguments ---------------------------------------------------------
+@pytest.mark.parametrize("arg", [{"a": X}, [X]], ids=["dict", "list"])
+def test_container_argument_runs_through_dynamo_with_a_warning(arg):
+    fn = (lambda d: d["a"] * 2) if isinstance(arg, dict) else (lambda d: d[0] * 2)
+    compiled = cleave.compile(fn)
+    with pytest.warns(UserWarning, match=f"argument 'd' is a {type(arg).__name__}"):
+        got = compiled(arg)
+    torch.testing.assert_close(got, X * 2)
+    torch.testing.assert_close(compiled(arg), X * 2)
+
+
+# -- 3. autocast ---------------------------------------------------------------------
+def _softmax_matmul(x, w):
+    return (x @ w).softmax(-1)
+
+
+@pytest.mark.parametrize("autocast_first", [True, False])
+def test_autocast_state_selects_the_operator(autocast_first):
+    x, w = torch.randn(4, 8), torch.randn(8, 5)
+    compiled = cleave.compile(_softmax_matmul)
+    order = [True, False, True] if autocast_first else [False, True, False]
+    for on in order:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
+            got, want = compiled(x, w), _softmax_matmul(x, w)
+        assert got.dtype == want.dtype, on
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+# -- 4. globals and closures ----------------------------------------------------------
+SCALE = 2.0
+WEIGHT = torch.ones(3)
+
+
+def _scaled(x):
+    return x * WEIGHT * SCALE
+
+
+def test_changed_globals_recapture():
+    global SCALE, WEIGHT
+    compiled = cleave.compile(_scaled)
+    try:
+        torch.testing.assert_close(compiled(X), _scaled(X))
+        SCALE = 3.0  # a new value
+        torch.testing.assert_close(compiled(X), _scaled(X))
+        WEIGHT = torch.full((3,), 7.0)  # a new tensor
+        torch.testing.assert_close(compiled(X), _scaled(X))
+        WEIGHT.mul_(2)  # the same tensor, changed in place
+        torch.testing.assert_close(compiled(X), _scaled(X))
+        assert compiled.stats["recaptures"] == 3
+        compiled(X)
+        assert compiled.stats["recaptures"] == 3  # nothing changed: no recapture
+    finally:
+        SCALE, WEIGHT = 2.0, torch.ones(3)
+
+
+def test_changed_closure_cell_recaptures():
+    def make(scale):
+        def fn(x):
+            return x * scale
+        return fn
+
+    fn = make(2.0)
+    compiled = cleave.compile(fn)
+    torch.testing.assert_close(compiled(X), X * 2)
+    fn.__closure__[0].cell_contents = 5.0
+    torch.testing.assert_close(compiled(X), X * 5)
+
+
+# -- 5. torch.compile's mode and options ----------------------------------------------
+@pytest.mark.parametrize("kwargs, named", [({"mode": "reduce-overhead"}, "mode='reduce-overhead'"),
+                                           ({"options": {"verbose": False}}, "option 'verbose'")])
+def test_backend_takes_mode_and_options(kwargs, named):
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x.exp(), backend="cleave", **kwargs)
+    with pytest.warns(UserWarning, match=f"{named} does not apply to the cleave backend"):
+        got = compiled(torch.randn(3))
+    assert got.shape == (3,)
+
+
+# -- 6. the dynamic spec ----------------------------------------------------------------
+def _mul_sum(x, y):
+    return (x * y).sum(0)
+
+
+@pytest.mark.parametrize("spec, error, match", [
+    ({"X": {0: "n"}}, ValueError, "dynamic names argument 'X', but _mul_sum takes x, y"),
+    ({"x": {0: 3}}, TypeError, "symbol 3 is not an identifier"),
+    ({"x": {"0": "n"}}, TypeError, "axis '0' is not an int"),
+    ({"x": [0]}, TypeError, "must be a dict"),
+    ({"x": {0: "in"}}, ValueError, "'in' is a Python keyword"),
+    ({"x": {0: "pid"}}, ValueError, "'pid' is a name the generated kernels use"),
+    ({"x": {0: "tl"}}, ValueError, "'tl' is a name the generated kernels use"),
+    ({"x": {0: "v3"}}, ValueError, "'v3' is a name the generated kernels use"),
+    ({"x": {0: "s_n"}}, ValueError, "'s_n' is a name the generated kernels use"),
+    ({"x": {0: "x"}}, ValueError, "'x' is also an argument's name"),
+    ({"x": {0: "len"}}, ValueError, "'len' is a Python builtin"),
+])
+def test_bad_dynamic_spec_is_refused_at_compile(spec, error, match):
+    with pytest.raises(error, match=match):
+        cleave.compile(_mul_sum, dynamic=spec)
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"x": {5: "n"}}, "argument 'x' has rank 2; dynamic axis 5 is out of range"),
+    ({"x": {0: "n", -2: "m"}}, "dynamic axes name axis 0 twice"),
+])
+def test_dynamic_axis_out_of_range_is_refused_at_first_call(spec, match):
+    compiled = cleave.compile(_mul_sum, dynamic=spec)
+    with pytest.raises(ValueError, match=match):
+        compiled(torch.ones(5, 3), torch.ones(5, 3))
+
+
+def test_negative_dynamic_axis_serves_every_extent():
+    compiled = cleave.compile(_mul_sum, dynamic={"x": {-2: "n"}, "y": {0: "n"}})
+    for n in (5, 7):
+        x, y = torch.randn(n, 3), torch.randn(n, 3)
+        torch.testing.assert_close(compiled(x, y), _mul_sum(x, y))
+    assert compiled.stats["operators"] == 1
+
+
+# -- 7. eager's own errors ----------------------------------------------------------------
+def _assert_eager_error_unchained(call):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError, match=r"size of tensor a \(5\) must match the size of tensor b \(4\)") as info:
+            call()
+    text = "".join(traceback.format_exception(info.value))
+    assert "During handling of the above exception" not in text
+    assert "BindingError" not in text and "TorchRuntimeError" not in text
+
+
+def test_eager_error_on_the_dynamo_path():
+    compiled = cleave.compile(_mul_sum)
+    compiled(X, 2.0)  # a Python float: the function runs through dynamo from now on
+    _assert_eager_error_unchained(lambda: compiled(torch.randn(5, 3), torch.randn(4, 3)))
+
+
+def test_eager_error_on_the_capture_path_is_unchained():
+    compiled = cleave.compile(_mul_sum, dynamic={"x": {0: "n"}, "y": {0: "n"}})
+    compiled(torch.randn(5, 3), torch.randn(5, 3))
+    _assert_eager_error_unchained(lambda: compiled(torch.randn(5, 3), torch.randn(4, 3)))
+
+
+# -- 8. explain ------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_explain_refuses_another_backend(backend):
+    fn = torch.compile(lambda x: torch.softmax(x, -1), backend=backend)
+    with pytest.raises(CleaveError, match=f"compiled with torch.compile's '{backend}' backend, not cleave's"):
+        cleave.explain(fn, X)
+
+
+def test_explain_takes_the_cleave_backend_however_named():
+    from cleave.runtime.backend import cleave_backend
+
+    report = cleave.explain(torch.compile(lambda x: x * 3 + 1, backend=cleave_backend), X)
+    assert len(report.operators) == 1
+
+
+def test_explain_fidelity_numbers_outputs_and_compares_integers_exactly():
+    def fn(x):
+        return x.argmax(-1), x.exp(), (x * 2).sum()
+
+    report = cleave.explain(cleave.compile(fn), torch.randn(5, 4))
+    assert [f["output"] for f in report.fidelity] == [0, 1, 2]
+    assert report.fidelity[0] == {"output": 0, "mismatches": 0, "numel": 5}
+    lines = [line for line in str(report).splitlines() if "against eager" in line]
+    assert lines[0] == "output 0 against eager fp32: 0 of 5 elements differ (exact)"
+    assert lines[1].startswith("output 1 against eager fp32: max abs diff")
+
+
+# -- 9. inside torch.compile -----------------------------------------------------------------
+def test_compiled_function_is_opaque_to_dynamo():
+    inner = cleave.compile(lambda t: t.exp() + 1)
+
+    def model(x):
+        return inner(x * 2) - 1
+
+    torch._dynamo.reset()
+    outer = torch.compile(model, backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(outer(X), model(X))
+    assert [str(w.message) for w in caught] == []
+    assert inner.stats["failed"] == 0 and inner.stats["operators"] == 1
