@@ -182,8 +182,8 @@ def test_the_hot_path_allocates_nothing_once_warm(graph, plan, monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:cleave.*graph break")
 def test_through_torch_compile(monkeypatch):
-    """The backend's hot path (Launcher.hot). The diagonal runs eagerly (aten.as_strided,
-    a graph break): the caller gets a view the backend made of a compiled output, which
+    """The backend's hot path (Launcher.hot). The diagonal is a view the backend makes on
+    the host of a compiled output: the caller gets a view of a compiled output, which
     must keep that output's memory, as must a result the caller keeps or views itself.
     Dropped results are reused, with no allocation."""
     torch._dynamo.reset()
@@ -229,7 +229,7 @@ def test_through_torch_compile(monkeypatch):
             del got
     assert allocations.count == 0 and len(addresses) == 1
     stats = ctx.stats()
-    assert stats["operators"] >= 1 and stats["graph_breaks"] == 1 and stats["failed"] == 0, stats
+    assert stats["operators"] >= 1 and stats["graph_breaks"] == 0 and stats["failed"] == 0, stats
 
 
 def test_memory_serves_only_its_lane(graph, plan):

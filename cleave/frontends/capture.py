@@ -34,10 +34,6 @@ class Captured:
     # the user outputs eager returns as views of an input or parameter (`x.t()`, `x[0]`,
     # `x` itself), named: a kernel's result would be a new tensor, not an alias
     views: list[str] = field(default_factory=list)
-    # output position -> a size the function returns (an expression over the graph's
-    # symbols, evaluated from the inputs' dims at each call): dynamo passes sizes such as
-    # 2*s27 from one region to the next across a graph break
-    sizes: dict = field(default_factory=dict)
     # graph input -> (value, source line) of a tensor constant the function makes
     # (`torch.tensor([1.0, 2.0])`, the index list of `x[:, [0, 2]]`): the IR holds no
     # tensor values, so the runner passes it as an input of its own

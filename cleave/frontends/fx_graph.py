@@ -83,10 +83,10 @@ def _translate(gm, name: str, placeholders, same: dict[str, str]) -> Captured:
         elif node.op == "call_function" and not aten_map.is_ignored(node):
             t.translate(node)
         elif node.op == "output":
-            sizes = _outputs(t, graph, node)
+            _outputs(t, graph, node)
     size_inputs = _size_inputs(graph, placeholders, t)
-    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), sizes=sizes,
-                    constants=constants, size_inputs=size_inputs)
+    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), constants=constants,
+                    size_inputs=size_inputs)
 
 
 def _size_inputs(graph: Graph, placeholders, t) -> list[str]:
@@ -114,19 +114,12 @@ def _at_least_zero(val: torch.SymInt) -> bool:
     return env is not None and env.bound_sympy(val.node.expr).lower >= 0
 
 
-def _outputs(t, graph, node) -> dict:
-    """Declare the graph's tensor outputs; return the sizes among the outputs by
-    position (Captured.sizes)."""
+def _outputs(t, graph, node) -> None:
+    """Declare the graph's outputs: tensors the kernels compute (the launcher makes the
+    views and sizes a region returns on the host, graph_breaks.plan_outputs)."""
     raw = node.args[0]
     values = [t.value(v) for v in (raw if isinstance(raw, (tuple, list)) else [raw])]
-    sizes = {}
     for k, v in enumerate(values):
-        if isinstance(v, (int, sympy.Expr)) and not isinstance(v, bool):
-            sizes[k] = v
-        elif not hasattr(v, "graph"):
+        if not hasattr(v, "graph"):
             raise UnsupportedOpError("output", source_of(node), f"output {k} is {v!r}, not a tensor")
-    tensors = [(k, v) for k, v in enumerate(values) if k not in sizes]
-    if not tensors:
-        raise UnsupportedOpError("output", source_of(node), "it returns sizes only, no tensor")
-    graph.output(*[v for _, v in tensors], names=[fresh_name(f"out{k}", graph.inputs) for k, _ in tensors])
-    return sizes
+    graph.output(*values, names=[fresh_name(f"out{k}", graph.inputs) for k in range(len(values))])

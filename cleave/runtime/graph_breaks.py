@@ -12,11 +12,11 @@ import operator
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.passes.split_module import split_module
 
 from .. import passes
 from ..ir import BindingError
-from ..ir import dims as D
 from .launch import remember
 from .context import Context
 from .operator import CompileFailure, NotReadyDuringCapture
@@ -35,17 +35,19 @@ def _compute_nodes(gm: torch.fx.GraphModule):
 STORAGE_DEPENDENT = {"as_strided"}
 
 
-def _unsupported_nodes(gm) -> list[torch.fx.Node]:
-    """Nodes cleave cannot translate, the tuple projections (getitem) of them, and
-    everything a storage-dependent op reads from."""
+def _unsupported_nodes(gm, needed: set) -> list[torch.fx.Node]:
+    """Nodes among `needed` (what the kernels compute, _kernel_made) that cleave cannot
+    translate, the tuple projections (getitem) of them, and everything a storage-dependent
+    op reads from."""
     from ..frontends import is_supported
 
+    nodes = [n for n in _compute_nodes(gm) if n in needed]
     bad: dict[torch.fx.Node, None] = {}
-    for n in _compute_nodes(gm):
+    for n in nodes:
         projects_bad = n.target is operator.getitem and n.args and n.args[0] in bad
         if projects_bad or not is_supported(n):
             bad[n] = None
-    stack = [n for n in _compute_nodes(gm) if _storage_dependent(n)]
+    stack = [n for n in nodes if _storage_dependent(n)]
     while stack:
         for up in stack.pop().all_input_nodes:
             if up.op in ("call_function", "call_method", "call_module") and up not in bad and not _fresh(up):
@@ -70,65 +72,9 @@ def _fresh(n: torch.fx.Node) -> bool:
 
 def build(gm: torch.fx.GraphModule, ctx: Context, name: str = "region"):
     """A callable running gm: one compiled region, or a split module of regions."""
-    sizes = _size_outputs(gm)
-    if sizes:
-        return _WithSizes(gm, sizes, ctx, name)
-    return _build_tensors(gm, ctx, name)
-
-
-def _output_values(gm: torch.fx.GraphModule):
-    return next(n for n in gm.graph.nodes if n.op == "output").args[0]
-
-
-def _size_outputs(gm: torch.fx.GraphModule) -> list[int]:
-    """Positions of the graph's outputs that are sizes, not tensors: under autograd
-    with dynamic shapes, AOTAutograd's forward graph returns the symbolic sizes its
-    backward needs beside the saved tensors."""
-    out = _output_values(gm)
-    if not isinstance(out, (tuple, list)):
-        return []
-    return [k for k, v in enumerate(out)
-            if not (isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), torch.Tensor))]
-
-
-def _keeping_outputs(gm: torch.fx.GraphModule, keep: list[int]) -> torch.fx.GraphModule:
-    """gm returning only the outputs at `keep` (as a tuple), what they do not need removed."""
-    graph = torch.fx.Graph()
-    env = {}
-    for n in gm.graph.nodes:
-        if n.op == "output":
-            graph.output(tuple(env[v] if isinstance(v, torch.fx.Node) else v
-                               for v in (n.args[0][k] for k in keep)))
-        else:
-            env[n] = graph.node_copy(n, lambda x: env[x])
-    graph.eliminate_dead_code()
-    return torch.fx.GraphModule(gm, graph)
-
-
-class _WithSizes:
-    """A graph whose outputs mix tensors and sizes: the tensors come from its regions,
-    the sizes from the graph's own size arithmetic on the arguments (sym_size, int ops),
-    run as plain Python; the outputs keep their order."""
-
-    def __init__(self, gm: torch.fx.GraphModule, sizes: list[int], ctx: Context, name: str):
-        self.sizes, self.tensors = sizes, [k for k in range(len(_output_values(gm))) if k not in sizes]
-        self.size_fn = _keeping_outputs(gm, sizes)
-        self.tensor_fn = _build_tensors(_keeping_outputs(gm, self.tensors), ctx, name) if self.tensors else None
-
-    def __call__(self, *args):
-        out = [None] * (len(self.sizes) + len(self.tensors))
-        for k, v in zip(self.sizes, self.size_fn(*args)):
-            out[k] = v
-        if self.tensor_fn is not None:
-            for k, v in zip(self.tensors, self.tensor_fn(*args)):
-                out[k] = v
-        return tuple(out)
-
-
-def _build_tensors(gm: torch.fx.GraphModule, ctx: Context, name: str):
     from ..frontends.errors import op_name, source_of
 
-    bad = _unsupported_nodes(gm)
+    bad = _unsupported_nodes(gm, _kernel_made(gm))
     if not bad:
         return Region(gm, ctx, name)
     from ..frontends.aten_map import unsupported_reason
@@ -168,49 +114,172 @@ class _Callable(torch.nn.Module):
         return self.fn(*args)
 
 
-def output_views(outputs: list) -> dict[int, tuple[int, list]]:
-    """Outputs that eager returns as views of another output (`z, z.t()`): position ->
-    (the other's position, the view ops from it, in order). The kernels write each
-    output anew, so these are made views again after a call, as eager's share memory:
-    a write into `z` shows in `z.t()`. Only chains whose other arguments are constants."""
-    first = {}
-    for k, node in enumerate(outputs):
-        if isinstance(node, torch.fx.Node):
-            first.setdefault(node, k)
-    found = {}
-    for k, node in enumerate(outputs):
-        chain, at = [], node
-        while isinstance(at, torch.fx.Node) and _is_view(at) and \
-                not any(isinstance(a, torch.fx.Node) for a in [*at.args[1:], *at.kwargs.values()]):
-            chain.append(at)
-            at = at.args[0]
-        if isinstance(at, torch.fx.Node) and first.get(at, k) != k and (chain or first[at] != k):
-            found[k] = (first[at], chain[::-1])
-    return found
+# Values the host computes from the call's arguments with the graph's own arithmetic
+# (sym_size, operator.mul, ...): sizes and flags, never tensors.
+SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _output_values(gm: torch.fx.GraphModule):
+    return next(n for n in gm.graph.nodes if n.op == "output").args[0]
+
+
+def _output_list(gm: torch.fx.GraphModule) -> list:
+    out = _output_values(gm)
+    return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 def _is_view(node: torch.fx.Node) -> bool:
-    """An aten op whose result aliases its first argument without writing it."""
-    target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+    """An aten op whose result aliases its first argument without writing it (a list of
+    such results, as split's, included), or one entry of such a list."""
+    if node.op != "call_function":
         return False
-    returns = target._schema.returns
-    alias = returns[0].alias_info if len(returns) == 1 else None
-    return alias is not None and not alias.is_write
+    if node.target is operator.getitem:
+        return isinstance(node.args[0], torch.fx.Node) and _is_view(node.args[0])
+    return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
+
+
+def _host_made(node: torch.fx.Node) -> bool:
+    """Whether the host makes node's value after the kernels ran, as eager makes it: a
+    view, a size, or a constant attribute. A kernel's result is a new contiguous tensor:
+    never a view, with none of eager's strides, storage offset or aliasing."""
+    return node.op == "get_attr" or _is_view(node) or isinstance(node.meta.get("val"), SCALARS)
+
+
+def plan_outputs(gm: torch.fx.GraphModule) -> tuple[list, dict]:
+    """Split gm's outputs between the kernels and the host. The kernels compute each
+    output that is a new tensor once (_kernel_writes), and every tensor the host's nodes
+    read (the base of views of an intermediate: `h.view(b, t, 3, 4), h[..., :5]` of a
+    Linear's result); the host makes the rest from the call's arguments and those
+    tensors: views with eager's strides, storage offset and aliasing, and sizes.
+    Returns the kernels' tensors, in order, and the host's nodes."""
+    outputs = [v for v in _output_list(gm) if isinstance(v, torch.fx.Node)]
+    roots = [_view_root(v) for v in outputs]
+    shared = {r for r in roots if roots.count(r) > 1}
+    kernel = dict.fromkeys(v for v, root in zip(outputs, roots) if _kernel_writes(v, root, shared))
+    host: dict[torch.fx.Node, None] = {}
+    stack = [v for v in outputs if v not in kernel]
+    while stack:
+        node = stack.pop()
+        if node in host or node in kernel or node.op == "placeholder":
+            continue
+        if _host_made(node):
+            host[node] = None
+            stack.extend(node.all_input_nodes)
+        else:
+            kernel[node] = None
+    return list(kernel), host
+
+
+def _view_root(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose value node views, through a chain of views (node itself when it
+    is no view)."""
+    while _is_view(node):
+        node = node.args[0]
+    return node
+
+
+def _kernel_writes(output: torch.fx.Node, root: torch.fx.Node, shared: set) -> bool:
+    """Whether a kernel can write this output as eager returns it: a new tensor, or a
+    view that nothing else returned aliases (its root is computed, returned by no other
+    output) and that eager lays out contiguous from offset 0 (the reshape of a bmm's
+    result into heads, which the kernels then compute in its own layout)."""
+    if output.op == "placeholder":
+        return False
+    if not _is_view(output):
+        return not _host_made(output)
+    computed = root.op != "placeholder" and not _host_made(root)
+    return computed and root not in shared and _row_major(output.meta.get("val"))
+
+
+def _kernel_made(gm: torch.fx.GraphModule) -> set:
+    """The nodes the kernels compute: all but those only the host's outputs need (an
+    as_strided that is returned is never translated)."""
+    kernel, host = plan_outputs(gm)
+    needed, stack = set(), list(kernel)
+    while stack:
+        node = stack.pop()
+        if node not in needed:
+            needed.add(node)
+            stack.extend(node.all_input_nodes)
+    return {n for n in gm.graph.nodes if n not in host or n in needed}
+
+
+def _returning(gm: torch.fx.GraphModule, nodes: list) -> torch.fx.GraphModule:
+    """gm returning `nodes` (as a tuple), what they do not need removed."""
+    graph = torch.fx.Graph()
+    env = {}
+    for n in gm.graph.nodes:
+        if n.op == "output":
+            graph.output(tuple(env[v] for v in nodes))
+        else:
+            env[n] = graph.node_copy(n, env.__getitem__)
+    graph.eliminate_dead_code()
+    return torch.fx.GraphModule(gm, graph)
+
+
+def host_outputs(gm: torch.fx.GraphModule, kernel: list, host: dict):
+    """A function of the region's arguments, then the kernels' tensors, returning the
+    region's outputs: the kernels' tensors as they are, the host's nodes made again by
+    eager ops from this call's values (fx's generated code: plain Python, no
+    interpreter). Sizes are evaluated so, from the call's arguments, never read off the
+    operator's symbols (it binds only those its tensors carry)."""
+    graph = torch.fx.Graph()
+    env = {n: graph.node_copy(n) for n in gm.graph.nodes if n.op == "placeholder"}
+    env.update({n: graph.placeholder(f"kernel_{k}") for k, n in enumerate(kernel)})
+    for n in gm.graph.nodes:
+        if n in host:
+            env[n] = graph.node_copy(n, env.__getitem__)
+    out = torch.fx.node.map_arg(_output_values(gm), env.__getitem__)
+    graph.output(tuple(out) if isinstance(out, (tuple, list)) else out)
+    return torch.fx.GraphModule(gm, graph).forward
+
+
+def _unlike_eager(kernel: list, host: dict) -> str | None:
+    """Why a host-made output would not be eager's, or None: it reads a tensor that eager
+    lays out otherwise than the kernels write it (contiguous, from offset 0; an
+    elementwise op keeps a transposed input's strides), so a view of it has other strides."""
+    from ..frontends.errors import op_name, source_of
+
+    kernel = set(kernel)
+    for node in host:
+        for base in node.all_input_nodes:
+            val = base.meta.get("val")
+            if base in kernel and not _row_major(val):
+                layout = f"strides {tuple(val.stride())}, offset {val.storage_offset()}" \
+                    if isinstance(val, torch.Tensor) else "a layout it does not record"
+                at = f" (at {source_of(node)})" if source_of(node) else ""
+                return (f"{op_name(node)}{at} reads the result of {op_name(base)}, which eager lays out with "
+                        f"{layout}, where the kernels write it contiguous from offset 0")
+    return None
+
+
+def _row_major(val) -> bool:
+    """Whether eager lays val out as a kernel writes its output, known without a guard."""
+    if not isinstance(val, torch.Tensor):
+        return False
+    strides, step = [], 1
+    for size in reversed(val.shape):
+        strides.append(step)
+        step = step * torch.sym_max(size, 1)
+    same = [a == b for a, b in zip(val.stride(), reversed(strides))]
+    return all(statically_known_true(s) for s in [*same, val.storage_offset() == 0])
 
 
 class Region:
     """A supported run of aten nodes, captured and compiled on its first call per
     static signature (the non-dynamic dims, dtypes, and the static ints it reads).
     Every symbolic dim of the graph is a dynamic axis of the operator: torch made
-    static whatever it specialised (a module's parameters among them)."""
+    static whatever it specialised (a module's parameters among them). The operator
+    computes the outputs that are new tensors; the views and sizes among them are made
+    on the host after it (plan_outputs)."""
 
     def __init__(self, gm: torch.fx.GraphModule, ctx: Context, name: str):
         self.gm, self.ctx, self.name = gm, ctx, name
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        self.tuple_output = isinstance(out, (tuple, list))
-        self.output_views = output_views(list(out) if self.tuple_output else [out])
+        self.tuple_output = isinstance(_output_values(gm), (tuple, list))
+        self.kernel, host = plan_outputs(gm)
+        self.host = None if self.kernel == _output_list(gm) else host_outputs(gm, self.kernel, host)
+        self.unlike_eager = _unlike_eager(self.kernel, host)
         self.dynamic = {p.name: _dynamic_axes(p) for p in self.placeholders}
         self.runners: dict[tuple, object] = {}
         self.seen: dict[tuple, object] = {}  # exact arguments -> runner: skips the signature
@@ -242,9 +311,16 @@ class Region:
         from ..frontends.errors import CaptureError
         from ..frontends.fx_graph import translate_graph_module
 
+        if self.unlike_eager is not None:
+            self.ctx.warn_eager(self.name, self.unlike_eager)
+            self.ctx.eager_regions += 1
+            return self.gm
+        if not self.kernel:  # views and sizes alone: eager makes them, at no cost
+            return self.gm
+        kernel_gm = self.gm if self.host is None else _returning(self.gm, self.kernel)
         try:
             with passes.recording(self.ctx.pass_seconds), passes.timed("translate"):
-                captured = translate_graph_module(self.gm, self.name)
+                captured = translate_graph_module(kernel_gm, self.name)
         except CaptureError as err:
             self.ctx.warn_unsupported(f"capture of {self.name} ({err})", self.name)
             self.ctx.eager_regions += 1
@@ -256,8 +332,8 @@ class Region:
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         op = self.ctx.operator(graph, symbols, device)  # search and schedule run lazily, on its first call
         return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, self.name,
-                        state=constant_getters(captured.constants, device), sizes=captured.sizes,
-                        views=self.output_views, size_inputs=size_carriers(captured.size_inputs, device))
+                        state=constant_getters(captured.constants, device), host=self.host,
+                        size_inputs=size_carriers(captured.size_inputs, device))
 
 
 def size_carriers(names: list[str], device) -> dict:
@@ -285,12 +361,11 @@ class Launcher:
     through the kernels (they have none), and when inputs it writes share memory."""
 
     def __init__(self, op, ctx: Context, names, tuple_output: bool, eager, where: str,
-                 state: dict | None = None, writes: dict[str, str] | None = None, sizes: dict | None = None,
-                 views: dict | None = None, size_inputs: dict | None = None):
+                 state: dict | None = None, writes: dict[str, str] | None = None, host=None,
+                 size_inputs: dict | None = None):
         self.op, self.ctx, self.names, self.tuple_output = op, ctx, list(names), tuple_output
         self.eager_fn, self.where, self.failed = eager, where, False
-        self.sizes = sizes or {}  # output position -> a size it returns (Captured.sizes)
-        self.views = views or {}  # output position -> a view of another output (output_views)
+        self.host = host  # (*args, *results) -> the outputs, views and sizes made (host_outputs)
         self.state = state or {}
         self.size_inputs = size_inputs or {}  # graph input -> its one element (size_carriers)
         self.graph_inputs = [k for k in op.graph.inputs if k not in self.state]
@@ -319,7 +394,7 @@ class Launcher:
         except BindingError as err:  # dims the graph reads as one symbol differ here (fx_graph):
             self.ctx.warn_eager(self.where, f"its inputs do not fit the compiled graph ({err})")
             return self.eager_fn(*args)  # PyTorch computes it, or says what is wrong
-        return self._finish(args, outs, inputs)
+        return self._finish(args, outs)
 
     def inputs(self, args) -> dict[str, torch.Tensor]:
         if self.by_name:
@@ -332,20 +407,12 @@ class Launcher:
             out[name] = one.expand(int(out[name]))
         return out
 
-    def _finish(self, args, outs, inputs):
+    def _finish(self, args, outs):
         for i, position in self.writebacks:
             args[position].copy_(outs[i])
         results = [outs[i] for i in self.results]
-        if self.sizes:  # sizes it returns, from this call's input dims, in their places
-            env = self.op.env_of(inputs)
-            tensors = iter(results)
-            results = [int(D.evaluate(self.sizes[k], env)) if k in self.sizes else next(tensors)
-                       for k in range(len(results) + len(self.sizes))]
-        for k, (base, chain) in self.views.items():
-            view = results[base]
-            for node in chain:
-                view = node.target(view, *node.args[1:], **node.kwargs)
-            results[k] = view
+        if self.host is not None:
+            return self.host(*args, *results)
         return tuple(results) if self.tuple_output else results[0]
 
     def _runs_eagerly(self, args, inputs) -> bool:
@@ -378,7 +445,7 @@ class Launcher:
             if ctx.log is not None or (torch.is_grad_enabled() and any(t.requires_grad for t in inputs.values())):
                 return self(*args)
             stats["calls"] += 1
-            return self._finish(args, launch(inputs), inputs)
+            return self._finish(args, launch(inputs))
 
         return launch_hot
 
