@@ -70,3 +70,19 @@ def test_a_negative_start_computed_from_a_size_counts_from_the_end(ctx):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_torch_range_guards_hold_at_every_binding_of_a_whole_capture():
+    """`x[-(n // 2):]` keeps its traced form only where torch's guard on n holds (the start
+    is negative); torch.export says so in its range constraints, which cleave.compile
+    ignored: at n = 1 it returned nothing where eager returns x. A binding outside them
+    now runs eagerly, with a warning saying which guard."""
+    def tail_half(x):
+        return x[-(x.shape[0] // 2):] + 1
+
+    f = cleave.compile(tail_half, dynamic="all")
+    for n in (6, 1, 9):
+        x = torch.arange(float(n))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="cleave: tail_half runs eagerly")
+            torch.testing.assert_close(f(x), tail_half(x))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ir import Graph, rebuild
+from ..ir import dims as D
 from ..ir.graph import fresh_name
 from . import aten_map
 from .errors import CaptureError, UnsupportedOpError, source_of
@@ -290,6 +291,7 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Captured:
             state[input_name] = key
         shape = tuple(t.size(d) for d in val.shape)
         t.set(node, graph.input(input_name, shape, ir_dtype(val.dtype, f"input {input_name!r}")))
+    _guarded_ranges(ep, symbols, graph)
     writes, views = {}, []
     for node in ep.graph.nodes:
         if node.op == "call_function" and not aten_map.is_ignored(node):
@@ -299,6 +301,32 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Captured:
             views = _view_outputs(node, ep.graph_signature, graph.output_names)
     return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes, views,
                     constants=constants)
+
+
+def _guarded_ranges(ep, symbols, graph) -> None:
+    """The ranges torch guarded a dynamic dim to, as constraints every binding is checked
+    against (`x[-(n // 2):]` holds its traced form for n >= 2 only; at n = 1 it returned
+    nothing). A lower bound of 2 is export's own default, not a guard: the capture traces
+    dims of 0 and 1 at 2, and cleave serves them."""
+    from ..ir import Constraint
+
+    for sym, bounds in ep.range_constraints.items():
+        ours = symbols.subs.get(sym)
+        if ours is None:
+            continue
+        lower, upper = _finite_int(bounds.lower), _finite_int(bounds.upper)
+        if lower is not None and lower > 2:
+            graph._constrain(Constraint("le", D.dim(lower), ours, "torch's guard on its range"))
+        if upper is not None:
+            graph._constrain(Constraint("le", ours, D.dim(upper), "torch's guard on its range"))
+
+
+def _finite_int(bound) -> int | None:
+    """A range bound as an int; None for torch's infinities (int_oo)."""
+    try:
+        return int(bound)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
 
 
 def _view_outputs(node, signature, names) -> list[str]:

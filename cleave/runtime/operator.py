@@ -138,6 +138,7 @@ class CompiledOperator:
         if hit is not None:
             return hit
         env = self._env(dict(shapes))
+        self.graph.check(env)  # once per shape: the captured graph's facts (torch's range guards) hold here
         static = {k: v for k, v in sorted(env.items()) if k not in self.dynamic}
         try:
             spec = self._spec(static, env)
