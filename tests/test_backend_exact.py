@@ -346,3 +346,19 @@ def test_values_computed_in_float64_run_eagerly_with_a_warning():
         got = torch.compile(upcast, backend="cleave")(x)
     for g, w in zip(got, upcast(x)):
         assert torch.equal(g, w)
+
+
+def test_same_expression_of_two_symbols_compiles_once_they_are_one(ctx):
+    """`x[::2] = y[::2] + 1` after a second shape: dynamo gives x and y symbols of their
+    own, and the copy's broadcast met floor(s/2 + 1/2) against floor(t/2 + 1/2): the
+    region ran eagerly. Such a pair is read as one symbol, as s + 1 against t + 1 was."""
+    def every_other(x, y):
+        x[::2] = y[::2] + 1
+        return x
+
+    f = torch.compile(every_other, backend="cleave")
+    for shape in ((7, 13), (5, 9)):
+        x, y = (torch.randn(*shape, generator=torch.Generator().manual_seed(k)) for k in range(2))
+        assert torch.equal(f(x.clone(), y), every_other(x.clone(), y))
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

@@ -192,8 +192,9 @@ def _infer_broadcast(x, *, shape):
     pad = len(target) - len(x.shape)
     for i, d in enumerate(x.shape):
         if not (D.is_one(d) or D.equal(d, target[pad + i])):
-            _fail("broadcast", f"operand 0 has shape {D.fmt_shape(x.shape)}, target {D.fmt_shape(target)}: "
-                               f"dim {i} is {D.fmt(d)} vs {D.fmt(target[pad + i])}")
+            raise DimMismatch(f"broadcast: operand 0 has shape {D.fmt_shape(x.shape)}, target "
+                              f"{D.fmt_shape(target)}: dim {i} is {D.fmt(d)} vs {D.fmt(target[pad + i])}",
+                              (d, target[pad + i]))
     return Result(target, x.dtype)
 
 
