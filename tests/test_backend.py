@@ -158,6 +158,24 @@ def test_a_length_passed_as_an_int_compiles(ctx):
     assert st["operators"] == 1 and st["compiles"] <= 2, st
 
 
+def _offset_and_scaled(x, pos, scale):
+    return torch.sin(x + pos) * scale
+
+
+def test_an_int_that_may_be_negative_compiles(ctx):
+    """An int argument that changes between calls becomes symbolic (automatic dynamic
+    shapes) without torch knowing its sign, so no length can carry it: the operator had
+    no value for its symbol and ran eagerly from the second value on. It is read as the
+    difference of two carried lengths, and one compile serves every value."""
+    f = torch.compile(_offset_and_scaled, backend="cleave")
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    for pos, scale in ((0, 1), (3, -2), (-4, 5), (7, 0), (-1, -7)):
+        assert torch.allclose(f(x, pos, scale), _offset_and_scaled(x, pos, scale), atol=1e-6)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+    assert st["operators"] == 2 and st["compiles"] <= 3, st  # the ints static at the first call, then symbolic
+
+
 def _heads(x, h):
     b, s, d = x.shape
     return x.view(b, s, h, d // h).transpose(1, 2).softmax(-1), x.view(h, -1).sum(0)

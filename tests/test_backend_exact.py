@@ -362,3 +362,20 @@ def test_same_expression_of_two_symbols_compiles_once_they_are_one(ctx):
         assert torch.equal(f(x.clone(), y), every_other(x.clone(), y))
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_halves_of_a_dynamic_width_compile(ctx):
+    """GLU's `a, b = x.chunk(2, -1)` over a dynamic width s: the halves are ceil(s/2)
+    and s - ceil(s/2), which `a * sigmoid(b)` needs equal, and the region ran eagerly.
+    s is read as 2t (dynamo guards the width even), and one compile serves every t."""
+    def glu(x):
+        a, b = x.chunk(2, dim=-1)
+        return a * torch.sigmoid(b)
+
+    f = torch.compile(glu, backend="cleave", dynamic=True)
+    for half in (3, 5, 8):
+        x = torch.randn(4, 2 * half, generator=torch.Generator().manual_seed(half))
+        assert torch.allclose(f(x), glu(x), atol=1e-6)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+    assert st["operators"] == 1, st

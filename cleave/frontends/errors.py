@@ -24,6 +24,16 @@ class UnequalSymbols(CaptureError):
         self.symbols = symbols
 
 
+class UnequalResidue(CaptureError):
+    """An op needs two dims of one symbol equal that are equal only where the symbol is
+    c·t + r (`.symbol`, `.divisor`, `.residue`): x.chunk(2) over a dynamic width gives
+    halves ceil(s/2) and s - ceil(s/2), which multiplying needs equal (s even)."""
+
+    def __init__(self, message: str, symbol: str, divisor: int, residue: int):
+        super().__init__(message)
+        self.symbol, self.divisor, self.residue = symbol, divisor, residue
+
+
 class UnsupportedOpError(CaptureError):
     """An aten op (or an argument of it) has no IR mapping. `.op` names the aten op and
     `.source` the user's file:line (None when torch recorded no stack trace); the

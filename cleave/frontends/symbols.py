@@ -30,15 +30,24 @@ class SymbolMap:
     """torch symbol -> IR symbol; `to_dim` converts a size, `to_scalar` a SymFloat."""
 
     def __init__(self):
-        self.subs: dict[sympy.Symbol, sympy.Symbol] = {}
+        self.subs: dict[sympy.Symbol, sympy.Expr] = {}
 
     def name(self, torch_expr, our_name: str) -> None:
         """Record that a bare torch symbol is the user's `our_name`."""
         if isinstance(torch_expr, sympy.Symbol) and torch_expr not in self.subs:
             self.subs[torch_expr] = D.symbol(our_name)
 
+    def residue(self, torch_expr: sympy.Symbol, our_name: str, divisor: int, residue: int) -> None:
+        """Record a torch symbol read as divisor·t + residue, t the user's `our_name`."""
+        self.subs[torch_expr] = divisor * D.symbol(our_name) + residue
+
+    def signed(self, torch_expr: sympy.Symbol, pos: str, neg: str) -> None:
+        """Record a torch symbol that may be negative (an int argument) as pos - neg: the
+        IR's symbols are positive (dims), so it is read as the difference of two."""
+        self.subs[torch_expr] = D.symbol(pos) - D.symbol(neg)
+
     def names(self) -> set[str]:
-        return {s.name for s in self.subs.values()}
+        return {s.name for v in self.subs.values() for s in v.free_symbols}
 
     def to_expr(self, value) -> sympy.Expr:
         """An int, float, SymInt or SymFloat as a sympy expression over our symbols."""
@@ -57,7 +66,8 @@ class SymbolMap:
         expr = _rewrite(expr).xreplace(self.subs).replace(
             lambda e: isinstance(e, sympy.Max) and len(e.args) == 2 and 0 in e.args,
             lambda e: next(a for a in e.args if a != 0))
-        unknown = [s for s in expr.free_symbols if s not in self.subs.values()]
+        ours = {s for v in self.subs.values() for s in v.free_symbols}
+        unknown = [s for s in expr.free_symbols if s not in ours]
         if unknown:
             raise ValueError(f"size {expr} depends on {', '.join(map(str, unknown))}, "
                              f"which no input dimension defines (a data-dependent size)")

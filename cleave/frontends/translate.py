@@ -18,7 +18,7 @@ from ..ir import DimMismatch, Graph, Node, ShapeError
 from ..ir import dims as D
 from ..ir.dtypes import DType
 from . import aten_map
-from .errors import CaptureError, UnequalSymbols, UnsupportedOpError, op_name, source_of
+from .errors import CaptureError, UnequalResidue, UnequalSymbols, UnsupportedOpError, op_name, source_of
 from .symbols import SymbolMap
 
 
@@ -65,6 +65,9 @@ class Translator:
                 pair = _equal_symbols(err.dims) if isinstance(err, DimMismatch) else None
                 if pair:
                     raise UnequalSymbols(message, pair) from None
+                residue = _equal_at_residue(err.dims) if isinstance(err, DimMismatch) else None
+                if residue:
+                    raise UnequalResidue(message, *residue) from None
                 raise CaptureError(message) from None
             except (CaptureError, UnsupportedOpError):
                 raise
@@ -181,3 +184,23 @@ def _equal_symbols(dims) -> tuple[str, str] | None:
     # the same expression of each (x[::2] beside y[::2]: floor(s/2 + 1/2) and floor(t/2 +
     # 1/2)): equal where s = t, which the caller then requires (else eager), never wrong
     return (s.name, t.name) if D.equal(dims[0].subs(t, s), dims[1].subs(t, s)) else None
+
+
+def _equal_at_residue(dims) -> tuple[str, int, int] | None:
+    """(s, c, r) when dims of one symbol s that an op needs equal are equal exactly where
+    s = c·t + r (the halves of x.chunk(2) over a width s: ceil(s/2) and s - ceil(s/2),
+    equal for even s), c a divisor the dims' floors and ceilings take; else None."""
+    diff = sympy.expand(dims[0] - dims[1])
+    if len(diff.free_symbols) != 1:
+        return None
+    (s,) = diff.free_symbols
+    divisors = sorted({int(q) for e in diff.atoms(sympy.floor, sympy.ceiling, sympy.Mod)
+                       for q in (sympy.fraction(c)[1] for c in e.atoms(sympy.Rational)) if 1 < q <= 64}
+                      | {int(e.args[1]) for e in diff.atoms(sympy.Mod) if e.args[1].is_Integer and 1 < e.args[1] <= 64})
+    t = D.symbol(s.name + "_t")
+    for c in divisors:
+        for r in range(c):
+            if D.equal(dims[0].subs(s, c * t + r), dims[1].subs(s, c * t + r)):
+                return s.name, c, r
+    return None
+

@@ -336,10 +336,17 @@ class Region:
                         size_inputs=size_carriers(captured.size_inputs, device))
 
 
-def size_carriers(names: list[str], device) -> dict:
-    """graph input -> one element on the device, expanded (a view, no allocation) to an
-    int argument's length at each call (Captured.size_inputs)."""
-    return {name: torch.empty(1, dtype=torch.bool, device=device) for name in names}
+def size_carriers(size_inputs: list[tuple[str, str, str]], device) -> dict:
+    """graph input -> (the int argument it carries, its kind, one element on the
+    device), expanded (a view, no allocation) at each call to a length the int gives
+    (Captured.size_inputs): n itself ("len"), or for an int that may be negative, read
+    as p - q, max(n, 0) + 1 ("pos") and max(-n, 0) + 1 ("neg")."""
+    return {name: (arg, kind, torch.empty(1, dtype=torch.bool, device=device))
+            for name, arg, kind in size_inputs}
+
+
+def _carried_length(n: int, kind: str) -> int:
+    return n if kind == "len" else max(n if kind == "pos" else -n, 0) + 1
 
 
 def constant_getters(constants: dict, device) -> dict:
@@ -367,10 +374,12 @@ class Launcher:
         self.eager_fn, self.where, self.failed = eager, where, False
         self.host = host  # (*args, *results) -> the outputs, views and sizes made (host_outputs)
         self.state = state or {}
-        self.size_inputs = size_inputs or {}  # graph input -> its one element (size_carriers)
-        self.graph_inputs = [k for k in op.graph.inputs if k not in self.state]
-        self.by_name = set(self.graph_inputs) <= set(self.names)
+        self.size_inputs = size_inputs or {}  # graph input -> (int argument, kind, one element): size_carriers
+        self.graph_inputs = [k for k in op.graph.inputs if k not in self.state and k not in self.size_inputs]
+        self.by_name = set(self.graph_inputs) | {arg for arg, _, _ in self.size_inputs.values()} <= set(self.names)
         self.positions = [self.names.index(k) for k in self.graph_inputs] if self.by_name else None
+        self.size_positions = {name: self.names.index(arg) for name, (arg, _, _) in self.size_inputs.items()} \
+            if self.by_name else {}
         writes = writes or {}
         outputs = op.graph.output_names
         self.results = [i for i, name in enumerate(outputs) if name not in writes]
@@ -403,8 +412,8 @@ class Launcher:
             out = dict(zip(self.graph_inputs, [a for a in args if isinstance(a, torch.Tensor)]))
         for name, get in self.state.items():
             out[name] = get()
-        for name, one in self.size_inputs.items():
-            out[name] = one.expand(int(out[name]))
+        for name, (_, kind, one) in self.size_inputs.items():
+            out[name] = one.expand(_carried_length(int(args[self.size_positions[name]]), kind))
         return out
 
     def _finish(self, args, outs):

@@ -47,10 +47,10 @@ def small_binding(naive: Graph, cand: Graph, shapes: dict | None = None) -> dict
             naive.check(env)
             cand.check(env)
             return env
-        except (BindingError, KeyError):
-            continue
-    raise NoSmallBinding(f"no small binding satisfies the constraints of {cand.name}:\n"
-                         + "\n".join(str(c) for c in naive.constraints + cand.constraints))
+        except (BindingError, KeyError) as err:
+            last = f"at {env}: {err}"
+    raise NoSmallBinding(f"no small binding satisfies the constraints of {cand.name} ({last})"
+                         + "".join("\n" + str(c) for c in naive.constraints + cand.constraints))
 
 
 def _meet_divisions(constraints, env: dict, free: set) -> None:
