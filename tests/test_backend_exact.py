@@ -379,3 +379,34 @@ def test_halves_of_a_dynamic_width_compile(ctx):
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
     assert st["operators"] == 1, st
+
+
+def test_views_into_blocks_of_a_dynamic_size_compile(ctx):
+    """Patch merging, `x.reshape(B, T // 4, 4 * C) @ w`, and Swin's window partition and
+    reverse under dynamic shapes: torch guards T (and H, W) a multiple of the block, which
+    the IR kept as constraints (a MatMul met 4·C as C·floor(T/floor(T/4)) and ran
+    eagerly; the windows' candidate check found no small binding, bumped to sizes of
+    10^5, and skipped the check). Such a size is read as a multiple of its block."""
+    w = torch.randn(12, 5, generator=torch.Generator().manual_seed(0))
+
+    def merge(x):
+        b, t, c = x.shape
+        return x.reshape(b, t // 4, 4 * c) @ w
+
+    def windows(x, ws=4):
+        b, h, wd, c = x.shape
+        p = x.view(b, h // ws, ws, wd // ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, ws * ws, c)
+        a = (p @ p.transpose(1, 2)).softmax(-1) @ p
+        a = a.view(b, h // ws, wd // ws, ws, ws, c).permute(0, 1, 3, 2, 4, 5)
+        return a.reshape(b, h, wd, c)
+
+    f = torch.compile(merge, backend="cleave", dynamic=True)
+    for t in (8, 20):
+        x = torch.randn(2, t, 3, generator=torch.Generator().manual_seed(t))
+        assert torch.allclose(f(x), merge(x), atol=1e-5)
+    g = torch.compile(windows, backend="cleave")
+    for s in (4, 8):
+        x = torch.randn(2, s, s + 4, 3, generator=torch.Generator().manual_seed(s))
+        assert torch.allclose(g(x), windows(x), atol=1e-5)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

@@ -14,24 +14,15 @@ class CaptureError(CleaveError):
     """torch could not trace the function, or its example inputs do not fit `dynamic`."""
 
 
-class UnequalSymbols(CaptureError):
-    """An op needs two dims equal that torch traced as two symbols (`.symbols`, the IR's
-    names): dynamo's automatic dynamic shapes give q, k and v of one length a symbol
-    each, which an attention's k @ v contraction needs to be one."""
+class Unify(CaptureError):
+    """An op needs two dims equal that the IR reads as different expressions: read the
+    IR symbol `.symbol` as `.expr` and translate again (cleave.frontends.unify). SDPA's
+    k and v lengths under automatic dynamic shapes are a symbol each; the halves of
+    `x.chunk(2)` over a dynamic width s are ceil(s/2) and s - ceil(s/2)."""
 
-    def __init__(self, message: str, symbols: tuple[str, str]):
+    def __init__(self, message: str, symbol: str, expr):
         super().__init__(message)
-        self.symbols = symbols
-
-
-class UnequalResidue(CaptureError):
-    """An op needs two dims of one symbol equal that are equal only where the symbol is
-    c·t + r (`.symbol`, `.divisor`, `.residue`): x.chunk(2) over a dynamic width gives
-    halves ceil(s/2) and s - ceil(s/2), which multiplying needs equal (s even)."""
-
-    def __init__(self, message: str, symbol: str, divisor: int, residue: int):
-        super().__init__(message)
-        self.symbol, self.divisor, self.residue = symbol, divisor, residue
+        self.symbol, self.expr = symbol, expr
 
 
 class UnsupportedOpError(CaptureError):

@@ -23,7 +23,7 @@ from ..ir import dims as D
 from ..ir.graph import fresh_name
 from . import aten_map
 from .capture import Captured, constant_node
-from .errors import UnequalResidue, UnequalSymbols, UnsupportedOpError, source_of
+from .errors import Unify, UnsupportedOpError, source_of
 from .masks import simplify_masks
 from .layout_sink import sink_layouts
 from .regroup import regroup_repeated_operands
@@ -35,41 +35,45 @@ def translate_graph_module(gm: torch.fx.GraphModule, name: str) -> Captured:
     """The IR graph of gm. Raises UnsupportedOpError naming the first node cleave
     cannot express (the caller cuts the graph there).
 
-    Dims torch traced as two symbols that an op needs equal (a MatMul's contracted
-    dims, broadcast dims; torch's own meta functions do not always guard them: SDPA's
-    k and v lengths under automatic dynamic shapes) become one symbol, and the graph
-    is translated again. The operator's binding checks every input dim against its
-    symbol, so inputs where they differ run eagerly (graph_breaks.Launcher). Only
-    symbols some tensor input's dim binds are merged: a size passed as a number is
-    checked by nothing. Likewise dims of one symbol s that are equal only where s is
-    c·t + r (the halves of `x.chunk(2)` over a dynamic width) read s as c·t + r: the
-    binding solves t, and an input where it has no solution runs eagerly."""
+    Dims an op needs equal that the IR reads as different expressions (SDPA's k and v
+    lengths under automatic dynamic shapes, a symbol each; the halves of `x.chunk(2)`
+    over a dynamic width; a view into blocks of T // 4) make one symbol read as an
+    expression of others (cleave.frontends.unify), and the graph is translated again.
+    The operator's binding checks every input dim against its reading, so inputs where
+    it does not hold run eagerly (graph_breaks.Launcher). Only symbols some tensor
+    input's dim binds are read so: a size passed as a number is checked by nothing."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     bound = {str(d.node.expr) for n in placeholders if isinstance(n.meta.get("val"), torch.Tensor)
              for d in n.meta["val"].shape if isinstance(d, torch.SymInt) and isinstance(d.node.expr, sympy.Symbol)}
-    same: dict[str, str] = {}  # a symbol's name -> the one it is read as
-    residues: dict[str, tuple[int, int]] = {}  # a symbol's name -> (c, r): read as c·t + r
+    reads: dict[str, sympy.Expr] = {}  # an IR symbol's name -> the expression it is read as
     while True:
         try:
-            return _translate(gm, name, placeholders, same, residues)
-        except UnequalSymbols as err:
-            a, b = (_root(same, s) for s in err.symbols)
-            if a == b or not {a, b} <= bound or {a, b} & set(residues):
-                raise
-            same[max(a, b)] = min(a, b)
-        except UnequalResidue as err:
-            if err.symbol not in bound or err.symbol in residues:
-                raise
-            residues[err.symbol] = (err.divisor, err.residue)
+            return _translate(gm, name, placeholders, reads)
+        except Unify as err:
+            if err.symbol in reads or not (err.symbol in bound or any(D.symbol(err.symbol) in e.free_symbols
+                                                                      for e in reads.values())):
+                raise  # a symbol only a number carries: nothing would check the reading
+            reads[err.symbol] = err.expr
 
 
-def _root(same: dict[str, str], s: str) -> str:
-    while s in same:
-        s = same[s]
-    return s
+def _resolved(reads: dict[str, sympy.Expr], name: str) -> sympy.Expr:
+    """The expression an IR symbol is read as, through every reading recorded."""
+    expr = D.symbol(name)
+    table = {D.symbol(k): v for k, v in reads.items()}
+    for _ in range(len(reads) + 1):
+        expr, before = sympy.expand(expr.xreplace(table)), expr
+        if expr == before:
+            break
+    return expr
 
 
-def _translate(gm, name: str, placeholders, same: dict[str, str], residues: dict) -> Captured:
+def _hint(d: torch.SymInt) -> int | None:
+    """The size torch traced a symbolic int at."""
+    value = getattr(d.node, "hint", None)
+    return int(value) if value is not None else None
+
+
+def _translate(gm, name: str, placeholders, reads: dict) -> Captured:
     symbols = SymbolMap()
     carried = {d.node.expr for n in placeholders if isinstance(n.meta.get("val"), torch.Tensor)
                for d in n.meta["val"].shape if isinstance(d, torch.SymInt)}
@@ -81,16 +85,12 @@ def _translate(gm, name: str, placeholders, same: dict[str, str], residues: dict
             names = set(signed.values()) | {p.name for p in placeholders}
             pos = fresh_name(f"{node.name}_pos", names)
             signed[node.name] = (pos, fresh_name(f"{node.name}_neg", names | {pos}))
-            symbols.signed(val.node.expr, *signed[node.name])
+            symbols.signed(val.node.expr, *signed[node.name], hint=_hint(val))
             continue
         for d in (val.shape if isinstance(val, torch.Tensor) else [val]):
-            if isinstance(d, torch.SymInt) and isinstance(d.node.expr, sympy.Symbol):
-                root = _root(same, str(d.node.expr))
-                if root in residues:
-                    c, r = residues[root]
-                    symbols.residue(d.node.expr, f"{root}_by{c}", c, r)
-                else:
-                    symbols.name(d.node.expr, root)
+            if isinstance(d, torch.SymInt) and isinstance(d.node.expr, sympy.Symbol) \
+                    and d.node.expr not in symbols.subs:
+                symbols.read_as(d.node.expr, _resolved(reads, str(d.node.expr)), _hint(d))
     graph = Graph(name)
     t = Translator(graph, symbols)
     constants: dict = {}

@@ -31,20 +31,30 @@ class SymbolMap:
 
     def __init__(self):
         self.subs: dict[sympy.Symbol, sympy.Expr] = {}
+        self.hints: dict[sympy.Symbol, int] = {}  # IR symbol -> its size where torch traced
 
-    def name(self, torch_expr, our_name: str) -> None:
+    def name(self, torch_expr, our_name: str, hint: int | None = None) -> None:
         """Record that a bare torch symbol is the user's `our_name`."""
         if isinstance(torch_expr, sympy.Symbol) and torch_expr not in self.subs:
-            self.subs[torch_expr] = D.symbol(our_name)
+            self.read_as(torch_expr, D.symbol(our_name), hint)
 
-    def residue(self, torch_expr: sympy.Symbol, our_name: str, divisor: int, residue: int) -> None:
-        """Record a torch symbol read as divisor·t + residue, t the user's `our_name`."""
-        self.subs[torch_expr] = divisor * D.symbol(our_name) + residue
+    def read_as(self, torch_expr: sympy.Symbol, expr: sympy.Expr, hint: int | None = None) -> None:
+        """Record a torch symbol as an expression of IR symbols (cleave.frontends.unify),
+        solving the traced size of an IR symbol it alone holds."""
+        self.subs[torch_expr] = expr
+        unknown = [s for s in expr.free_symbols if s not in self.hints]
+        if hint is not None and len(unknown) == 1:
+            (s,) = unknown
+            value = sympy.solve(sympy.Eq(expr.subs(self.hints), hint), s)
+            if len(value) == 1 and value[0].is_integer:
+                self.hints[s] = int(value[0])
 
-    def signed(self, torch_expr: sympy.Symbol, pos: str, neg: str) -> None:
+    def signed(self, torch_expr: sympy.Symbol, pos: str, neg: str, hint: int | None = None) -> None:
         """Record a torch symbol that may be negative (an int argument) as pos - neg: the
         IR's symbols are positive (dims), so it is read as the difference of two."""
         self.subs[torch_expr] = D.symbol(pos) - D.symbol(neg)
+        if hint is not None:
+            self.hints[D.symbol(pos)], self.hints[D.symbol(neg)] = max(hint, 0) + 1, max(-hint, 0) + 1
 
     def names(self) -> set[str]:
         return {s.name for v in self.subs.values() for s in v.free_symbols}

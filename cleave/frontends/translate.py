@@ -18,8 +18,9 @@ from ..ir import DimMismatch, Graph, Node, ShapeError
 from ..ir import dims as D
 from ..ir.dtypes import DType
 from . import aten_map
-from .errors import CaptureError, UnequalResidue, UnequalSymbols, UnsupportedOpError, op_name, source_of
+from .errors import CaptureError, Unify, UnsupportedOpError, op_name, source_of
 from .symbols import SymbolMap
+from .unify import unification
 
 
 
@@ -58,16 +59,15 @@ class Translator:
             reason = rule.unsupported(aten_map.meta_args(fx_node), fx_node)
             if reason:
                 raise UnsupportedOpError(self.op, self.loc, reason)
+            known = len(self.graph.constraints)
             try:
                 value = self._conform(rule.fn(self, fx_node, args), val)
+                self._unify_reshapes(self.graph.constraints[known:])
             except ShapeError as err:  # the rule built something the IR rejects: say which op, where
                 message = f"{self.op}: {err}" + (f" (at {self.loc})" if self.loc else "")
-                pair = _equal_symbols(err.dims) if isinstance(err, DimMismatch) else None
-                if pair:
-                    raise UnequalSymbols(message, pair) from None
-                residue = _equal_at_residue(err.dims) if isinstance(err, DimMismatch) else None
-                if residue:
-                    raise UnequalResidue(message, *residue) from None
+                read = unification(err.dims, self.symbols.hints) if isinstance(err, DimMismatch) else None
+                if read:
+                    raise Unify(message, *read) from None
                 raise CaptureError(message) from None
             except (CaptureError, UnsupportedOpError):
                 raise
@@ -78,6 +78,16 @@ class Translator:
                     from None
         self.values[fx_node] = value
         return value
+
+    def _unify_reshapes(self, constraints) -> None:
+        """A view torch traced at a size its split divides (`x.view(b, T // 4, 4, c)`)
+        holds for such sizes only, as torch guards: read the size as a multiple rather
+        than keep the division as a constraint, which no small binding of the candidate
+        check met at every split (the window splits of a Swin block)."""
+        for c in constraints:
+            read = unification((c.lhs, c.rhs), self.symbols.hints) if c.kind == "eq" else None
+            if read:
+                raise Unify(f"{self.op}: {c.lhs} = {c.rhs}" + (f" (at {self.loc})" if self.loc else ""), *read)
 
     def bind(self, fx_node) -> dict:
         return aten_map.bind_args(fx_node, self.value)
@@ -169,38 +179,3 @@ class Translator:
 
     def out_dtype(self, fx_node):
         return ir_dtype(fx_node.meta["val"].dtype, self.op, self.loc)
-
-
-def _equal_symbols(dims) -> tuple[str, str] | None:
-    """The two symbols that dims an op needs equal are equal exactly when (s and t, s + 1
-    and t + 1, 2s and 2t: a difference c·(s - t)), else None."""
-    diff = sympy.expand(dims[0] - dims[1])
-    if len(diff.free_symbols) != 2:
-        return None
-    s, t = sorted(diff.free_symbols, key=lambda x: x.name)
-    ratio = sympy.simplify(diff / (s - t))
-    if ratio.is_number and ratio != 0:
-        return s.name, t.name
-    # the same expression of each (x[::2] beside y[::2]: floor(s/2 + 1/2) and floor(t/2 +
-    # 1/2)): equal where s = t, which the caller then requires (else eager), never wrong
-    return (s.name, t.name) if D.equal(dims[0].subs(t, s), dims[1].subs(t, s)) else None
-
-
-def _equal_at_residue(dims) -> tuple[str, int, int] | None:
-    """(s, c, r) when dims of one symbol s that an op needs equal are equal exactly where
-    s = c·t + r (the halves of x.chunk(2) over a width s: ceil(s/2) and s - ceil(s/2),
-    equal for even s), c a divisor the dims' floors and ceilings take; else None."""
-    diff = sympy.expand(dims[0] - dims[1])
-    if len(diff.free_symbols) != 1:
-        return None
-    (s,) = diff.free_symbols
-    divisors = sorted({int(q) for e in diff.atoms(sympy.floor, sympy.ceiling, sympy.Mod)
-                       for q in (sympy.fraction(c)[1] for c in e.atoms(sympy.Rational)) if 1 < q <= 64}
-                      | {int(e.args[1]) for e in diff.atoms(sympy.Mod) if e.args[1].is_Integer and 1 < e.args[1] <= 64})
-    t = D.symbol(s.name + "_t")
-    for c in divisors:
-        for r in range(c):
-            if D.equal(dims[0].subs(s, c * t + r), dims[1].subs(s, c * t + r)):
-                return s.name, c, r
-    return None
-

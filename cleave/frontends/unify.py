@@ -1,0 +1,97 @@
+"""Dims an op needs equal that the IR reads as different expressions: which symbol to
+read as what so that they become equal.
+
+Torch guards such equalities when it traces (a MatMul's contracted dims, broadcast
+dims, a view's element count) and proves them with its own facts, which the IR's
+expressions do not carry. The translator asks `unification` for one symbol to read
+as an expression of others, translates again, and repeats. Every choice agrees with
+the sizes torch traced (`hints`); the operator's binding checks each input dim
+against it, so inputs where it does not hold run eagerly, never wrongly.
+"""
+from __future__ import annotations
+
+import sympy
+
+from ..ir import dims as D
+
+MAX_DIVISOR = 64
+
+
+def unification(dims, hints: dict) -> tuple[str, sympy.Expr] | None:
+    """(symbol name, expression) making dims[0] and dims[1] equal, tried in order:
+
+    - two symbols equal exactly when they are one (s and t, s + 1 and t + 1, 2s and 2t,
+      the same expression of each): the later name is read as the earlier;
+    - a linear relation with a symbol of unit coefficient (4·s beside t: t is read as
+      4·s; a symbol beside a number: read as that number);
+    - a symbol under a floor, ceiling or modulo by c (x.chunk(2) over a width s gives
+      ceil(s/2) and s - ceil(s/2); a view into T // 4 rows): read as c·t + r, r the
+      traced size's residue, so that the floors resolve.
+    None when nothing agrees with the traced sizes."""
+    diff = sympy.expand(dims[0] - dims[1])
+    if not diff.free_symbols:
+        return None
+    return _one_symbol(dims, diff) or _linear(diff, hints) or _residue(dims, hints)
+
+
+def _one_symbol(dims, diff) -> tuple[str, sympy.Expr] | None:
+    if len(diff.free_symbols) != 2:
+        return None
+    s, t = sorted(diff.free_symbols, key=lambda x: x.name)
+    ratio = sympy.simplify(diff / (s - t))
+    if (ratio.is_number and ratio != 0) or D.equal(dims[0].subs(t, s), dims[1].subs(t, s)):
+        return t.name, s
+    return None
+
+
+def _linear(diff, hints: dict) -> tuple[str, sympy.Expr] | None:
+    syms = sorted(diff.free_symbols, key=lambda x: x.name)
+    try:
+        poly = sympy.Poly(diff, *syms)
+    except sympy.PolynomialError:  # floors, products of symbols: not linear
+        return None
+    if poly.total_degree() != 1 or not all(c.is_integer for c in poly.coeffs()):
+        return None
+    for s in reversed(syms):  # the later name first, as pairs of symbols are merged
+        coeff = diff.coeff(s)
+        if abs(coeff) != 1:
+            continue
+        expr = sympy.expand(-(diff - coeff * s) / coeff)
+        if _agrees(s, expr, hints) and (expr.free_symbols or expr >= 1):
+            return s.name, expr
+    return None
+
+
+def _residue(dims, hints: dict) -> tuple[str, sympy.Expr] | None:
+    both = dims[0] - dims[1]
+    for s in sorted(both.free_symbols, key=lambda x: x.name):
+        if s not in hints:
+            continue
+        for c in _divisors(both, s):
+            r = hints[s] % c
+            if hints[s] < c + r:  # t would be 0: the traced size is the residue alone
+                continue
+            expr = c * D.symbol(f"{s.name}_by{c}") + r
+            if dims[0].subs(s, expr) != dims[0] or dims[1].subs(s, expr) != dims[1]:
+                return s.name, expr
+    return None
+
+
+def _divisors(expr, s) -> list[int]:
+    """The integers s is divided by under a floor, ceiling or modulo in expr."""
+    out = set()
+    for e in expr.atoms(sympy.floor, sympy.ceiling, sympy.Mod):
+        if s not in e.free_symbols:
+            continue
+        if isinstance(e, sympy.Mod) and e.args[1].is_Integer:
+            out.add(int(e.args[1]))
+        for q in e.atoms(sympy.Rational):
+            out.add(int(sympy.fraction(q)[1]))
+    return sorted(c for c in out if 1 < c <= MAX_DIVISOR)
+
+
+def _agrees(s, expr, hints: dict) -> bool:
+    """expr takes s's traced size wherever the sizes of its symbols are known."""
+    if s not in hints or not expr.free_symbols <= set(hints):
+        return False
+    return expr.subs(hints) == hints[s]
