@@ -84,6 +84,8 @@ class Translator:
         holds for such sizes only, as torch guards: read the size as a multiple rather
         than keep the division as a constraint, which no small binding of the candidate
         check met at every split (the window splits of a Swin block)."""
+        if not self.symbols.hints:  # no traced sizes to choose against (cleave.capture's export)
+            return
         for c in constraints:
             read = unification((c.lhs, c.rhs), self.symbols.hints) if c.kind == "eq" else None
             if read:
