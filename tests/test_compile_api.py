@@ -229,3 +229,118 @@ def test_compiled_function_is_opaque_to_dynamo():
         torch.testing.assert_close(outer(X), model(X))
     assert [str(w.message) for w in caught] == []
     assert inner.stats["failed"] == 0 and inner.stats["operators"] == 1
+
+
+# -- what a capture bakes in changes after it ----------------------------------
+def test_outputs_aliasing_each_other_or_an_input_through_split_are_views():
+    """`return y, y` and `return z, z.t()` came back as separate tensors, and the pieces
+    of `chunk`/`split`/`unbind` of an input as copies: a write to one did not reach the
+    other or the input, as it does in eager."""
+    def twice(x):
+        y = x * 2
+        return y, y.t()
+
+    def pieces(buf):
+        q, k, v = buf.chunk(3, dim=-1)
+        return q, k, v
+
+    a, b = cleave.compile(twice)(torch.randn(3, 4))
+    a[0, 1] = 100.0
+    assert b[1, 0] == 100.0 and b.stride() == (1, 4)
+    buf = torch.randn(2, 9)
+    q, k, v = cleave.compile(pieces)(buf)
+    k.fill_(7.0)
+    assert torch.all(buf[:, 3:6] == 7.0)
+
+
+class _Proj(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+        self.head = self.lin  # tied
+
+    def forward(self, x):
+        return self.lin(x) + self.head(x) * 2
+
+
+def test_parameters_changed_after_the_capture_recapture():
+    """The remembered launch of an argument shape never looked at the module's state:
+    a Linear swapped for a wider one returned the old width, `bias = None` crashed deep
+    in the launch, and untying a tied weight kept reading the first path (1.19 off)."""
+    torch.manual_seed(0)
+    m = _Proj()
+    f = cleave.compile(m)
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        f(x)
+        for change in (lambda: setattr(m, "head", torch.nn.Linear(6, 6)),  # untie
+                       lambda: setattr(m.lin, "bias", None),
+                       lambda: (setattr(m, "lin", torch.nn.Linear(6, 9)), setattr(m, "head", m.lin))):
+            change()
+            torch.testing.assert_close(f(x), m(x))
+    assert f.stats["recaptures"] == 3
+
+
+def test_an_in_place_op_on_an_argument_that_is_a_buffer_runs_eagerly():
+    """`x.add_(1); return x * self.buf` called with the buffer itself read the buffer's
+    old value: the check for inputs sharing memory looked at the arguments only."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("buf", torch.ones(5, 4))
+
+        def forward(self, x):
+            x.add_(1)
+            return x * self.buf
+
+    m, ref = M(), M()
+    f = cleave.compile(m)
+    with torch.no_grad():
+        f(torch.randn(5, 4))
+        with pytest.warns(UserWarning, match="share memory"):
+            got = f(m.buf)
+        torch.testing.assert_close(got, ref(ref.buf))
+
+
+def test_hooks_and_attributes_of_the_compiled_object_are_guarded():
+    """A forward hook removed after the capture was still applied, one added was not;
+    a callable object's tensor attribute rebound after the capture was not seen."""
+    m = torch.nn.Linear(3, 3)
+    f = cleave.compile(m)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        handle = m.register_forward_hook(lambda mod, inp, out: out + 100)
+        torch.testing.assert_close(f(x), m(x))
+        handle.remove()
+        torch.testing.assert_close(f(x), m(x))
+        m.register_forward_hook(lambda mod, inp, out: out * 0)
+        torch.testing.assert_close(f(x), m(x))
+
+    class Scale:
+        def __init__(self):
+            self.w = torch.full((3,), 2.0)
+
+        def __call__(self, x):
+            return x * self.w
+
+    obj = Scale()
+    g = cleave.compile(obj)
+    torch.testing.assert_close(g(x), obj(x))
+    obj.w = torch.full((3,), -5.0)
+    torch.testing.assert_close(g(x), obj(x))
+
+
+def test_as_strided_of_an_input_laid_out_otherwise_runs_eagerly():
+    """`x.as_strided(size, stride, 1)` reads x's storage: traced on a contiguous x, the
+    launch was reused for a transposed, sliced or offset x of the same shape and
+    returned the contiguous copy's elements."""
+    def f(x):
+        return x.as_strided((2, 3), (3, 1), 1) * 10
+
+    g = cleave.compile(f)
+    g(torch.randn(6, 6))
+    base = torch.arange(100.0)
+    for x in (base[:36].view(6, 6).t(), base[:72].view(6, 12)[:, ::2], base[10:46].view(6, 6)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert torch.equal(g(x), f(x))

@@ -5,6 +5,7 @@ import contextlib
 import inspect
 import keyword
 import logging
+import operator
 import re
 import types
 import warnings
@@ -42,6 +43,9 @@ class Captured:
     # graph inputs standing for an int argument whose symbol no tensor carries (`x[:n]`):
     # a [n] tensor the runner makes from the int, so the operator reads n off the shapes
     size_inputs: list = field(default_factory=list)
+    # whether an op reads the inputs' storage (as_strided), which the graph reads as
+    # contiguous from offset 0 as the example inputs were: other layouts run eagerly
+    reads_storage: bool = False
 
 
 def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:
@@ -299,8 +303,10 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Captured:
         elif node.op == "output":
             writes = _outputs(t, graph, node, ep.graph_signature, user_names)
             views = _view_outputs(node, ep.graph_signature, graph.output_names)
+    reads_storage = any(n.op == "call_function" and getattr(n.target, "_schema", None) is not None
+                        and n.target._schema.name.split("::")[-1] == "as_strided" for n in ep.graph.nodes)
     return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes, views,
-                    constants=constants)
+                    constants=constants, reads_storage=reads_storage)
 
 
 def _guarded_ranges(ep, symbols, graph) -> None:
@@ -330,26 +336,34 @@ def _finite_int(bound) -> int | None:
 
 
 def _view_outputs(node, signature, names) -> list[str]:
-    """The user outputs that reach an input through ops returning an alias of their first
-    operand only (views, in-place ops): a placeholder, or an input's new value where an
-    in-place op changed it (`x.mul_(2); return x, x.t()`)."""
+    """The user outputs that eager returns as aliases: those that reach an input through
+    ops returning an alias of their first operand only (views, in-place ops, the pieces
+    of `chunk`, `split` and `unbind`), a placeholder or an input's new value where an
+    in-place op changed it (`x.mul_(2); return x, x.t()`); and those sharing the value
+    they alias with another output (`return y, y`, `return z, z.t()`)."""
     from torch.export.graph_signature import OutputKind
 
     written = {raw for raw, spec in zip(node.args[0], signature.output_specs)
                if spec.kind == OutputKind.USER_INPUT_MUTATION}
 
-    def aliases(raw) -> bool:
+    def aliased(raw):
+        """The value raw aliases (itself if it aliases nothing); None for an input."""
         while isinstance(raw, torch.fx.Node):
             if raw in written or raw.op == "placeholder":
-                return True
+                return None
+            if raw.target is operator.getitem:  # one piece of split/unbind/chunk's list
+                raw = raw.args[0]
+                continue
             returns = raw.target._schema.returns if isinstance(raw.target, torch._ops.OpOverload) else ()
             if not (returns and returns[0].alias_info is not None):
-                return False
+                return raw
             raw = raw.args[0]
-        return False
+        return raw
 
-    return [name for name, raw, spec in zip(names, node.args[0], signature.output_specs)
-            if spec.kind == OutputKind.USER_OUTPUT and aliases(raw)]
+    user = [(name, aliased(raw)) for name, raw, spec in zip(names, node.args[0], signature.output_specs)
+            if spec.kind == OutputKind.USER_OUTPUT]
+    bases = [base for _, base in user if isinstance(base, torch.fx.Node)]
+    return [name for name, base in user if base is None or bases.count(base) > 1]
 
 
 def state_input_name(key: str, taken: set[str]) -> str:

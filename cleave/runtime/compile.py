@@ -26,6 +26,7 @@ import warnings
 import torch
 from torch._dynamo.decorators import skip as _dynamo_skip
 from torch.utils import _pytree as pytree
+from torch.utils.hooks import RemovableHandle
 
 from .. import passes
 from ..ir import BindingError, CleaveError
@@ -88,6 +89,10 @@ class CompiledFunction:
             if fast is not None:
                 remember(self._seen, exact, fast)
             return result
+        except StateChanged:  # a parameter the capture read changed shape, dtype or tying: capture again
+            self._forget_captures()
+            self.calls -= 1
+            return self(*args)
         except Exception as err:
             if isinstance(err.__context__, BindingError):  # the launcher ran eager: its error is the user's
                 raise err from None
@@ -199,6 +204,8 @@ class CompiledFunction:
             result = self.fn(*args)
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return _Ran(result)
+        if guards is not None and guards.hooks is not None:  # after the capture's own hook came and went
+            guards.hooks = _hook_tables(self.fn)
         self._guards = guards
         params = self._params(len(args))
         graph = captured.graph
@@ -210,7 +217,7 @@ class CompiledFunction:
         launcher = Launcher(op, self.ctx, params, not structure.is_leaf(), _flat_outputs(self.fn) if flat else self.fn,
                             self.name,
                             state=_state_getters(module, captured.state) | constant_getters(captured.constants, device),
-                            writes=captured.writes)
+                            writes=captured.writes, reads_storage=captured.reads_storage)
         return _Restructured(launcher, structure) if flat else launcher
 
     # -- graph breaks through dynamo --------------------------------------
@@ -333,15 +340,19 @@ _MISSING = object()
 
 
 class _Guards:
-    """The globals and closure cells fn's code reads that hold a tensor or a Python
-    scalar, with what they held when it was captured: the capture bakes them into the
-    graph. `hold()` runs per call, so it compares cheaply: a tensor by identity and
-    version (an in-place change), a scalar by type and value. Globals read by functions
-    fn calls, and a module's attributes, are not guarded."""
+    """What the capture bakes into the graph besides the arguments, with what it was
+    when fn was captured: the globals and closure cells fn's code reads, and the
+    attributes it reads off a module or callable object it is (`self.scale`), that hold
+    a tensor or a Python scalar; and the forward hooks of a module (a hook registered
+    anywhere, or one of the module's removed). `hold()` runs per call, so it compares
+    cheaply: a tensor by identity and version (an in-place change), a scalar by type and
+    value, hooks by torch's handle counter and the hook tables' sizes. Globals read by
+    functions fn calls, and submodules' attributes, are not guarded."""
 
-    def __init__(self, names: list, cells: list):
-        self.names = names  # (globals dict, name, value, version)
+    def __init__(self, names: list, cells: list, hooks: tuple | None):
+        self.names = names  # (globals or attribute dict, name, value, version)
         self.cells = cells  # (cell, value, version)
+        self.hooks = hooks  # (handle counter, [(hook table, size)]) of a module; None for a function
 
     @classmethod
     def read_by(cls, fn) -> _Guards | None:
@@ -349,13 +360,19 @@ class _Guards:
         if func is None:
             return None
         code_names = _names_read(func.__code__)
-        names = [(func.__globals__, n, *_guarded(func.__globals__[n]))
-                 for n in sorted(code_names) if n in func.__globals__ and _guardable(func.__globals__[n])]
+        scopes = [func.__globals__] + ([vars(fn)] if func is not fn and hasattr(fn, "__dict__") else [])
+        names = [(scope, n, *_guarded(scope[n]))
+                 for scope in scopes for n in sorted(code_names) if n in scope and _guardable(scope[n])]
         cells = [(cell, *_guarded(_cell_value(cell)))
                  for cell in func.__closure__ or () if _guardable(_cell_value(cell))]
-        return cls(names, cells) if names or cells else None
+        hooks = _hook_tables(fn) if isinstance(fn, torch.nn.Module) else None
+        return cls(names, cells, hooks) if names or cells or hooks else None
 
     def hold(self) -> bool:
+        if self.hooks is not None:
+            counter, tables = self.hooks
+            if RemovableHandle.next_id != counter or any(len(t) != n for t, n in tables):
+                return False
         for scope, name, value, version in self.names:
             if not _same(scope.get(name, _MISSING), value, version):
                 return False
@@ -363,6 +380,18 @@ class _Guards:
             if not _same(_cell_value(cell), value, version):
                 return False
         return True
+
+
+def _hook_tables(module: torch.nn.Module) -> tuple:
+    """torch's hook handle counter (registering any hook advances it) and the forward
+    hook tables, global and of every submodule, that hold hooks now (removing one
+    shrinks its table)."""
+    from torch.nn.modules import module as nn_module
+
+    tables = [nn_module._global_forward_hooks, nn_module._global_forward_pre_hooks]
+    for m in module.modules():
+        tables += [m._forward_hooks, m._forward_pre_hooks]
+    return RemovableHandle.next_id, [(t, len(t)) for t in tables if len(t)]
 
 
 def _guardable(value) -> bool:
@@ -388,9 +417,11 @@ def _cell_value(cell):
 
 def _python_function(fn):
     """The Python function whose code a capture of fn runs: a module's forward, a
-    method's function; None for other callables."""
+    method's function, a callable object's __call__; None for other callables."""
     if isinstance(fn, torch.nn.Module):
         fn = type(fn).forward
+    elif not isinstance(fn, (types.FunctionType, types.MethodType)) and callable(fn):
+        fn = getattr(type(fn), "__call__", None)
     fn = getattr(fn, "__func__", fn)
     return fn if isinstance(fn, types.FunctionType) else None
 
@@ -434,20 +465,45 @@ def _dynamic_symbols(graph, dynamic, params) -> set[str]:
     return symbols
 
 
+class StateChanged(Exception):
+    """A parameter or buffer a capture reads is now None, of another shape, dtype or
+    device (a swapped submodule, `m.double()`, `m.cuda()`), or no longer the tensor a
+    path tied to it holds (weights untied): the function is captured again."""
+
+
 def _state_getters(module, state: dict[str, str]) -> dict:
     """graph input -> a function reading that parameter or buffer off the module at
-    call time (an optimizer step or load_state_dict between calls is seen)."""
+    call time (an optimizer step or load_state_dict between calls is seen), checking it
+    against what the capture read (StateChanged)."""
+    named = {**dict(module.named_parameters(remove_duplicate=False)),
+             **dict(module.named_buffers(remove_duplicate=False))} if module is not None else {}
+
     def getter(path):
         *owners, attr = path.split(".")
+        first = _read(module, path)
+        shape, dtype, device = first.shape, first.dtype, first.device
+        tied = [p for p, v in named.items() if v is first and p != path]  # export lists a tied weight once
 
         def get():
             owner = module
             for name in owners:
                 owner = getattr(owner, name)
-            return getattr(owner, attr)
+            t = getattr(owner, attr)
+            if t is None or t.dtype is not dtype or t.shape != shape or t.device != device:
+                raise StateChanged(f"{path} is now {None if t is None else (tuple(t.shape), t.dtype, t.device)}")
+            for p in tied:
+                if _read(module, p) is not t:
+                    raise StateChanged(f"{p} is no longer {path}")
+            return t
         return get
 
     return {name: getter(key) for name, key in state.items()}
+
+
+def _read(module, path: str):
+    for name in path.split("."):
+        module = getattr(module, name)
+    return module
 
 
 def _call_signature(fn):

@@ -369,12 +369,13 @@ class Launcher:
 
     def __init__(self, op, ctx: Context, names, tuple_output: bool, eager, where: str,
                  state: dict | None = None, writes: dict[str, str] | None = None, host=None,
-                 size_inputs: dict | None = None):
+                 size_inputs: dict | None = None, reads_storage: bool = False):
         self.op, self.ctx, self.names, self.tuple_output = op, ctx, list(names), tuple_output
         self.eager_fn, self.where, self.failed = eager, where, False
         self.host = host  # (*args, *results) -> the outputs, views and sizes made (host_outputs)
         self.state = state or {}
         self.size_inputs = size_inputs or {}  # graph input -> (int argument, kind, one element): size_carriers
+        self.reads_storage = reads_storage  # Captured.reads_storage: other layouts than the traced run eagerly
         self.graph_inputs = [k for k in op.graph.inputs if k not in self.state and k not in self.size_inputs]
         self.by_name = set(self.graph_inputs) | {arg for arg, _, _ in self.size_inputs.values()} <= set(self.names)
         self.positions = [self.names.index(k) for k in self.graph_inputs] if self.by_name else None
@@ -429,8 +430,12 @@ class Launcher:
             self.ctx.warn_eager(self.where, "inputs require grad and cleave's kernels have no backward "
                                 "(call it under torch.no_grad(), or with requires_grad=False, to compile it)")
             return True
-        if self.writebacks and _overlapping(args):
+        if self.writebacks and _overlapping(list(inputs.values())):  # a parameter or constant too
             self.ctx.warn_eager(self.where, "it changes an input in place and its inputs share memory")
+            return True
+        if self.reads_storage and not all(_row_major_from_start(a) for a in args if isinstance(a, torch.Tensor)):
+            self.ctx.warn_eager(self.where, "it reads its input's storage (as_strided), traced contiguous from "
+                                "offset 0, and an input here is laid out otherwise")
             return True
         return False
 
@@ -441,7 +446,7 @@ class Launcher:
         kernels take less time than the host spends launching them). The launcher
         itself once it runs eagerly for good; None while these arguments have not run
         compiled yet (first met during a CUDA graph capture)."""
-        if self.failed or self.writebacks:
+        if self.failed or self.writebacks or self.reads_storage:  # their checks run at every call
             return self
         launch = self.op.ready(self.inputs(args))
         if launch is None:
@@ -457,6 +462,10 @@ class Launcher:
             return self._finish(args, launch(inputs))
 
         return launch_hot
+
+
+def _row_major_from_start(t: torch.Tensor) -> bool:
+    return t.is_contiguous() and t.storage_offset() == 0
 
 
 def _overlapping(args) -> bool:
