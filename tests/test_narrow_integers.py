@@ -109,3 +109,21 @@ def test_int8_weights_scaled_after_the_matmul(ctx):
     got = torch.compile(matmul_w8, backend="cleave")(x, w, scale)
     assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
     _compiled_whole(ctx)
+
+
+def test_rules_leave_integer_arithmetic_alone():
+    """Rules are proven over the reals: `div-mul-assoc` moved an int32 product into
+    float ((x*y)/c -> x*(y/c)), so it no longer wrapped (2.86e9 where eager gives
+    43690.7). Integer values enter the search as leaves."""
+    import cleave
+
+    def f(x, y, c):
+        return (x * y) / c
+
+    x = torch.full((4, 8), 65536, dtype=torch.int32)
+    y = torch.full((4, 8), 65537, dtype=torch.int32)
+    c = torch.full((4, 1), 1.5)
+    g = cleave.compile(f)
+    with torch.no_grad():
+        assert torch.equal(g(x, y, c), f(x, y, c))
+    assert g.stats["unsupported"] == [] and g.stats["failed"] == 0

@@ -38,11 +38,11 @@ def test_every_library_family_is_scheduled_in_known_phases():
 
 
 def test_saturation_reads_the_family_table(monkeypatch):
-    """Unscheduling the normalization family keeps its one-pass variance out of the search."""
-    g = W.get("layernorm").graph
-    assert "variance-one-pass" in search(g, top_k=1, progress=False).stats["rules_fired"]
+    """Unscheduling the normalization family keeps its row scale out of the search."""
+    g = W.get("rmsnorm_matmul").graph
+    assert "rowscale-after-matmul" in search(g, top_k=1, progress=False).stats["rules_fired"]
     monkeypatch.setitem(R.FAMILY_PHASES, "normalization", ())
-    assert "variance-one-pass" not in search(g, top_k=1, progress=False).stats["rules_fired"]
+    assert "rowscale-after-matmul" not in search(g, top_k=1, progress=False).stats["rules_fired"]
 
 
 def test_an_unknown_family_is_an_error_naming_the_known_ones(tmp_path):

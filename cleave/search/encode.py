@@ -120,6 +120,12 @@ def _term(n: Node, args: list):
         return args[0]
     if op == "const" and n.dtype is DType.f32:
         return Term("const", (const_value(a["value"]),))
+    if not n.dtype.is_float and op != "topk":
+        # Rules are proven over the reals: integers wrap and divide by flooring, so
+        # (x*y)/c -> x*(y/c) would lose int32's wraparound. Integer values stay leaves.
+        if len(args) > 3:
+            raise ValueError(f"{op} %{n.id}: the search encodes at most 3 operands of an opaque op, got {len(args)}")
+        return Leaf(n.id, tuple(args))
     if op in UNARY or op in BINARY or op in ("where", "matmul"):  # the same op in both vocabularies
         return Term(op, tuple(args))
     if op == "reduce":
