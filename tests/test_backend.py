@@ -592,3 +592,19 @@ def test_attention_scaled_by_the_square_root_of_a_dynamic_head_dim_compiles(ctx)
         _close(got, want.float(), 1e-5)
     st = ctx.stats()
     assert st["operators"] >= 1 and st["graph_breaks"] == 0 and st["failed"] == 0, st
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_layer_fast_path_compiles(ctx, norm_first):
+    """nn.TransformerEncoderLayer in eval mode under no_grad runs PyTorch's fused
+    `_transformer_encoder_layer_fwd`, which no table decomposed: the whole layer ran
+    eagerly. It is written out in the ops of the layer's slow path (fused_layers.py)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation="gelu", batch_first=True,
+                                             norm_first=norm_first).eval()
+    f = torch.compile(layer, backend="cleave")
+    x = torch.randn(2, 7, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), layer(x), atol=1e-5, rtol=1e-5)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

@@ -5,7 +5,9 @@ every op with a decomposition in `torch._decomp` (core ATen's, and the wider tab
 is lowered, recursively, to the ops cleave maps, unless cleave maps the op itself.
 Those keep their own rule: softmax stays one op whose safe form the rules know,
 and scaled_dot_product_attention (or the fused kernel it dispatches to) one
-attention, not the math fallback's masked bmm chain.
+attention, not the math fallback's masked bmm chain. PyTorch's fused layer kernels
+that no table decomposes (nn.TransformerEncoderLayer's fast path) are written out in
+the ops their slow path runs (`fused_layers.py`).
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from . import aten_map
 def table() -> dict:
     from torch._decomp import core_aten_decompositions, decomposition_table
 
-    merged = {**decomposition_table, **core_aten_decompositions()}
+    from .fused_layers import TABLE as FUSED_LAYERS
+
+    merged = {**decomposition_table, **core_aten_decompositions(), **FUSED_LAYERS}
     return {op: fn for op, fn in merged.items() if not _mapped(op) and not _lifts_a_constant(op)}
 
 
