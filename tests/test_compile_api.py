@@ -344,3 +344,32 @@ def test_as_strided_of_an_input_laid_out_otherwise_runs_eagerly():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             assert torch.equal(g(x), f(x))
+
+
+def test_threads_calling_one_compiled_function_at_their_own_sizes():
+    """Three threads calling one compiled function, each at its own length, failed
+    under the interpreter ("x >= grid_dim[0]": Triton's interpreter keeps the launch's
+    grid in module state). Interpreted launches take turns."""
+    import threading
+
+    def f(x):
+        return torch.softmax(x * 2, -1)
+
+    g = cleave.compile(f, dynamic={"x": {0: "n"}})
+    g(torch.randn(9, 7))
+    errors = []
+
+    def work(n):
+        x = torch.randn(n, 7)
+        for _ in range(2):
+            try:
+                torch.testing.assert_close(g(x), f(x))
+            except Exception as err:  # collected: an exception in a thread would pass silently
+                errors.append(repr(err))
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in (2, 5, 9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -18,6 +18,7 @@ PyTorch asks of any tensor used on another stream without `record_stream`."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib.util
 import math
@@ -317,6 +318,13 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
     return outs
 
 
+# Triton's CPU interpreter keeps the launch's grid in module state: two threads
+# launching at once read each other's grid ("x >= grid_dim[0]"). Interpreted launches
+# take turns; compiled ones run concurrently, each on its thread's lane.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRETER_LOCK = threading.Lock()
+
+
 class SharedMemoryWarning(UserWarning):
     """A kernel runs with fewer pipeline stages than its plan asks for: the GPU's shared
     memory holds fewer (results are the same; it may run slower)."""
@@ -330,7 +338,8 @@ def _jit_launch(fn, grid, values, options: dict, name: str):
     asked, first = options.get("num_stages", 1), None
     while True:
         try:
-            kernel = fn[grid](*values, **options)
+            with _INTERPRETER_LOCK if _INTERPRETED else contextlib.nullcontext():
+                kernel = fn[grid](*values, **options)
             break
         except OutOfResources as err:
             if options.get("num_stages", 1) <= 1 or "shared memory" not in str(err):
