@@ -325,6 +325,17 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _INTERPRETER_LOCK = threading.Lock()
 
 
+@contextlib.contextmanager
+def _interpreted_launch():
+    """One interpreted launch at a time, without numpy's warnings: lanes past an extent
+    compute what the GPU computes silently and no store keeps (0/0 in a masked row of
+    a softmax), which numpy reported to the user as "invalid value encountered"."""
+    import numpy
+
+    with _INTERPRETER_LOCK, numpy.errstate(all="ignore"):
+        yield
+
+
 class SharedMemoryWarning(UserWarning):
     """A kernel runs with fewer pipeline stages than its plan asks for: the GPU's shared
     memory holds fewer (results are the same; it may run slower)."""
@@ -338,7 +349,7 @@ def _jit_launch(fn, grid, values, options: dict, name: str):
     asked, first = options.get("num_stages", 1), None
     while True:
         try:
-            with _INTERPRETER_LOCK if _INTERPRETED else contextlib.nullcontext():
+            with _interpreted_launch() if _INTERPRETED else contextlib.nullcontext():
                 kernel = fn[grid](*values, **options)
             break
         except OutOfResources as err:
