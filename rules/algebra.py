@@ -5,7 +5,8 @@ RULES = parse_rules("""
 family algebra
 
 rule div-div-cancel: div(div(x, c), div(y, c)) => div(x, y)
-  why: a common divisor cancels: (x/c) / (y/c) = x/y
+  if within(c, x)
+  why: a common divisor cancels: (x/c) / (y/c) = x/y (c within x: dropping it keeps the shape)
   rewrites: div(div(x, c), div(y, c)) with x[m, n], y[m, n], c[m, 1]
   keeps: div(div(x, c), div(y, d)) with x[m, n], y[m, n], c[m, 1], d[m, 1]
 

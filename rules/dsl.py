@@ -29,6 +29,10 @@ may carry an offset (`a-1`). Conditions:
                         (a constraint on the split count, recorded on the candidate graph)
     finite(x)           x holds no infinity: no mask fill, division, log or exp reaches it
                         from the program's inputs (cleave/search/finite.py)
+    within(c, x)        c broadcasts to x's shape without widening it (each axis of c has
+                        extent 1 or x's, and c has no more axes): a rhs that drops c keeps
+                        the lhs's shape. Known where c and x meet in an elementwise op of
+                        the input graph
 Examples are concrete terms (literal axes) over declared inputs: `x[m, k]` an f32
 input of that shape (`c[]` a scalar), `n = k` a scalar equal to the extent k. The
 rule must fire on each `rewrites:` term and must not on each `keeps:` term
@@ -49,7 +53,7 @@ REDUCE = {"r" + op: op for op in REDUCE_OPS}  # rsum: a reduce with op=sum
 OPS = {**{u: "t" for u in UNARY}, **{b: "tt" for b in BINARY}, **{r: "ta" for r in REDUCE},
        "where": "ttt", "matmul": "tt", "split": "tap", "squeeze": "ta", "unsqueeze": "ta", "swap": "t",
        "topk_values": "tka", "topk_indices": "tka", "const": "c"}
-CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta", "finite": "t"}
+CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta", "finite": "t", "within": "tt"}
 PADS = {"-inf": float("-inf"), "0": 0.0}
 CONSTANTS = {"inf": math.inf, "log2e": LOG2E}  # names a `const(...)` may use
 
@@ -364,8 +368,10 @@ def parse_rules(text: str, family: str | None = None, source: str = "<rules>") -
         if m:
             if family is None:
                 raise RuleError(f"{where}: rule {m.group(1)} has no family (add a 'family NAME' line)")
-            if "=>" not in m.group(2):
-                raise RuleError(f"{where}: rule {m.group(1)} needs 'LHS => RHS'")
+            arrows = m.group(2).count("=>")
+            if arrows != 1:
+                raise RuleError(f"{where}: rule {m.group(1)} needs one 'LHS => RHS', "
+                                f"got {arrows} '=>' in {m.group(2)!r}")
             lhs, rhs = m.group(2).split("=>")
             current = Rule(m.group(1), family, "", _parse_term(_expr(lhs, where), where),
                            _parse_term(_expr(rhs, where), where), [], where, phases)
@@ -387,16 +393,25 @@ def parse_rules(text: str, family: str | None = None, source: str = "<rules>") -
 
 
 def _check(rule: Rule) -> None:
+    """What the parser cannot see line by line: every variable the rhs and the
+    conditions use is bound by the lhs, which is an op (a bare variable matches every
+    term, and egglog cannot ground the variables of a rule without an op to match)."""
+    where = f"{rule.source}: rule {rule.name}"
     if not rule.reason:
         raise RuleError(f"{rule.source}: rule {rule.name} needs a one-line 'why:'")
+    if isinstance(rule.lhs, Var):
+        raise RuleError(f"{where}: the left-hand side must be an op, not the bare variable {rule.lhs.name!r}")
     lhs_vars = set(_walk_vars(rule.lhs))
-    extra = [v for v in _walk_vars(rule.rhs) if v not in lhs_vars]
-    if extra:
-        raise RuleError(f"{rule.source}: rule {rule.name}: rhs variable(s) {', '.join(sorted(set(extra)))} "
-                        "do not appear in the lhs")
     lhs_axes = {a.var for a in _walk_axes(rule.lhs)}
-    extra = [a.var for a in _walk_axes(rule.rhs) if a.var and a.var not in lhs_axes]
-    if extra:
-        raise RuleError(f"{rule.source}: rule {rule.name}: rhs axis variable(s) {', '.join(sorted(set(extra)))} "
-                        "do not appear in the lhs")
+    _unbound(where, "rhs variable(s)", _walk_vars(rule.rhs), lhs_vars)
+    _unbound(where, "rhs axis variable(s)", (a.var for a in _walk_axes(rule.rhs) if a.var), lhs_axes)
+    for c in rule.conditions:
+        shown = f"{where}: condition {c.kind}({', '.join(a.name if isinstance(a, Var) else str(a) for a in c.args)})"
+        _unbound(shown, "variable(s)", _walk_vars(c), lhs_vars)
+        _unbound(shown, "axis variable(s)", (a.var for a in _walk_axes(c) if a.var), lhs_axes)
 
+
+def _unbound(where: str, what: str, used, bound: set) -> None:
+    extra = sorted(set(used) - bound)
+    if extra:
+        raise RuleError(f"{where}: {what} {', '.join(extra)} do not appear in the lhs")

@@ -1,31 +1,39 @@
 """A rule's small symbolic instances, as pairs of IR graphs, for the verifier.
 
 Each tensor variable becomes an input whose shape is picked from a few
-candidates (full, constant along the axis, the right operand of a MatMul, a
-scalar) so that both sides build and the rule's conditions hold; axis
-variables are bound to -1 and -2 in turn.
+candidates (full, broadcast along the axis by an extent 1 or a lower rank,
+broadcast along another axis, the right operand of a MatMul, a scalar); axis
+variables are bound to -1 and -2 in turn. Every assignment of these shapes at
+which both sides build and the rule's conditions hold is an instance: a rule
+may be right at full shapes and wrong where an operand broadcasts (a sum of a
+broadcast operand counts it once per element). Assignments whose sides differ
+in shape are kept too: the verifier's shape proof refutes them.
 """
 from __future__ import annotations
 
 import itertools
+import re
 
 import sympy
 
 from cleave.ir import Graph, RuleInstance
 from cleave.ir import dims as D
+from cleave.ir.ops import BINARY, UNARY
 
 from .dsl import REDUCE, Rule, RuleError, Var
 from .lower import Lowering, condition_vars, split_count
 
 M, N, P, B = (D.symbol(n) for n in ("M", "N", "P", "B"))
 TOPK = 3
+ELEMENTWISE = {*UNARY, *BINARY, "where", "const"}
 
 
 def _shapes(axis: int):
-    """Candidate shapes with the reduced extent N on `axis`."""
+    """Candidate shapes with the reduced extent N on `axis`: full, extent 1 on it,
+    a MatMul's other operand, a scalar, extent 1 on another axis, lower ranks."""
     if axis == -1:
-        return [(M, N), (M, 1), (N, P), (), (1, N)]
-    return [(B, N, M), (B, 1, M), (B, N, P), (), (1, N, M)]
+        return [(M, N), (M, 1), (N, P), (), (1, N), (N,)]
+    return [(B, N, M), (B, 1, M), (B, N, P), (), (1, N, M), (N, M), (M,)]
 
 
 def _flat(node, a: int) -> bool:
@@ -41,7 +49,14 @@ def _holds(rule: Rule, nodes: dict, axes: dict) -> bool:
             a = c.args[1].value(axes)
             if x.rank + a < 0 or D.is_one(x.shape[a]):
                 return False
+        if c.kind == "within" and not within(x, nodes[c.args[1].name]):
+            return False
     return True
+
+
+def within(c, x) -> bool:
+    """c broadcasts to x's shape without widening it."""
+    return c.rank <= x.rank and all(D.is_one(a) or D.equal(a, b) for a, b in zip(c.shape[::-1], x.shape[::-1]))
 
 
 def _build(rule: Rule, side, shapes: dict, axes: dict) -> tuple[Graph, dict]:
@@ -116,33 +131,75 @@ def masked_vars(rule: Rule) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _instance(rule: Rule, shapes: dict, axes: dict, axis: int) -> RuleInstance | None:
+    """The instance at one shape assignment, or None where a side does not build, a
+    condition fails, or the pick is degenerate."""
+    try:
+        lhs, nodes = _build(rule, "lhs", shapes, axes)
+        rhs, _ = _build(rule, "rhs", shapes, axes)
+    except (RuleError, ValueError):
+        return None
+    if not (_holds(rule, nodes, axes) and _uses_axis(nodes, axis)):
+        return None
+    masked = tuple(v for v in masked_vars(rule) if v in lhs.inputs)
+    return RuleInstance(rule.name, lhs, rhs, _conditions(lhs, rhs) + _rule_conditions(rule, nodes, axes), masked)
+
+
 def instantiate(rule: Rule) -> list[RuleInstance]:
+    """Every distinct instance over the candidate shapes: each variable may broadcast."""
     ints = set(_int_vars(rule))
     tensors = [v for v in rule.variables() if v not in ints]
     sized = {c.args[0].name for c in rule.conditions if c.kind == "extent"}
     free = [v for v in tensors if v not in sized]
-    out = []
+    key = _shape_relation if _elementwise(rule) else _texts
+    out: dict = {}  # key(instance) -> the first instance with it
     for axis in (-1, -2):
         axes = {a: axis for a in rule.axis_vars()}
         for choice in itertools.product(_shapes(axis), repeat=len(free)):
-            shapes = dict(zip(free, choice))
-            try:
-                lhs, nodes = _build(rule, "lhs", shapes, axes)
-                rhs, _ = _build(rule, "rhs", shapes, axes)
-            except (RuleError, ValueError):
-                continue
-            lo, ro = lhs.outputs[0], rhs.outputs[0]
-            if len(lo.shape) != len(ro.shape) or not all(D.equal(x, y) for x, y in zip(lo.shape, ro.shape)):
-                continue
-            if _holds(rule, nodes, axes) and _uses_axis(nodes, axis):
-                masked = tuple(v for v in masked_vars(rule) if v in lhs.inputs)
-                out.append(RuleInstance(rule.name, lhs, rhs,
-                                        _conditions(lhs, rhs) + _rule_conditions(rule, nodes, axes), masked))
-                break
+            inst = _instance(rule, dict(zip(free, choice)), axes, axis)
+            if inst is not None:
+                out.setdefault(key(inst), inst)
     if not out:
         raise RuleError(f"{rule.source}: rule {rule.name}: no small instance builds on both sides "
                         "(check the shapes its patterns imply)")
-    return out
+    return list(out.values())
+
+
+def _elementwise(rule: Rule) -> bool:
+    """Whether both sides are elementwise ops over the variables (no size scalars):
+    then an element at broadcast inputs is the element at full ones, read at other
+    indices, and past the full-shape instance only the sides' shapes need checking."""
+    if any(c.kind == "extent" for c in rule.conditions):
+        return False
+    stack = [rule.lhs, rule.rhs]
+    while stack:
+        t = stack.pop()
+        if hasattr(t, "op"):
+            if t.op not in ELEMENTWISE:
+                return False
+            stack.extend(t.args)
+    return True
+
+
+_SYMBOL = re.compile(r"\b(s_)?([BMNP])\b")  # a dim symbol, or the split count named after it
+
+
+def _texts(inst: RuleInstance) -> str:
+    """Both sides' text with the dim symbols renamed in order of appearance: x[N, P]
+    alone is x[M, N] again (P exists to be a MatMul's other dim)."""
+    names: dict[str, str] = {}
+    return _SYMBOL.sub(lambda m: (m.group(1) or "") + names.setdefault(m.group(2), f"d{len(names)}"),
+                       inst.lhs.text() + "\0" + inst.rhs.text())
+
+
+def _shape_relation(inst: RuleInstance) -> tuple:
+    """How the sides' output shapes relate, right-aligned, dim by dim (same, rhs 1,
+    other) with the rank difference: an elementwise rule's values are its full-shape
+    instance's, so one instance per relation checks what is left, its shapes."""
+    lhs, rhs = inst.lhs.outputs[0].shape, inst.rhs.outputs[0].shape
+    dims = tuple("same" if D.equal(a, b) else "rhs 1" if D.is_one(b) else "other"
+                 for a, b in zip(lhs[::-1], rhs[::-1]))
+    return dims, len(lhs) - len(rhs)
 
 
 def _uses_axis(nodes: dict, axis: int) -> bool:

@@ -36,8 +36,8 @@ rule normalize-after-matmul: matmul(div(x, c), y) => div(matmul(x, y), c)
   keeps: matmul(div(p, l), v) with p[m, n], l[1, n], v[n, d]
 
 rule softmax-shift: div(exp(sub(x, c)), rsum(exp(sub(x, c)), a)) => div(exp(sub(x, rmax(x, a))), rsum(exp(sub(x, rmax(x, a))), a))
-  if flat(c, a)
-  why: softmax is invariant to a shift constant along its axis; the row max is the safe one
+  if flat(c, a) and within(c, x)
+  why: softmax is invariant to a shift constant along its axis; the row max is the safe one (c within x: dropping it keeps the shape)
   rewrites: div(exp(sub(x, c)), rsum(exp(sub(x, c)), -1)) with x[m, n], c[m, 1]
   keeps: div(exp(sub(x, c)), rsum(exp(sub(x, c)), -1)) with x[m, n], c[1, n]
 
@@ -48,8 +48,8 @@ rule topk-softmax-values: topk_values(div(exp(sub(x, c)), rsum(exp(sub(x, c)), a
   keeps: topk_values(div(exp(sub(x, c)), rsum(exp(sub(x, c)), -1)), 2, -1) with x[t, e], c[1, e]
 
 rule topk-softmax-indices: topk_indices(div(exp(sub(x, c)), rsum(exp(sub(x, c)), a)), k, a) => topk_indices(x, k, a)
-  if flat(c, a)
-  why: a strictly increasing map along a keeps the order, so the top-k positions are those of the logits
+  if flat(c, a) and within(c, x)
+  why: a strictly increasing map along a keeps the order, so the top-k positions are those of the logits (c within x: dropping it keeps the shape)
   rewrites: topk_indices(div(exp(sub(x, c)), rsum(exp(sub(x, c)), -1)), 2, -1) with x[t, e], c[t, 1]
   keeps: topk_indices(div(exp(sub(x, c)), rsum(exp(sub(x, c)), -1)), 2, -1) with x[t, e], c[1, e]
 """, source=__file__)

@@ -71,6 +71,15 @@ def _shapes(args, graph) -> dict[str, int] | None:
     return shapes
 
 
+def _check_shape_names(bindings: list[tuple[str, int]], graph) -> None:
+    """Each --shape names a symbol of the graph: a typo would otherwise be ignored."""
+    known = sorted(s.name for s in graph.symbols())
+    unknown = [name for name, _ in bindings if name not in known]
+    if unknown:
+        raise CleaveError(f"--shape {unknown[0]}: graph {graph.name!r} has no symbol {unknown[0]!r}; "
+                          f"its symbols: {', '.join(known) or '(none: every dim is static)'}")
+
+
 def best_plan(result, shapes, graph):
     """(plan, candidate index, skipped) for the cheapest plan, by the scheduler's cost
     model, over the candidates that can be scheduled at `shapes`, then the graph as
@@ -172,6 +181,7 @@ def _optimize(args) -> int:
     graph = load_graph(args.target)
     if args.emit and args.no_schedule:
         raise CleaveError("--emit needs a plan (drop --no-schedule)")
+    _check_shape_names(args.shape, graph)
     shapes = None if args.no_schedule else _shapes(args, graph)
     rules = _with_rule_files(args.rules, args.quiet) if args.rules else None
     result = search(graph, top_k=args.top_k, rules=rules, iterations=args.iterations, enodes=args.enodes,

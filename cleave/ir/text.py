@@ -14,8 +14,10 @@ import json
 import math
 import re
 
+import sympy
+
 from . import dims as D
-from .errors import ParseError
+from .errors import CleaveError, ParseError
 from .ops import SPECS
 
 
@@ -82,12 +84,22 @@ def _split_args(text: str) -> list[str]:
     return out
 
 
+def _parse_dim(text: str):
+    """A dim as the builder takes it: an integer literal is checked as one, and an
+    expression that is a number must not be negative either."""
+    text = text.strip()
+    d = D.dim(int(text)) if re.fullmatch(r"-?\d+", text) else D.dim(text)
+    if d.is_number and d < 0:
+        raise ValueError(f"a dimension cannot be negative ({text})")
+    return d
+
+
 def _parse_value(kind: str, text: str):
     if kind == "shape":
         inner = text.strip()[1:-1].strip()
-        return tuple(D.dim(t) for t in _split_args(inner)) if inner else ()
+        return tuple(_parse_dim(t) for t in _split_args(inner)) if inner else ()
     if kind == "dim":
-        return D.dim(text)
+        return _parse_dim(text)
     if kind == "ints":
         inner = text.strip()[1:-1].strip()
         return tuple(int(t) for t in inner.split(",")) if inner else ()
@@ -103,45 +115,63 @@ def _parse_value(kind: str, text: str):
 
 
 def parse_graph(text: str):
+    """The graph of a text form (print_graph's), checked as the builder checks: an error
+    names the line (of `text`) and what is wrong."""
     from .graph import Graph
 
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    if not lines or not _HEADER.match(lines[0]) or lines[-1] != "}":
+    lines = [(n, ln.strip()) for n, ln in enumerate(text.splitlines(), start=1)
+             if ln.strip() and not ln.strip().startswith("#")]
+    if not lines or not _HEADER.match(lines[0][1]) or lines[-1][1] != "}":
         raise ParseError("a graph starts with 'graph NAME {' and ends with '}'")
-    graph = Graph(_HEADER.match(lines[0]).group(1))
+    graph = Graph(_HEADER.match(lines[0][1]).group(1))
     nodes = {}
-    for lineno, line in enumerate(lines[1:-1], start=2):
-        ret = _RETURN.match(line)
-        if ret:
-            pairs = [p.split("=") for p in _split_args(ret.group(1))]
-            try:
-                graph.output(*(nodes[int(v.strip()[1:])] for _, v in pairs), names=[k.strip() for k, _ in pairs])
-            except (KeyError, ValueError) as err:
-                raise ParseError(f"line {lineno}: bad return {line!r}: {err}") from None
-            continue
-        m = _NODE.match(line)
-        if not m:
-            raise ParseError(f"line {lineno}: cannot read {line!r}")
-        nid, op, args, dtype, shape = m.groups()
-        spec = SPECS.get(op)
-        if spec is None:
-            raise ParseError(f"line {lineno}: unknown op {op!r}")
-        kinds = dict(spec.attrs)
-        operands, attrs = [], {}
-        for arg in _split_args(args):
-            if arg.startswith("%"):
-                ref = int(arg[1:])
-                if ref not in nodes:
-                    raise ParseError(f"line {lineno}: %{ref} is used before it is defined")
-                operands.append(nodes[ref])
-            else:
-                key, _, value = arg.partition("=")
-                if key not in kinds:
-                    raise ParseError(f"line {lineno}: {op} has no attribute {key!r}")
-                attrs[key] = _parse_value(kinds[key], value.strip())
-        node = graph.input(**attrs) if op == "input" else graph.add(op, *operands, **attrs)
-        printed = f"{node.dtype}{D.fmt_shape(node.shape).replace(' ', '')}"
-        if printed != f"{dtype}{shape.replace(' ', '')}":
-            raise ParseError(f"line {lineno}: %{nid} is annotated {dtype}{shape} but infers {printed}")
-        nodes[int(nid)] = node
+    for lineno, line in lines[1:-1]:
+        try:
+            _parse_line(graph, nodes, line, lineno)
+        except ParseError:
+            raise
+        except CleaveError as err:  # the builder's (a ShapeError): its class kept, the line added
+            err.args = (f"line {lineno}: {err.args[0]}", *err.args[1:])
+            raise
+        except (ValueError, TypeError, sympy.SympifyError) as err:
+            raise ParseError(f"line {lineno}: {line!r}: {err}") from None
+    if not graph.outputs:
+        raise ParseError(f"line {lines[-1][0]}: the graph ends without a 'return' line (e.g. 'return out=%3')")
     return graph
+
+
+def _parse_line(graph, nodes: dict, line: str, lineno: int) -> None:
+    """One `return` or `%N = op(...) : type` line, added to `graph` (`nodes`: %N -> node)."""
+    ret = _RETURN.match(line)
+    if ret:
+        pairs = [p.split("=") for p in _split_args(ret.group(1))]
+        try:
+            graph.output(*(nodes[int(v.strip()[1:])] for _, v in pairs), names=[k.strip() for k, _ in pairs])
+        except (KeyError, ValueError) as err:
+            raise ParseError(f"line {lineno}: bad return {line!r}: {err}") from None
+        return
+    m = _NODE.match(line)
+    if not m:
+        raise ParseError(f"line {lineno}: cannot read {line!r}")
+    nid, op, args, dtype, shape = m.groups()
+    spec = SPECS.get(op)
+    if spec is None:
+        raise ParseError(f"line {lineno}: unknown op {op!r}")
+    kinds = dict(spec.attrs)
+    operands, attrs = [], {}
+    for arg in _split_args(args):
+        if arg.startswith("%"):
+            ref = int(arg[1:])
+            if ref not in nodes:
+                raise ParseError(f"line {lineno}: %{ref} is used before it is defined")
+            operands.append(nodes[ref])
+        else:
+            key, _, value = arg.partition("=")
+            if key not in kinds:
+                raise ParseError(f"line {lineno}: {op} has no attribute {key!r}")
+            attrs[key] = _parse_value(kinds[key], value.strip())
+    node = graph.input(**attrs) if op == "input" else graph.add(op, *operands, **attrs)
+    printed = f"{node.dtype}{D.fmt_shape(node.shape).replace(' ', '')}"
+    if printed != f"{dtype}{shape.replace(' ', '')}":
+        raise ParseError(f"line {lineno}: %{nid} is annotated {dtype}{shape} but infers {printed}")
+    nodes[int(nid)] = node

@@ -1,6 +1,8 @@
 """`cleave.search(graph)`: saturate, extract the top-k candidates, verify each."""
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 
@@ -30,9 +32,7 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
     """Equality saturation of `graph` under `rules` (default: cleave.rules.all_rules()),
     then the `top_k` cheapest distinct candidates, each checked against the reference
     interpreter. `shapes` (symbol -> value) ranks at, and verifies at, the user's shapes."""
-    for name, value in (("top_k", top_k), ("iterations", iterations), ("enodes", enodes), ("seconds", seconds)):
-        if value is not None and not value > 0:
-            raise ValueError(f"search: {name} must be > 0, got {value!r}")
+    _check_budgets(top_k=top_k, iterations=iterations, enodes=enodes, seconds=seconds)
     if rules is None:
         from cleave.rules import all_rules
 
@@ -76,6 +76,17 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
              "enodes": sat.enodes, "eclasses": len(classes), "iterations": sat.iterations,
              "rules_fired": dict(sorted(sat.fired.items())), "visited": len(found), "stopped": sat.stopped}
     return SearchResult(candidates, stats)
+
+
+def _check_budgets(*, seconds, **counts) -> None:
+    """Counts are positive ints and seconds a positive finite number (None: the default):
+    a string or a bool is a caller's mistake, said before the search starts."""
+    for name, value in counts.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+            raise ValueError(f"search: {name} must be a positive integer, got {value!r}")
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real)
+                                or not 0 < seconds < math.inf):
+        raise ValueError(f"search: seconds must be a finite number > 0, got {seconds!r}")
 
 
 def _nonempty_constraints(g: Graph, rules, derivation):

@@ -5,7 +5,8 @@ its rank and the axes (counted from the right) along which it is constant
 (`flat`), computed by the analysis ruleset below; the encoder seeds them for the
 input graph, and `splittable`/`extent` facts, which only the encoder can decide
 (they need the dims), exist for the input graph's terms only, as do `finite` ones
-(search/finite.py: no infinity can reach the term).
+(search/finite.py: no infinity can reach the term) and `within` ones (two operands of
+an elementwise op, the one broadcasting into the other without widening it).
 """
 from __future__ import annotations
 
@@ -92,6 +93,7 @@ flat = relation("flat", Tn, i64)
 splittable = relation("splittable", Tn, i64)
 extent = relation("extent", Tn, Tn, i64)
 finite = relation("finite", Tn)
+within = relation("within", Tn, Tn)
 AxisId = relation("AxisId", i64)
 
 LEAVES = ("LeafT", "Op1", "Op2", "Op3")  # by operand count
@@ -209,8 +211,8 @@ def compile_rule(r: Rule):
         if c.kind == "nonempty":  # a constraint on the binding, recorded on the candidate
             continue
         ts = [to_egg(a, tvars, avars) for a in c.args if isinstance(a, Var)]
-        if c.kind == "finite":
-            facts.append(finite(*ts))
+        if c.kind in ("finite", "within"):
+            facts.append({"finite": finite, "within": within}[c.kind](*ts))
             continue
         a = c.args[-1]
         av = i64(a.offset) if a.var is None else (avars[a.var] + a.offset if a.offset else avars[a.var])

@@ -11,6 +11,7 @@ their IR node, so they decode to themselves.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import sympy
@@ -20,6 +21,7 @@ from cleave.ir import dims as D
 from cleave.ir.dtypes import DType, rounds
 from cleave.ir.ops import BINARY, UNARY
 from cleave.rules.dsl import REDUCE, Axis, Leaf, Term, const_value
+from cleave.rules.instances import within
 from cleave.rules.lower import LOW, Lowering
 
 from .finite import finite_nodes
@@ -148,6 +150,10 @@ def seeds(enc: Encoded) -> list[tuple]:
     for n in nodes:
         t = enc.terms[n.id]
         out.append(("rank", t, n.rank))
+        if n.op in BINARY or n.op == "where":  # operands that meet: which broadcasts into which
+            for c, x in itertools.permutations(n.inputs, 2):
+                if within(c, x):
+                    out.append(("within", enc.terms[c.id], enc.terms[x.id]))
         if n.id in finite:
             out.append(("finite", t))
         for a in range(-n.rank, 0):

@@ -4,8 +4,10 @@ Premises: every symbol is a positive integer, the rule's conditions hold, and th
 lhs graph is well formed (its constraints hold). Goals: the rhs reads only lhs
 inputs (same shapes and dtypes), its own constraints hold (a split without pad
 needs its count to divide the axis), and the outputs agree in number, rank, dims
-and dtype. Dims are sympy expressions; ceiling/floor/Mod become fresh integers
-bounded by their definition (q = cdiv(N, s) as s*(q-1) < N <= s*q).
+and dtype: a rhs that drops a broadcast operand is narrower, and a sum over the
+dropped axis, or an output, would take another extent (`within(c, x)` keeps such
+rules to operands that do not widen the result). Dims are sympy expressions; ceiling/floor/Mod become fresh integers bounded by
+their definition (q = cdiv(N, s) as s*(q-1) < N <= s*q).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import z3
 
 from ..ir import dims as D
 from ..ir.contracts import RuleInstance
-from ..ir.graph import Constraint, Graph
+from ..ir.graph import Constraint
 
 
 @dataclass
@@ -130,7 +132,7 @@ class DimEncoder:
 
 def check_shapes(inst: RuleInstance, timeout_ms: int = 5000) -> ShapeResult:
     lhs, rhs = inst.lhs, inst.rhs
-    static = _static_mismatch(lhs, rhs)
+    static = _static_mismatch(inst)
     if static:
         return ShapeResult("refuted", static)
     enc = DimEncoder()
@@ -142,8 +144,8 @@ def check_shapes(inst: RuleInstance, timeout_ms: int = 5000) -> ShapeResult:
         for i, (a, b) in enumerate(zip(lhs.inputs[name].shape, node.shape)):
             goals.append((enc.compare("==", a, b), f"input {name!r} dim {i}: lhs {D.fmt(a)} vs rhs {D.fmt(b)}"))
     for k, (lo, ro) in enumerate(zip(lhs.outputs, rhs.outputs)):
-        for i, (a, b) in enumerate(zip(lo.shape, ro.shape)):
-            goals.append((enc.compare("==", a, b), f"output {k} dim {i}: lhs {D.fmt(a)} vs rhs {D.fmt(b)}"))
+        for a, b in zip(lo.shape, ro.shape):
+            goals.append((enc.compare("==", a, b), _differ(inst, k)))
     # premises first: encoding the goals may add definitional facts (fresh ceil/floor vars)
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
@@ -158,10 +160,19 @@ def check_shapes(inst: RuleInstance, timeout_ms: int = 5000) -> ShapeResult:
     binding = {name: model.eval(s, model_completion=True).as_long() for name, s in sorted(enc.symbols.items())}
     failed = [text for g, text in goals if z3.is_false(model.eval(g, model_completion=True))]
     values = ", ".join(f"{k}={v}" for k, v in binding.items())
-    return ShapeResult("refuted", f"{failed[0] if failed else 'a shape goal'} fails at {values}")
+    return ShapeResult("refuted", f"{failed[0] if failed else 'a shape goal'} at {values}")
 
 
-def _static_mismatch(lhs: Graph, rhs: Graph) -> str:
+def _differ(inst: RuleInstance, k: int) -> str:
+    """The message for output k of the two sides with different shapes, at which inputs."""
+    lo, ro = inst.lhs.outputs[k], inst.rhs.outputs[k]
+    inputs = ", ".join(f"{name}{D.fmt_shape(n.shape)}" for name, n in inst.lhs.inputs.items())
+    return (f"the sides' shapes differ: lhs {D.fmt_shape(lo.shape)} vs rhs {D.fmt_shape(ro.shape)} "
+            f"(output {k}, inputs {inputs})")
+
+
+def _static_mismatch(inst: RuleInstance) -> str:
+    lhs, rhs = inst.lhs, inst.rhs
     if len(lhs.outputs) != len(rhs.outputs):
         return f"lhs has {len(lhs.outputs)} outputs, rhs has {len(rhs.outputs)}"
     for name, node in rhs.inputs.items():
@@ -172,7 +183,7 @@ def _static_mismatch(lhs: Graph, rhs: Graph) -> str:
             return f"input {name!r}: lhs {ln.dtype}{D.fmt_shape(ln.shape)} vs rhs {node.dtype}{D.fmt_shape(node.shape)}"
     for k, (lo, ro) in enumerate(zip(lhs.outputs, rhs.outputs)):
         if lo.rank != ro.rank:
-            return f"output {k}: lhs rank {lo.rank} {D.fmt_shape(lo.shape)} vs rhs rank {ro.rank} {D.fmt_shape(ro.shape)}"
+            return _differ(inst, k)
         if lo.dtype != ro.dtype:
             return f"output {k}: lhs dtype {lo.dtype} vs rhs dtype {ro.dtype}"
     return ""
