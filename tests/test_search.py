@@ -60,6 +60,17 @@ def test_moe_topk_on_logits_then_normalise_winners():
     _equal_to_naive(g, best)
 
 
+def test_within_holds_for_terms_the_rewrites_make():
+    """`div-div-cancel` and `softmax-shift` need within(c, x): seeded for the input
+    graph's operands only, the softmax of the top-k's values (a term the rewrites make)
+    kept a second sum over all 128 experts; the analysis carries within to it."""
+    g = W.get("moe_routing").graph
+    best = search(g, top_k=3, progress=False).best
+    assert {"div-div-cancel", "softmax-shift", "topk-softmax-indices"} <= set(best.derivation)
+    assert not any(n.op == "reduce" and n.attrs["op"] == "sum" and n.inputs[0].rank == 2
+                   and str(n.inputs[0].shape[-1]) == "e" for n in best.graph.live_nodes())
+
+
 def test_attention_division_after_pv_matmul_with_separable_max():
     g = W.get("mha_causal").graph
     best = search(g, top_k=3, progress=False).best

@@ -276,7 +276,26 @@ def analysis_ruleset():
     flat_rule(TopK(op, k, a, x), [flat(x, b), b > a], b)
     # An axis the term does not have is one it is constant along (broadcasting).
     rules.append(rule(AxisId(b), eq(r).to(rank(t)), r + b < 0).then(flat(t, b)))
+    rules += _within_rules(t, x, y, z, a, k, op)
     return ruleset(*rules, name="analysis")
+
+
+def _within_rules(t, x, y, z, a, k, op) -> list:
+    """`within` beyond the encoder's seeds, for terms the rewrites make (the softmax of
+    a top-k's values): an elementwise result holds its operands and, where one
+    broadcasts into the other, is within the wider; a reduction is within its operand;
+    a top-k keeps the operand's other axes; and the relation is transitive."""
+    c = var("c", Tn)
+    return [
+        rule(eq(t).to(Un(op, x))).then(within(t, x), within(x, t)),
+        rule(eq(t).to(Bin(op, x, y))).then(within(x, t), within(y, t)),
+        rule(eq(t).to(Bin(op, x, y)), within(y, x)).then(within(t, x)),
+        rule(eq(t).to(Bin(op, x, y)), within(x, y)).then(within(t, y)),
+        rule(eq(t).to(Where(x, y, z))).then(within(x, t), within(y, t), within(z, t)),
+        rule(eq(t).to(Red(op, a, x))).then(within(t, x)),
+        rule(eq(t).to(TopK(op, k, a, x)), within(c, x), flat(c, a)).then(within(c, t)),
+        rule(within(c, x), within(x, y)).then(within(c, y)),
+    ]
 
 
 def new_egraph() -> EGraph:
