@@ -109,10 +109,14 @@ rule("prims.amin")(_prim_reduction("min"))
 
 
 def variance(t, x, dims, correction, keepdim):
+    """Two passes, corrected for the mean's rounding: with d = x - mean, Σd² - (Σd)²/n.
+    The plain Σd² of an f32-rounded mean was 5e-3 relative off on rows of 1e6 ± 1,
+    where torch's is exact to f32's rounding."""
     n = count(t, x, dims)
-    mean = t.add("div", reduce(t, x, "sum", dims, True), n)
-    squares = t.add("square", t.add("sub", x, mean))
-    return t.add("div", reduce(t, squares, "sum", dims, keepdim), count(t, x, dims, minus=correction))
+    d = t.add("sub", x, t.add("div", reduce(t, x, "sum", dims, True), n))
+    drift = t.add("div", t.add("square", reduce(t, d, "sum", dims, keepdim)), count(t, x, dims))
+    squares = t.add("sub", reduce(t, t.add("square", d), "sum", dims, keepdim), drift)
+    return t.add("div", squares, count(t, x, dims, minus=correction))
 
 
 def _correction(a) -> int:
@@ -235,9 +239,15 @@ def _softmax(t, node, a):
 
 @rule("log_softmax", "_log_softmax")
 def _log_softmax(t, node, a):
+    """(x - max) - log(sum(exp(x - max))), as torch computes it: x - (max + log(sum))
+    rounds the sum of a large max and a small log to f32 first (logits around 1e4 came
+    out 3e-4 relative off)."""
     x = _softmax_input(t, a)
-    return _on_a_vector(t, x, lambda v, axis: t.add("sub", v, log_sum_exp(t, v, axis, keepdim=True, guard=False)),
-                        a["dim"])
+
+    def shifted(v, axis):
+        d = t.add("sub", v, reduce(t, v, "max", [axis], True))
+        return t.add("sub", d, t.add("log", reduce(t, t.add("exp", d), "sum", [axis], True)))
+    return _on_a_vector(t, x, shifted, a["dim"])
 
 
 def _on_a_vector(t, x, fn, dim):
