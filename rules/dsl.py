@@ -33,6 +33,9 @@ may carry an offset (`a-1`). Conditions:
                         extent 1 or x's, and c has no more axes): a rhs that drops c keeps
                         the lhs's shape. Known where c and x meet in an elementwise op of
                         the input graph
+    wide_operands()     the graph's MatMul operands are not f16: a factor moved into one is
+                        rounded to it, and f16's range (65504) would overflow where the
+                        product did not (a graph condition: the rule is left out otherwise)
 Examples are concrete terms (literal axes) over declared inputs: `x[m, k]` an f32
 input of that shape (`c[]` a scalar), `n = k` a scalar equal to the extent k. The
 rule must fire on each `rewrites:` term and must not on each `keeps:` term
@@ -53,7 +56,9 @@ REDUCE = {"r" + op: op for op in REDUCE_OPS}  # rsum: a reduce with op=sum
 OPS = {**{u: "t" for u in UNARY}, **{b: "tt" for b in BINARY}, **{r: "ta" for r in REDUCE},
        "where": "ttt", "matmul": "tt", "split": "tap", "squeeze": "ta", "unsqueeze": "ta", "swap": "t",
        "topk_values": "tka", "topk_indices": "tka", "const": "c"}
-CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta", "finite": "t", "within": "tt"}
+CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta", "finite": "t", "within": "tt",
+              "wide_operands": ""}
+GRAPH_CONDITIONS = {"wide_operands"}  # decided once per graph, by cleave.search, not per match
 PADS = {"-inf": float("-inf"), "0": 0.0}
 CONSTANTS = {"inf": math.inf, "log2e": LOG2E}  # names a `const(...)` may use
 

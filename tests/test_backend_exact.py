@@ -429,3 +429,25 @@ def test_log_softmax_and_variance_keep_f32_accuracy_at_large_values(ctx):
             assert ((got.double() - ref).abs().max() / ref.abs().max()).item() < 1e-6
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_fp16_attention_scaled_past_one_stays_finite(ctx):
+    """`scale-into-prologue` moved SDPA's scale (100) onto q, whose f16 operand then
+    overflowed (q = 1000 -> 1e5 > 65504): every output was NaN. Rules that move a factor
+    into a MatMul operand say `wide_operands()` and are left out where operands are f16."""
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, scale=100.0)
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 5, 16, generator=gen)
+    q[..., 0] = 1000.0
+    k = torch.randn(1, 2, 9, 16, generator=gen) * 0.1
+    k[..., 0] = 1e-3
+    v = torch.randn(1, 2, 9, 16, generator=gen)
+    q, k, v = q.half(), k.half(), v.half()
+    out = torch.compile(attention, backend="cleave", dynamic=True)(q, k, v)
+    assert not out.isnan().any()
+    want = attention(q.double(), k.double(), v.double())
+    assert (out.double() - want).abs().max() < 0.1  # scores of ~100 from f16 keys: eager's own error is 0.01-0.07
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

@@ -16,7 +16,7 @@ from egglog import (EGraph, Expr, String, StringLike, eq, function, i64, i64Like
                     set_, var)
 
 from cleave.ir.ops import BINARY, UNARY
-from cleave.rules.dsl import OPS, REDUCE, Axis, Leaf, Rule, RuleError, Term, Var
+from cleave.rules.dsl import GRAPH_CONDITIONS, OPS, REDUCE, Axis, Leaf, Rule, RuleError, Term, Var
 
 MAX_RANK = 8
 
@@ -208,7 +208,7 @@ def compile_rule(r: Rule):
     rhs = to_egg(r.rhs, tvars, avars)
     facts = []
     for c in r.conditions:
-        if c.kind == "nonempty":  # a constraint on the binding, recorded on the candidate
+        if c.kind == "nonempty" or c.kind in GRAPH_CONDITIONS:  # a binding's constraint; the search's choice
             continue
         ts = [to_egg(a, tvars, avars) for a in c.args if isinstance(a, Var)]
         if c.kind in ("finite", "within"):
