@@ -116,12 +116,7 @@ INT_GROWS = ("mul", "square")
 INT_UNARY = {"abs": "tl.abs({x})", "neg": "-{x}", "square": "{x} * {x}", "floor": "{x}", "ceil": "{x}",
              "trunc": "{x}", "round": "{x}", "sign": "tl.where({x} > 0, 1, tl.where({x} < 0, -1, 0))",
              "bit_not": "~{x}"}
-# torch.pow: |a|^b through exp and log, negated for a negative base and an odd integer
-# exponent, NaN for a negative base and a fractional one, and 1 for a zero exponent.
-# Nested selects, not `&` of comparisons: with a scalar exponent, Triton's CPU
-# interpreter broadcasts the exponent's comparison as floats, and `&` then fails.
-POW = ("tl.where({b} == 0.0, 1.0, tl.where({a} < 0.0, tl.where(tl.floor({b}) == {b}, "
-       "tl.where(tl.floor({b} * 0.5) * 2.0 == {b}, 1.0, -1.0), float(\"nan\")), 1.0) * tl.exp(tl.log(tl.abs({a})) * {b}))")
+POW = "pow_f32({a}, {b})"  # torch.pow (C's pow): MATH below
 BINARY = per_op({"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
                  "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})", "pow": POW,
                  # Triton's % is C's fmod on floats (frem, exact) and truncating on integers
@@ -1202,6 +1197,21 @@ MATH = {
     "negative": [  # the sign bit: true for -0.0 and a negative NaN too
         "def negative(x):",
         "    return x.to(tl.int32, bitcast=True) < 0",
+    ],
+    # C's pow, as torch's: |a|^b through exp and log, negated where a's sign bit is set
+    # and b is an odd integer (pow(-0., -1) = -inf), NaN for a negative finite base and
+    # a fractional exponent (not -inf: pow(-inf, 1.5) = inf), and 1 for b = 0, a = 1,
+    # and a = -1 with b = +-inf. Nested selects, not `&` of comparisons: with a scalar
+    # exponent, Triton's CPU interpreter broadcasts a comparison as floats.
+    "pow_f32": [
+        "def pow_f32(a, b):",
+        "    mag = tl.exp(tl.log(tl.abs(a)) * b)",
+        "    whole = tl.floor(b) == b",
+        "    odd = tl.where(whole, tl.floor(b * 0.5) * 2.0 != b, False)",
+        "    r = tl.where(negative(a), tl.where(odd, -mag, mag), mag)",
+        "    r = tl.where(a < 0.0, tl.where(whole, r, tl.where(a == -float(\"inf\"), r, float(\"nan\"))), r)",
+        "    r = tl.where(a == -1.0, tl.where(tl.abs(b) == float(\"inf\"), 1.0, r), r)",
+        "    return tl.where(b == 0.0, 1.0, tl.where(a == 1.0, 1.0, r))",
     ],
     # atan(t), t = min(|x|, |y|) / max(|x|, |y|) in [0, 1], past tan(pi/8) as
     # pi/4 + atan((t - 1) / (t + 1)); then mirrored into the operands' quadrant.

@@ -100,3 +100,24 @@ def test_erfinv_up_to_its_poles():
     x = torch.cat([torch.rand(200, generator=gen) * 2 - 1, torch.tensor([0.0, -0.0, 1.0, -1.0, 1 - 2**-24, -0.999,
                                                                           1e-30, 1.5, float("nan")])])
     _check(erfinv, x)
+
+
+def power(a, b):
+    return torch.pow(a, b)
+
+
+def test_pow_takes_c_special_values():
+    """pow(-inf, 1.5) was NaN (inf), pow(-inf, -0.5) NaN (0), pow(1, nan) and
+    pow(-1, inf) NaN (1), pow(-0., -1) inf (-inf): the kernels' pow now follows C's,
+    as torch's does, for every pair of special values and the exponents that pick
+    a branch (odd, even, fractional, infinite)."""
+    a = torch.tensor(SPECIAL + [-2.0, -0.5, 2.0])
+    b = torch.tensor(SPECIAL + [-1.0, 2.0, 3.0, -3.0, 1.5, -0.5])
+    x, y = torch.meshgrid(a, b, indexing="ij")
+    got = _compiled(power, x.flatten(), y.flatten())
+    want = torch.pow(x.flatten().double(), y.flatten().double()).float()
+    exact = want.isinf() | want.isnan() | (want == 0) | (want.abs() == 1)
+    assert torch.equal(got[exact].isnan(), want[exact].isnan())
+    same = exact & ~want.isnan()
+    assert torch.equal(got[same], want[same]) and torch.equal(got[same].signbit(), want[same].signbit())
+    check_outputs([got[~exact].double()], [want[~exact].double()], "pow")
