@@ -58,7 +58,7 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
     # short, the two-pass softmax would look as cheap as the fused one.
     env = C.representative(graph, enc.reducible | graph.reduced_symbols(), shapes)
     left = max(1.0, budgets.seconds - (time.perf_counter() - start))
-    found = explore(enc, classes, roots, env, seconds=left)
+    found = explore(enc, classes, roots, env, seconds=left, saturation_stop=sat.stop_note)
     index = Index(classes)
     candidates = [to_candidate(r, rules, enc.outputs, index) for r in distinct(found, top_k)]
     for c in candidates:

@@ -227,10 +227,11 @@ def _extractable(classes, enc: Encoded) -> dict:
     return out
 
 
-def enumerate_dags(classes, roots, limit: int):
-    """Every acyclic choice of one e-node per reachable e-class, or None past `limit`.
-    Classes left with one possible e-node are assigned in a loop: recursion is as deep
-    as the choice points, not the classes (a model of many layers has thousands)."""
+def enumerate_dags(classes, roots, limit: int, expired=lambda: False):
+    """Every acyclic choice of one e-node per reachable e-class, or None past `limit` (or
+    once `expired()`). Classes left with one possible e-node are assigned in a loop:
+    recursion is as deep as the choice points, not the classes (a model of many layers
+    has thousands)."""
     out: list[dict] = []
     cycles = regions.cyclic_components(regions.successors(classes, roots))
 
@@ -265,6 +266,8 @@ def enumerate_dags(classes, roots, limit: int):
                     todo.extend(reversed(kids(nodes[0])))
                     continue
                 for node in nodes:  # none: every e-node closes a cycle, a dead end
+                    if expired():
+                        return False
                     assign[c] = node
                     ok = go(assign, todo + list(reversed(kids(node))))
                     del assign[c]
@@ -280,8 +283,20 @@ def enumerate_dags(classes, roots, limit: int):
     return out if go({}, list(reversed(roots))) else None
 
 
+class Clock:
+    """The extraction's time budget; `cut` once it ended some work early."""
+
+    def __init__(self, seconds: float):
+        self.end = time.perf_counter() + seconds
+        self.cut = False
+
+    def expired(self) -> bool:
+        self.cut = self.cut or time.perf_counter() > self.end
+        return self.cut
+
+
 def explore(enc: Encoded, classes, roots, env, exhaustive: int = 2000, beam: int = 16,
-            seconds: float = 20.0) -> list[Realized]:
+            seconds: float = 20.0, saturation_stop: str | None = None) -> list[Realized]:
     """Candidates ranked at `env`, cheapest first (distinct DAGs; `distinct` dedupes graphs).
 
     When the e-graph holds at most `exhaustive` acyclic extractions (every suite workload
@@ -292,48 +307,78 @@ def explore(enc: Encoded, classes, roots, env, exhaustive: int = 2000, beam: int
     ranked on its own and keeps its best choice, until the rest enumerates. Otherwise a
     beam search over the choice points: a state forces some e-classes to one e-node (the
     rest extracted as smallest trees) and expands by deciding its candidate's next open
-    choice every way; the `beam` cheapest states survive each round."""
-    start = time.perf_counter()
-    deadline = start + seconds
-    classes = _extractable(classes, enc)
-    dags = enumerate_dags(classes, roots, exhaustive)  # once: settle's check and the ranking share it
+    choice every way; the `beam` cheapest states survive each round.
+
+    Past `seconds` each stage stops where it is and the ranking keeps what it decoded,
+    with the input graph's own extraction (always a valid candidate). A budget this or
+    the saturation before it stopped at (`saturation_stop`) is reported in one
+    BudgetWarning."""
+    clock = Clock(seconds)
+    classes = extractable = _extractable(classes, enc)
+    dags = enumerate_dags(classes, roots, exhaustive, clock.expired)  # once: settle's check and the ranking share it
 
     def region_best(narrowed, cls, owned) -> Realized | None:
         # What the region reads but does not own (the rope tables every layer reads) is
         # pinned to its smallest tree: its choice is made above, not once per region.
         _, smallest = best_choice(narrowed, frozenset())
         pinned = {c: nodes if c in owned or c not in smallest else [smallest[c]] for c, nodes in narrowed.items()}
-        found = _ranked(Extractor(enc, pinned, [cls], env, region=True), pinned, [cls],
-                        enumerate_dags(pinned, [cls], exhaustive), beam, deadline)
+        ex = Extractor(enc, pinned, [cls], env, region=True)
+        _realize(ex, pinned, [cls], enumerate_dags(pinned, [cls], exhaustive, clock.expired), beam, clock)
+        found = ex.ranked()
         return found[0] if found else None
 
-    if dags is None:
-        classes = regions.settle(classes, roots, lambda *_: False, region_best)  # known too large whole
-        dags = enumerate_dags(classes, roots, exhaustive)
-    found = _ranked(Extractor(enc, classes, roots, env), classes, roots, dags, beam, deadline)
+    if dags is None:  # known too large whole
+        classes = regions.settle(classes, roots, lambda *_: False, region_best, expired=clock.expired)
+        dags = enumerate_dags(classes, roots, exhaustive, clock.expired)
+    ex = Extractor(enc, classes, roots, env)
+    _realize(ex, classes, roots, dags, beam, clock)
+    if clock.cut:  # settle narrowed a copy: the input graph's e-nodes are all in `extractable`
+        ex.dag(_naive_choice(extractable, roots, enc))
+    found = ex.ranked()
     if not found:
         raise CleaveError(f"search of {enc.graph.name}: no candidate could be extracted")
+    _warn_budgets(enc.graph.name, saturation_stop, clock, len(found))
     return found
 
 
-def _ranked(ex: Extractor, classes, roots, dags: list | None, beam: int, deadline: float) -> list[Realized]:
-    """Every extraction in `dags` ranked, or (None: too many) the beam search's."""
+def _naive_choice(classes, roots, enc: Encoded) -> dict:
+    """The extraction of the input graph's own e-nodes. A class holding two of its terms
+    (x and x*1, once a rule joined them) takes the innermost: every term's children
+    come before it in `subterms`, so the choice closes no cycle."""
+    index = Index(classes)
+    choice: dict = {}
+    for t in subterms(enc.outputs):
+        cls = index.find(t)
+        if cls not in choice:
+            op, args = enode_of(t, lambda x: ("class", index.find(x)), _OFFSET)
+            choice[cls] = next(n for n in classes[cls] if n.op == op and n.args == args)
+    return {c: choice[c] for c in _used(roots, choice)}
+
+
+def _warn_budgets(name: str, saturation_stop: str | None, clock: Clock, ranked: int) -> None:
+    """One warning for every budget the search stopped at: saturation's, then extraction's."""
+    stops = [s for s in (saturation_stop, clock.cut and "the time budget ended the extraction early") if s]
+    if stops:
+        kept = f"the best of {ranked} extractions ranked" + (", the input graph among them" if clock.cut else "")
+        warnings.warn(BudgetWarning(f"search of {name}: {'; '.join(stops)}; returning {kept}"), stacklevel=4)
+
+
+def _realize(ex: Extractor, classes, roots, dags: list | None, beam: int, clock: Clock) -> None:
+    """Decodes every extraction in `dags` (None: too many: the beam search's), or as many
+    as `clock` leaves time for (at least one), for `ex.ranked()`."""
     if dags is not None:
-        for choice in dags:
-            ex.dag(choice)
-            if time.perf_counter() > deadline:
-                warnings.warn(BudgetWarning(f"search of {ex.enc.graph.name}: the time budget ended the ranking of "
-                                            f"candidates early; the best found so far is returned"))
+        for i, choice in enumerate(dags):
+            if i and clock.expired():
                 break
+            ex.dag(choice)
     else:
-        _beam(ex, classes, roots, beam, deadline)
-    return ex.ranked()
+        _beam(ex, classes, roots, beam, clock)
 
 
-def _beam(ex: Extractor, classes, roots, width: int, deadline: float) -> None:
+def _beam(ex: Extractor, classes, roots, width: int, clock: Clock) -> None:
     first = ex.forced({})
     states = [({}, first)] if first else []
-    while states and time.perf_counter() < deadline:
+    while states and not clock.expired():
         children = []
         for forced, r in states:
             cls = _next_decision(classes, r, forced)

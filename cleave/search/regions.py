@@ -17,6 +17,7 @@ the candidates differ there.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from cleave.ir.dominators import ROOT, dominated, immediate_dominators
 
@@ -76,6 +77,47 @@ def cyclic_components(succ: dict) -> dict:
     return comp
 
 
+def postorder(succ: dict, starts) -> list:
+    """The classes reachable from `starts`, each after the classes it reads (but those
+    on a cycle with it)."""
+    order, seen = [], set()
+    for s in starts:
+        if s in seen:
+            continue
+        seen.add(s)
+        stack = [(s, iter(succ[s]))]
+        while stack:
+            c, kids = stack[-1]
+            k = next(kids, None)
+            if k is None:
+                stack.pop()
+                order.append(c)
+            elif k not in seen:
+                seen.add(k)
+                stack.append((k, iter(succ[k])))
+    return order
+
+
+def reaching(classes, targets: list) -> dict:
+    """Each of `targets` -> the others it reaches through the e-nodes of `classes`. One
+    sweep over the class graph for all of them (bit sets), where a search per pair took
+    minutes on an e-graph of a few thousand classes."""
+    succ = successors(classes, targets)
+    order = postorder(succ, targets)
+    bit = {t: 1 << i for i, t in enumerate(targets)}
+    below = dict.fromkeys(order, 0)  # class -> the targets it reaches, as bits
+    changed = True
+    while changed:  # one sweep settles an acyclic graph; each cycle may take one more
+        changed = False
+        for c in order:
+            reached = 0
+            for k in succ[c]:
+                reached |= bit.get(k, 0) | below[k]
+            if reached != below[c]:
+                below[c], changed = reached, True
+    return {t: {o for o in targets if o != t and below[t] & bit[o]} for t in targets}
+
+
 def choices(classes, region) -> float:
     """log of the product of the e-node counts of a region's classes: an upper bound on
     its extractions (all of them when no choice excludes another)."""
@@ -88,12 +130,13 @@ def choices(classes, region) -> float:
 REGION_EXTRACTIONS = 64
 
 
-def settle(classes, roots, enumerable, best, region_extractions: int = REGION_EXTRACTIONS) -> dict:
+def settle(classes, roots, enumerable, best, region_extractions: int = REGION_EXTRACTIONS,
+           expired: Callable[[], bool] = lambda: False) -> dict:
     """`classes` as they are when `enumerable(classes, roots)`; else with regions under
     dominating classes narrowed to their best choice until each region left, the
     outputs' own included, is bounded by `region_extractions`. `best(classes, cls,
     owned)` extracts the region under cls, whose own classes are `owned` (the cheapest
-    realized choice, or None)."""
+    realized choice, or None). Once `expired()`, the regions left stay as they are."""
     log_limit = math.log(region_extractions)
     if enumerable(classes, roots):
         return classes
@@ -107,29 +150,19 @@ def settle(classes, roots, enumerable, best, region_extractions: int = REGION_EX
     failed: set = set()  # regions that decode to no candidate on their own
     narrowed: set = set()  # regions settled inside already
 
-    def reaches(a, b) -> bool:
-        stack, seen = [a], set()
-        while stack:
-            c = stack.pop()
-            if c == b:
-                return True
-            if c not in seen:
-                seen.add(c)
-                stack.extend(k for n in classes[c] for k in (x[1] for x in n.args if isinstance(x, tuple)))
-        return False
-
     def open_weight(c) -> float:
         return 0.0 if c in failed else choices(classes, below[c])
 
     def narrow(top) -> None:
         """Settle regions under `top` until its bound is within the regions' size."""
-        while choices(classes, below[top]) > log_limit:
+        while choices(classes, below[top]) > log_limit and not expired():
             kids = [k for k in children.get(top, ()) if open_weight(k) > 0]
             if not kids:
                 return  # this region alone is too large: the caller's beam search takes it
             # Lowest first: a region that reads another open one (a layer reads the one
             # before it through the residual stream) waits for it to settle.
-            lowest = [k for k in kids if not any(o is not k and reaches(k, o) for o in kids)] or kids
+            reached = reaching(classes, kids)
+            lowest = [k for k in kids if not reached[k]] or kids
             kid = max(lowest, key=lambda k: (open_weight(k), k))
             if kid not in narrowed:  # settle inside it first: the part nearest the top stays open
                 narrowed.add(kid)
