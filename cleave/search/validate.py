@@ -165,10 +165,12 @@ def check_candidates(naive: Graph, cands: list[Graph], shapes: dict | None = Non
         env = small_binding(naive, cand, shapes)
         cost = interpretation_cost(naive, env)
         if cost > CHECK_BUDGET:
+            dynamic = any(not k.startswith("s_") for k in env)  # not only the split counts
+            advice = ("its static dims alone are over the budget" if dynamic else
+                      "declare an axis dynamic to have it checked at small sizes")
             warnings.warn(f"candidate of {naive.name}: not interpreted against the input graph, which costs "
-                          f"{cost:.2g} operations at its only binding {env} (budget {CHECK_BUDGET:.0e}): it rests "
-                          f"on its rules' proofs; declare an axis dynamic to have it checked at small sizes",
-                          CandidateCheckSkipped, stacklevel=3)
+                          f"{cost:.2g} operations at its smallest binding {env} (budget {CHECK_BUDGET:.0e}): it "
+                          f"rests on its rules' proofs; {advice}", CandidateCheckSkipped, stacklevel=3)
             bindings.append(None)
             continue
         for positive in (False, True):
