@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from cleave.ir.dominators import ROOT, dominated, immediate_dominators
+from cleave.ir.dominators import dominated, immediate_dominators
 
 
 def successors(classes, roots) -> dict:
