@@ -4,6 +4,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from cleave.ir.dominators import ROOT
 from cleave.search import regions
 from cleave.search.extract import enumerate_dags
 
@@ -63,7 +64,7 @@ def test_dominators_of_a_diamond_and_a_cycle():
                     _class("leaf", (0, []))])
     succ = regions.successors(classes, ["top"])
     idom = regions.immediate_dominators(succ, ["top"])
-    assert idom == {"top": regions.ROOT, "l": "top", "r": "top", "bottom": "top", "loop": "bottom",
+    assert idom == {"top": ROOT, "l": "top", "r": "top", "bottom": "top", "loop": "bottom",
                     "leaf": "bottom"}
     assert regions.dominated(idom)["bottom"] == {"bottom", "loop", "leaf"}
     cycles = regions.cyclic_components(succ)
