@@ -72,6 +72,18 @@ rule("expand", "expand_as", "broadcast_to")(lambda t, n, a: broadcast(t, a["self
 rule("copy")(lambda t, n, a: broadcast(t, a["src"], t.out_shape(n)))
 
 
+# Ops whose result depends on how their input lies in memory (strides and offset into
+# its storage), not only on its values (torch.diag lowers to as_strided over a slice of
+# the input: over a contiguous copy of the slice it read past the end, and within
+# bounds it would read the wrong elements).
+STORAGE_DEPENDENT = {"as_strided"}
+
+
+def storage_dependent(n: torch.fx.Node) -> bool:
+    target = n.target
+    return isinstance(target, torch._ops.OpOverload) and target._schema.name.split("::")[-1] in STORAGE_DEPENDENT
+
+
 def _strided_reads(a, n):
     """Why an as_strided cannot be read from its input's values. It can where the input
     is contiguous from offset 0, so that eager's storage holds its elements in row-major

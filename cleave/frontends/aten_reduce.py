@@ -114,7 +114,7 @@ def variance(t, x, dims, correction, keepdim):
     where torch's is exact to f32's rounding."""
     n = count(t, x, dims)
     d = t.add("sub", x, t.add("div", reduce(t, x, "sum", dims, True), n))
-    drift = t.add("div", t.add("square", reduce(t, d, "sum", dims, keepdim)), count(t, x, dims))
+    drift = t.add("div", t.add("square", reduce(t, d, "sum", dims, keepdim)), n)
     squares = t.add("sub", reduce(t, t.add("square", d), "sum", dims, keepdim), drift)
     return t.add("div", squares, count(t, x, dims, minus=correction))
 
@@ -208,16 +208,15 @@ def safe_softmax(t, x, axis: int):
     return t.add("div", e, t.add("reduce", e, op="sum", axis=axis, keepdim=True))
 
 
-def log_sum_exp(t, x, axis, keepdim: bool, guard: bool):
-    """log(sum(exp(x - m))) + m over one axis or a list of them. With `guard` an infinite
-    max reads as 0, as torch's logsumexp computes it: a row of -inf gives -inf (not -inf -
-    -inf = NaN), a row holding +inf gives +inf. log_softmax subtracts the max unguarded
-    (NaN there)."""
+def log_sum_exp(t, x, axis, keepdim: bool):
+    """log(sum(exp(x - m))) + m over one axis or a list of them, an infinite max read as
+    0, as torch's logsumexp computes it: a row of -inf gives -inf (not -inf - -inf =
+    NaN), a row holding +inf gives +inf. (log_softmax subtracts its max unguarded, NaN
+    there, in `_log_softmax`.)"""
     dims = [axis] if isinstance(axis, int) else list(axis)
 
     def row_max(keep):
-        m = reduce(t, x, "max", dims, keep)
-        return t.add("inf_to_zero", m) if guard else m
+        return t.add("inf_to_zero", reduce(t, x, "max", dims, keep))
 
     m = row_max(True)
     total = reduce(t, t.add("exp", t.add("sub", x, m)), "sum", dims, keepdim)
@@ -261,7 +260,7 @@ def _on_a_vector(t, x, fn, dim):
 @rule("logsumexp")
 def _logsumexp(t, node, a):
     x = a["self"]
-    return log_sum_exp(t, x, axes(a["dim"], x.rank), a.get("keepdim", False), guard=True)
+    return log_sum_exp(t, x, axes(a["dim"], x.rank), a.get("keepdim", False))
 
 
 def _arg_extreme(t, x, axis: int, largest: bool, keepdim: bool):
@@ -325,7 +324,7 @@ rule("cumprod", check=_float_result)(_prefix_reduction("prod", 1))
 def _logcumsumexp(t, node, a):
     x = a["self"]
     axis = a["dim"] % x.rank
-    return log_sum_exp(t, _prefix(t, x, axis, float("-inf")), axis, keepdim=False, guard=True)
+    return log_sum_exp(t, _prefix(t, x, axis, float("-inf")), axis, keepdim=False)
 
 
 def _running_extreme(largest: bool):

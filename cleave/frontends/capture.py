@@ -17,6 +17,7 @@ from ..ir import Graph, rebuild
 from ..ir import dims as D
 from ..ir.graph import fresh_name
 from . import aten_map
+from .aten_layout import storage_dependent
 from .errors import CaptureError, UnsupportedOpError, source_of
 from .layout_sink import sink_layouts
 from .masks import simplify_masks
@@ -303,8 +304,7 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Captured:
         elif node.op == "output":
             writes = _outputs(t, graph, node, ep.graph_signature, user_names)
             views = _view_outputs(node, ep.graph_signature, graph.output_names)
-    reads_storage = any(n.op == "call_function" and getattr(n.target, "_schema", None) is not None
-                        and n.target._schema.name.split("::")[-1] == "as_strided" for n in ep.graph.nodes)
+    reads_storage = any(storage_dependent(n) for n in ep.graph.nodes)
     return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes, views,
                     constants=constants, reads_storage=reads_storage)
 

@@ -82,7 +82,7 @@ def _translate(gm, name: str, placeholders, reads: dict) -> Captured:
         val = node.meta.get("val")
         if isinstance(val, torch.SymInt) and isinstance(val.node.expr, sympy.Symbol) \
                 and val.node.expr not in carried and not _at_least_zero(val):
-            names = set(signed.values()) | {p.name for p in placeholders}
+            names = {n for pair in signed.values() for n in pair} | {p.name for p in placeholders}
             pos = fresh_name(f"{node.name}_pos", names)
             signed[node.name] = (pos, fresh_name(f"{node.name}_neg", names | {pos}))
             symbols.signed(val.node.expr, *signed[node.name], hint=_hint(val))

@@ -16,6 +16,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.passes.split_module import split_module
 
 from .. import passes
+from ..frontends.aten_layout import storage_dependent
 from ..ir import BindingError
 from .launch import remember
 from .context import Context
@@ -26,13 +27,6 @@ def _compute_nodes(gm: torch.fx.GraphModule):
     return [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
 
 
-# Ops whose result depends on how their input lies in memory (strides and offset into
-# its storage), not only on its values. A cleave region's output is a new contiguous
-# tensor: where eager would have handed them a view or a tensor of other strides, that
-# input is produced eagerly (torch.diag lowers to as_strided over a slice of the input:
-# over cleave's copy of the slice it read past the end, and within bounds it would read
-# the wrong elements).
-STORAGE_DEPENDENT = {"as_strided"}
 
 
 def _unsupported_nodes(gm, needed: set) -> list[torch.fx.Node]:
@@ -47,7 +41,9 @@ def _unsupported_nodes(gm, needed: set) -> list[torch.fx.Node]:
         projects_bad = n.target is operator.getitem and n.args and n.args[0] in bad
         if projects_bad or not is_supported(n):
             bad[n] = None
-    stack = [n for n in nodes if _storage_dependent(n)]
+    # A cleave region's output is a new contiguous tensor: where eager would hand a
+    # storage-dependent op a view or a tensor of other strides, its input is produced eagerly.
+    stack = [n for n in nodes if storage_dependent(n)]
     while stack:
         for up in stack.pop().all_input_nodes:
             if up.op in ("call_function", "call_method", "call_module") and up not in bad and not _fresh(up):
@@ -55,11 +51,6 @@ def _unsupported_nodes(gm, needed: set) -> list[torch.fx.Node]:
                 stack.append(up)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     return sorted(bad, key=order.__getitem__)
-
-
-def _storage_dependent(n: torch.fx.Node) -> bool:
-    target = n.target
-    return isinstance(target, torch._ops.OpOverload) and target._schema.name.split("::")[-1] in STORAGE_DEPENDENT
 
 
 def _fresh(n: torch.fx.Node) -> bool:

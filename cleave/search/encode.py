@@ -122,15 +122,13 @@ def _term(n: Node, args: list):
         return args[0]
     if op == "const" and n.dtype is DType.f32:
         return Term("const", (const_value(a["value"]),))
-    if not n.dtype.is_float and op != "topk":
-        # Rules are proven over the reals: integers wrap and divide by flooring, so
-        # (x*y)/c -> x*(y/c) would lose int32's wraparound. Integer values stay leaves.
-        if len(args) > 3:
-            raise ValueError(f"{op} %{n.id}: the search encodes at most 3 operands of an opaque op, got {len(args)}")
-        return Leaf(n.id, tuple(args))
-    if op in UNARY or op in BINARY or op in ("where", "matmul"):  # the same op in both vocabularies
+    # Rules are proven over the reals: integers wrap and divide by flooring, so (x*y)/c ->
+    # x*(y/c) would lose int32's wraparound. Integer values stay leaves; a topk's indices
+    # (an order, not arithmetic) are a term, as its values are.
+    real = n.dtype.is_float
+    if real and (op in UNARY or op in BINARY or op in ("where", "matmul")):  # the same op in both vocabularies
         return Term(op, tuple(args))
-    if op == "reduce":
+    if real and op == "reduce":
         rank = n.inputs[0].rank
         t = Term(_REDUCE_NAME[a["op"]], (args[0], Axis(None, a["axis"] - rank)))
         return t if a["keepdim"] else Term("squeeze", (t, Axis(None, a["axis"] - rank + 1)))

@@ -6,8 +6,9 @@ inputs (same shapes and dtypes), its own constraints hold (a split without pad
 needs its count to divide the axis), and the outputs agree in number, rank, dims
 and dtype: a rhs that drops a broadcast operand is narrower, and a sum over the
 dropped axis, or an output, would take another extent (`within(c, x)` keeps such
-rules to operands that do not widen the result). Dims are sympy expressions; ceiling/floor/Mod become fresh integers bounded by
-their definition (q = cdiv(N, s) as s*(q-1) < N <= s*q).
+rules to operands that do not widen the result). Dims are sympy expressions;
+ceiling/floor/Mod become fresh integers bounded by their definition (q = cdiv(N, s)
+as s*(q-1) < N <= s*q).
 """
 from __future__ import annotations
 
