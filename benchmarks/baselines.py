@@ -19,7 +19,7 @@ from cleave.workloads.flashinfer import DEFINITIONS
 from . import paged_baselines
 from .strongest import Baseline, compiles_within
 
-GEMM = {"matmul", "rmsnorm_matmul", "swiglu", "matmul_matmul", "matmul_rowsum", "matmul_w4"}
+GEMM = {"matmul", "matmul_f32", "rmsnorm_matmul", "swiglu", "matmul_matmul", "matmul_rowsum", "matmul_w4"}
 # Autotuning that takes longer than this is not what a user waits for.
 AUTOTUNE_BUDGET_S = 60.0
 
@@ -143,6 +143,7 @@ def _mla_sdpa(q_nope, q_pe, ckv, kpe):
 
 _CUBLAS = {
     "matmul": lambda x, w: torch.mm(x, w),
+    "matmul_f32": lambda x, w: torch.mm(x, w),
     "matmul_matmul": lambda x, w1, w2: torch.bmm(torch.bmm(x, w1), w2),
 }
 

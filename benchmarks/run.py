@@ -70,18 +70,22 @@ def _cpu_timer(fn, reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def _baseline_row(name: str, env: dict, device: str, skip: list[str]) -> dict:
+def _baseline_row(name: str, env: dict, device: str, skip: list[str], precision: str = "highest") -> dict:
+    """The baselines run at the f32 MatMul precision cleave's plans were built for (a
+    user's setting applies to both); the reference at torch's default, the yardstick."""
     from cleave import workloads
+    from cleave.benchmarking import f32_matmul_precision
 
     w = workloads.get(name)
     inputs = w.inputs(env, seed=1234, device=device)  # the inputs bench_spec times cleave on
     reference = w.run_reference({k: (v.float() if v.is_floating_point() else v) for k, v in inputs.items()})
     candidates = baselines.for_workload(name, w.reference)
     chosen = [b for b in candidates if not any(fnmatch.fnmatch(b.name, p) for p in skip)]
-    outcomes = iter(measure(chosen, inputs, reference,
-                            timer=_gpu_timer if device == "cuda" else _cpu_timer,
-                            sync=torch.cuda.synchronize if device == "cuda" else (lambda: None), log=_log))
-    rows = [next(outcomes) if b in chosen else Outcome(b.name, skipped="not run: --skip") for b in candidates]
+    with f32_matmul_precision(precision):
+        outcomes = iter(measure(chosen, inputs, reference,
+                                timer=_gpu_timer if device == "cuda" else _cpu_timer,
+                                sync=torch.cuda.synchronize if device == "cuda" else (lambda: None), log=_log))
+        rows = [next(outcomes) if b in chosen else Outcome(b.name, skipped="not run: --skip") for b in candidates]
     winner = best(rows)
     return {"baselines": [dataclasses.asdict(o) for o in rows],
             "strongest": dataclasses.asdict(winner) if winner else None,
@@ -122,7 +126,10 @@ def main(argv=None) -> int:
         t0 = time.time()
         row = _time_plans(spec) if spec else {"workload": name, "preset": preset, "env": env, "plans": [],
                                               "cleave_ms": None}
-        row.update(_baseline_row(name, env, args.device, args.skip))
+        precision = spec.get("f32_matmul", "highest") if spec else "highest"
+        row.update(_baseline_row(name, env, args.device, args.skip, precision))
+        if precision != "highest":  # the table names the precision both sides ran at
+            row["preset"] = f"{preset} (f32 MatMuls at \"{precision}\")"
         rows.append(row)
         strongest = row["strongest"]
         _log(f"  strongest: {strongest['name']} {strongest['ms']:.4f} ms" if strongest else "  strongest: none ran")

@@ -3,6 +3,7 @@ flex_attention on the same inputs, as ratios. Used by `cleave bench` and by
 `benchmarks/run.py`; imports only torch, triton and cleave's runtime."""
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 
@@ -33,13 +34,19 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None) -> list[dict]:
+def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None,
+               f32_matmul: str = "highest") -> list[dict]:
     """Search a workload once, schedule it at each preset, and keep the best plans
-    by cost (the GPU profiles them). Needs the search, so it runs on the dev machine."""
+    by cost (the GPU profiles them). Needs the search, so it runs on the dev machine.
+    `f32_matmul`: the torch float32 MatMul precision the plans honour (Target.f32_matmul);
+    `bench_spec` runs the baselines under it too."""
+    import dataclasses
     import time
 
     from . import search, workloads
-    from .scheduler import schedule
+    from .scheduler import H200, schedule
+
+    target = dataclasses.replace(H200, f32_matmul=f32_matmul)
 
     w = workloads.get(name)
     t0 = time.time()
@@ -52,7 +59,7 @@ def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None) 
         scheduled = []
         for index, candidate in enumerate(result.candidates):
             try:
-                plans = schedule(candidate, env, dynamic=set(), top_k=top_plans)
+                plans = schedule(candidate, env, dynamic=set(), top_k=top_plans, target=target)
             except CleaveError as err:  # another candidate may still schedule
                 _log(f"{name} {preset}: candidate {index} not scheduled: {err}")
                 continue
@@ -65,7 +72,7 @@ def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None) 
         _, index, plans = min(scheduled, key=lambda t: t[:2])
         chosen = [(p.cost, index, p) for p in plans[:top_plans]]
         specs.append({
-            "workload": name, "preset": preset, "env": env, "search_seconds": searched,
+            "workload": name, "preset": preset, "env": env, "search_seconds": searched, "f32_matmul": f32_matmul,
             "candidates": [{"text": c.graph.text(), "derivation": c.derivation} for c in result.candidates],
             "plan_candidates": [i for _, i, _ in chosen],
             "plans": [p.to_json() for _, _, p in chosen],
@@ -92,17 +99,32 @@ def bench_spec(spec: dict, skip_baselines: set[str] = frozenset()) -> dict:
         _time_plan(row, k, plan, inputs, reference)
     _serve(row, plans, inputs, reference)
     row["baselines"] = {}
-    for name, fn in baselines(spec["workload"], w.reference).items():
-        if name in skip_baselines:
-            continue
-        try:
-            fn(**inputs)
-            torch.cuda.synchronize()
-            row["baselines"][name] = _bench(lambda: fn(**inputs))
-        except Exception as exc:
-            row["baselines"][name] = None
-            _log(f"  baseline {name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
+    # The baselines run at the precision cleave's plans were built for (a user's setting
+    # applies to both); the reference above ran at torch's default, the error's yardstick.
+    row["f32_matmul"] = spec.get("f32_matmul", "highest")
+    with f32_matmul_precision(row["f32_matmul"]):
+        for name, fn in baselines(spec["workload"], w.reference).items():
+            if name in skip_baselines:
+                continue
+            try:
+                fn(**inputs)
+                torch.cuda.synchronize()
+                row["baselines"][name] = _bench(lambda: fn(**inputs))
+            except Exception as exc:
+                row["baselines"][name] = None
+                _log(f"  baseline {name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
     return row
+
+
+@contextlib.contextmanager
+def f32_matmul_precision(precision: str):
+    """torch.set_float32_matmul_precision(precision) inside the block only."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def _serve(row: dict, plans: list, inputs: dict, reference) -> None:

@@ -34,6 +34,7 @@ from .monotone import FIRST_AT_LEAST
 from .partition import KernelSpec, buffer_name, stored_dtype
 from .tile_order import descending
 from .tiles import Tiling, dot_labels, is_full
+from .target import H200
 from .tma import emit as emit_tma, tile_load, wants_tma
 from .views import gathers, merged_offset
 
@@ -263,6 +264,7 @@ class Emitter:
         stored = [self.views.labels_of(st.view) for st in spec.stores]
         self.one_tile_at_least = {i for i in grid if t.static.get(i, 0) == 0 and any(i not in s for s in stored)}
         self.free_lanes = {i for i in grid if t.block[i] > 1 and i not in reduced} - self.one_tile_at_least
+        self.target = target or H200
         self.tma = target is not None and wants_tma(self, target)
         self.consumers: dict[int, set] = {}  # id(instance) -> the ops that read its value
         for inst in self.views.memo.values():
@@ -817,17 +819,25 @@ class Emitter:
             a, c = zero_padded(a), zero_padded(c)
             exact_a, exact_c = a.ty in LOW or self._low(na), c.ty in LOW or self._low(nc)
 
-            def product(a: Val, c: Val, low: bool, acc: str | None) -> str:
+            def product(a: Val, c: Val, acc: str | None, precision: str | None = None) -> str:
+                """A tensor-core dot of low-precision operands, or of f32 ones at `precision`."""
+                low = precision is None
                 if tuple(m) == (mk[0], kn[0]):
                     lo, hi = self.operand(a, na, (mk[0], k), low), self.operand(c, nc, (k, kn[0]), low)
                 else:  # the result is laid out (N, M): compute (A B)^T = B^T A^T
                     lo, hi = self.operand(c, nc, (kn[0], k), low), self.operand(a, na, (k, mk[0]), low)
-                prec = "" if low else ", input_precision=\"ieee\""
+                prec = "" if low else f", input_precision=\"{precision}\""
                 return f"tl.dot({lo}, {hi}{', ' + acc if acc else ''}{prec})"
 
             mma = flops / mma_efficiency(self.t.block[mk[0]], self.t.block[kn[0]])
+            precision = self.target.f32_matmul
             if exact_a and exact_c:
-                expr = product(a, c, True, acc)
+                expr = product(a, c, acc)
+                self.stats.mma_flops += mma
+            elif precision == "medium":  # torch's "medium": f32 operands rounded to bf16 once
+                a = a if exact_a else self.var(b, f"to_bf16({a.name})", a.dims, "tl.bfloat16")
+                c = c if exact_c else self.var(b, f"to_bf16({c.name})", c.dims, "tl.bfloat16")
+                expr = product(a, c, acc)
                 self.stats.mma_flops += mma
             elif exact_a or exact_c:
                 # An f32 operand against one that holds bf16 values (an upcast: P @ v.float()):
@@ -836,10 +846,13 @@ class Emitter:
                 # one off the tensor cores (the paged decode's P.V ran 2.6x slower that way).
                 hi, lo = self.two_bf16(b, c if exact_a else a)
                 pair = [(a, hi), (a, lo)] if exact_a else [(hi, c), (lo, c)]
-                expr = product(*pair[1], True, product(*pair[0], True, acc))
+                expr = product(*pair[1], product(*pair[0], acc))
+                self.stats.mma_flops += 2 * mma
+            elif precision == "high":  # torch's "high": TF32 tensor cores, at half bf16's rate
+                expr = product(a, c, acc, "tf32")
                 self.stats.mma_flops += 2 * mma
             else:
-                expr = product(a, c, False, acc)
+                expr = product(a, c, acc, "ieee")
                 self.stats.vector_flops += flops
             for v, d in ((a, mk[0]), (c, kn[0])):  # an operand held across the loop sits in smem too
                 if not any(self.t.role[i] == "loop" for i in v.dims):

@@ -73,7 +73,7 @@ class DoubleSearch:
         return type("Result", (), {"candidates": [Candidate(graph, derivation=["double"])], "stats": {"e-nodes": 1}})
 
 
-def double_schedule(candidate, shapes, dynamic, top_k=4):
+def double_schedule(candidate, shapes, dynamic, top_k=4, target=None):
     text = candidate.graph.text()
     static = {k: v for k, v in shapes.items() if k not in dynamic}
     return [DoublePlan(text, v, [DoubleKernel(f"k{v}", f"# double kernel, variant {v}\n# {text!r}\n", "(1,)")],

@@ -45,7 +45,7 @@ def test_graph_break_on_sort_is_correct_and_warns_once(doubles):
 def test_operator_that_fails_to_build_warns_could_not_compile_and_runs_eagerly(doubles, monkeypatch):
     import cleave.runtime.operator as operator
 
-    def broken_schedule(candidate, shapes, dynamic, top_k=4):
+    def broken_schedule(candidate, shapes, dynamic, top_k=4, target=None):
         raise ValueError("tiling exploded")
     monkeypatch.setattr(operator, "schedule", broken_schedule)
 

@@ -1,12 +1,20 @@
 """A MatMul of an f32 operand with one that holds bf16 values (`p @ v.float()`, the
 FlashInfer programs' P·V) runs as two bf16 tensor-core dots: p = hi + lo, each bf16,
 and each product with a bf16 value is exact in f32. It must stay f32-accurate: one bf16
-dot of p alone would be off by about 2^-9 (4e-3), far over the f32 tolerance (1e-5)."""
+dot of p alone would be off by about 2^-9 (4e-3), far over the f32 tolerance (1e-5).
+
+torch.set_float32_matmul_precision relaxes this as it relaxes torch's own MatMuls:
+"high" runs a product of two f32 operands as TF32, "medium" rounds f32 operands to
+bf16 once (one dot)."""
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 
 import cleave
+from cleave.scheduler import H200
 from kernel_check import check_outputs, plan_sources
 
 
@@ -41,3 +49,64 @@ def test_a_product_of_two_f32_operands_stays_ieee():
     got, source = _compile(product_of_f32, a, b)
     check_outputs([got], [product_of_f32(a.double(), b.double())], "exp(a) @ b")
     assert 'input_precision="ieee"' in source
+
+
+@pytest.fixture
+def f32_matmul():
+    """torch.set_float32_matmul_precision, restored after the test."""
+    before = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(before)
+
+
+def test_high_runs_a_product_of_two_f32_operands_as_tf32(f32_matmul):
+    f32_matmul("high")
+    gen = torch.Generator().manual_seed(torch.seed() % 10_000)
+    a, b = torch.randn(33, 41, generator=gen), torch.randn(41, 19, generator=gen)
+    got, source = _compile(product_of_f32, a, b)
+    # the CPU interpreter computes a tf32 dot in f32; on the GPU TF32 keeps 10 mantissa bits
+    check_outputs([got], [product_of_f32(a.double(), b.double())], "exp(a) @ b")
+    assert 'input_precision="tf32"' in source and 'input_precision="ieee"' not in source
+
+
+def test_medium_rounds_the_f32_operand_to_bf16_once(f32_matmul):
+    f32_matmul("medium")
+    gen = torch.Generator().manual_seed(torch.seed() % 10_000)
+    s = torch.randn(37, 45, generator=gen) * 3
+    v = torch.randn(45, 29, generator=gen).to(torch.bfloat16)
+    got, source = _compile(softmax_times_upcast, s, v)
+    exact = torch.softmax(s.double(), dim=-1) @ v.double()
+    # one bf16 term: about 2^-9 off per product, where two terms are f32-accurate (1e-5)
+    assert 1e-5 < (got.double() - exact).norm() / exact.norm() < 1e-2
+    kernels = source.split("\n@triton.jit\ndef softmax_times_upcast")[1:]
+    assert kernels and all(k.count("tl.dot(") == 1 for k in kernels) and "input_precision" not in source
+
+
+def test_a_new_precision_between_calls_gets_its_own_operator(f32_matmul):
+    gen = torch.Generator().manual_seed(torch.seed() % 10_000)
+    a, b = torch.randn(33, 41, generator=gen), torch.randn(41, 19, generator=gen)
+    f = cleave.compile(product_of_f32, verbose=False)
+    f(a, b)
+    f(a, b)  # the hot path, which reads the precision too
+    f32_matmul("high")
+    got = f(a, b)
+    check_outputs([got], [product_of_f32(a.double(), b.double())], "exp(a) @ b")
+    assert sorted(op.f32_matmul for op in f.operators) == ["high", "highest"]
+    fields = {op.f32_matmul: op.fields for op in f.operators}
+    assert "f32_matmul" not in fields["highest"] and fields["high"]["f32_matmul"] == "high"
+    assert 'input_precision="tf32"' in "\n".join(plan_sources(f))
+
+
+def test_the_per_backend_setting_is_read_too(f32_matmul):
+    # torch.backends.cuda.matmul.fp32_precision makes torch.get_float32_matmul_precision raise
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    gen = torch.Generator().manual_seed(torch.seed() % 10_000)
+    a, b = torch.randn(33, 41, generator=gen), torch.randn(41, 19, generator=gen)
+    got, source = _compile(product_of_f32, a, b)
+    check_outputs([got], [product_of_f32(a.double(), b.double())], "exp(a) @ b")
+    assert 'input_precision="tf32"' in source
+
+
+def test_a_target_names_only_torchs_precisions():
+    with pytest.raises(ValueError, match="f32_matmul must be one of highest, high, medium"):
+        dataclasses.replace(H200, f32_matmul="tf32")

@@ -20,7 +20,7 @@ from ..frontends.aten_layout import storage_dependent
 from ..ir import BindingError
 from .launch import remember
 from .context import Context
-from .operator import CompileFailure, NotReadyDuringCapture
+from .operator import CompileFailure, NotReadyDuringCapture, f32_matmul_precision
 
 
 def _compute_nodes(gm: torch.fx.GraphModule):
@@ -383,6 +383,8 @@ class Launcher:
         inputs = self.inputs(args)
         if self._runs_eagerly(args, inputs):
             return self.eager_fn(*args)
+        if self.op.f32_matmul != f32_matmul_precision():  # set since: that precision's own operator
+            self.op = self.ctx.operator(self.op.graph, self.op.dynamic, self.op.device)
         try:
             outs = self.ctx.run(self.op, inputs)
         except CompileFailure as err:
@@ -442,12 +444,14 @@ class Launcher:
         launch = self.op.ready(self.inputs(args))
         if launch is None:
             return None
-        stats, ctx = self.op.stats, self.ctx
+        stats, ctx, precision = self.op.stats, self.ctx, self.op.f32_matmul
 
         def launch_hot(*args):
             inputs = self.inputs(args)
-            # explain records each launch, and autograd needs the eager path: the full path does
-            if ctx.log is not None or (torch.is_grad_enabled() and any(t.requires_grad for t in inputs.values())):
+            # explain records each launch, autograd needs the eager path, and another f32
+            # MatMul precision another operator: the full path does
+            if ctx.log is not None or (torch.is_grad_enabled() and any(t.requires_grad for t in inputs.values())) \
+                    or f32_matmul_precision() != precision:
                 return self(*args)
             stats["calls"] += 1
             return self._finish(args, launch(inputs))

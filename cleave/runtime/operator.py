@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import sympy
 import torch
@@ -32,7 +32,7 @@ from ..ir import BindingError, Candidate, CleaveError, Graph, Separable, parse_g
 from ..ir.contracts import then_as_written
 from ..ir.dtypes import dtype as ir_dtype
 from ..rules import digest as rule_digest
-from ..scheduler import Plan, schedule
+from ..scheduler import H200, Plan, schedule
 from ..scheduler.exprs import evaluate
 from . import artifact as A
 from .buckets import bucket
@@ -51,6 +51,17 @@ from .waves import waves
 # shape it would outrank the split candidates a dynamic operator needs at long ones.
 RANKED_CANDIDATES = 3
 STAT_KEYS = ("calls", "searches", "compiles", "from_cache", "tunings", "search_seconds", "compile_seconds")
+
+
+def f32_matmul_precision() -> str:
+    """torch's float32 MatMul precision as Target.f32_matmul names it (read per call):
+    torch.set_float32_matmul_precision's setting, or, once the per-backend setting is used
+    (torch.backends.cuda.matmul.fp32_precision, after which reading the other raises),
+    "high" where that allows TF32."""
+    try:
+        return torch._C._get_float32_matmul_precision()
+    except RuntimeError:
+        return "high" if torch.backends.cuda.matmul.fp32_precision == "tf32" else "highest"
 
 
 class CompileFailure(CleaveError):
@@ -87,8 +98,11 @@ class CompiledOperator:
         self.top_k = top_k
         self.ranked = candidates  # the first candidates that schedule, ranked by their plans' cost
         self.rules = rules  # None: the library (already keyed by cleave's source hash)
+        self.f32_matmul = f32_matmul_precision()  # as torch's MatMuls honour it (Target.f32_matmul)
         self.fields = key_fields(graph.key(), self.dynamic, device_name(self.device),
                                  rule_digest(rules) if rules is not None else None)
+        if self.f32_matmul != "highest":  # torch's default keeps its key, and its cache entries
+            self.fields["f32_matmul"] = self.f32_matmul
         self.key = operator_key(self.fields)
         self.entry = entry or entry_dir(self.key)
         self.stats = {k: 0 for k in STAT_KEYS}
@@ -307,7 +321,8 @@ class CompiledOperator:
                 break  # the graph as written is a fallback, not a rival: it never splits
             try:
                 with passes.timed("schedule"):
-                    plans = schedule(cand, shapes=dict(env), dynamic=set(self.dynamic), top_k=self.top_k)
+                    plans = schedule(cand, shapes=dict(env), dynamic=set(self.dynamic), top_k=self.top_k,
+                                     target=replace(H200, f32_matmul=self.f32_matmul))
             except CleaveError as err:
                 reasons.append(f"candidate {index}: {err}")
                 continue

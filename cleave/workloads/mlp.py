@@ -1,4 +1,4 @@
-"""MatMul chains: plain, RMSNorm→MatMul, SwiGLU, MatMul→MatMul, MatMul→row sum, and a MatMul
+"""MatMul chains: plain (bf16 and f32), RMSNorm→MatMul, SwiGLU, MatMul→MatMul, MatMul→row sum, and a MatMul
 with int4 weights packed two per byte."""
 from __future__ import annotations
 
@@ -14,6 +14,13 @@ def _matmul() -> Graph:
     g = Graph("matmul")
     x = g.input("x", ("s", "k"), "bf16")
     w = g.input("w", ("k", "n"), "bf16")
+    return g.output(x @ w, names=["y"])
+
+
+def _matmul_f32() -> Graph:
+    g = Graph("matmul_f32")
+    x = g.input("x", ("s", "k"), "f32")
+    w = g.input("w", ("k", "n"), "f32")
     return g.output(x @ w, names=["y"])
 
 
@@ -89,6 +96,9 @@ _SMALL_MM = ({"s": 7, "k": 37, "n": 19}, {"s": 13, "k": 21, "n": 45})
 _DYN_S = {"x": {0: "s"}}
 
 register(Workload("matmul", "X (s, 4096) @ W (4096, 4096)", _matmul, lambda x, w: x @ w,
+                  {"s4096": {"s": 4096, "k": 4096, "n": 4096}}, _SMALL_MM, _DYN_S))
+register(Workload("matmul_f32", "X (s, 4096) @ W (4096, 4096) in f32, on tensor cores where torch's float32 "
+                  "MatMul precision allows (benchmarks.build --f32-matmul)", _matmul_f32, lambda x, w: x @ w,
                   {"s4096": {"s": 4096, "k": 4096, "n": 4096}}, _SMALL_MM, _DYN_S))
 register(Workload("rmsnorm_matmul", "RMSNorm(X) @ W, X (s, 4096), W (4096, 6144)", _rmsnorm_matmul,
                   reference_rmsnorm_matmul,
