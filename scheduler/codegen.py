@@ -848,9 +848,6 @@ class Emitter:
                 pair = [(a, hi), (a, lo)] if exact_a else [(hi, c), (lo, c)]
                 expr = product(*pair[1], product(*pair[0], acc))
                 self.stats.mma_flops += 2 * mma
-            elif precision == "high":  # torch's "high": TF32 tensor cores, at half bf16's rate
-                expr = product(a, c, acc, "tf32")
-                self.stats.mma_flops += 2 * mma
             else:
                 expr = product(a, c, acc, "ieee")
                 self.stats.vector_flops += flops

@@ -30,11 +30,11 @@ class Target:
     # (scheduler/recompute.py): 1 is the model's estimate; 0 always fuses and inf always
     # cuts, to measure either side of the model's crossover (benchmarks/crossover.py).
     recompute_weight: float = 1.0
-    # torch.get_float32_matmul_precision() the plans honour, as torch's own MatMuls do:
-    # "highest" keeps f32 operands exact (an `ieee` dot off the tensor cores, or two bf16
-    # terms where the other operand holds bf16 values), "high" runs f32 x f32 dots as
-    # TF32, "medium" rounds f32 operands to bf16 once (torch: "float32 matrix
-    # multiplications use the bfloat16 datatype for internal computations").
+    # How f32 MatMul operands may be rounded, after torch.get_float32_matmul_precision():
+    # "highest" keeps them exact (an `ieee` dot off the tensor cores, or two bf16 terms
+    # where the other operand holds bf16 values); "medium" rounds them to bf16 once (torch:
+    # "float32 matrix multiplications use the bfloat16 datatype for internal
+    # computations"). torch's "high" (TF32) runs as "highest" (runtime/operator.py).
     f32_matmul: str = "highest"
 
     def __post_init__(self):
@@ -43,7 +43,7 @@ class Target:
                              f"not {self.f32_matmul!r}")
 
 
-F32_MATMUL_PRECISIONS = ("highest", "high", "medium")
+F32_MATMUL_PRECISIONS = ("highest", "medium")
 
 
 H200 = Target("H200", sms=132, smem_per_block=227 * 1024, bandwidth=4.3e12, matmul_flops=790e12,

@@ -54,14 +54,14 @@ STAT_KEYS = ("calls", "searches", "compiles", "from_cache", "tunings", "search_s
 
 
 def f32_matmul_precision() -> str:
-    """torch's float32 MatMul precision as Target.f32_matmul names it (read per call):
-    torch.set_float32_matmul_precision's setting, or, once the per-backend setting is used
-    (torch.backends.cuda.matmul.fp32_precision, after which reading the other raises),
-    "high" where that allows TF32."""
-    try:
-        return torch._C._get_float32_matmul_precision()
-    except RuntimeError:
-        return "high" if torch.backends.cuda.matmul.fp32_precision == "tf32" else "highest"
+    """How f32 MatMul operands may be rounded (Target.f32_matmul), read per call: "medium"
+    where torch.set_float32_matmul_precision("medium") lets them round to bf16, else
+    "highest". torch records "medium" as the bf16 level of its per-backend setting, read
+    here because the other getter raises once that setting is used. "high" (TF32) keeps
+    f32 dots exact: TF32 plans of a 4096^3 f32 MatMul were correct on the H200 but ran
+    70-94 TFLOP/s at one pipeline stage, and the runtime's tuning of them faulted (an
+    illegal address; RESULTS.md, session 24)."""
+    return "medium" if torch._C._get_fp32_precision_getter("mkldnn", "matmul") == "bf16" else "highest"
 
 
 class CompileFailure(CleaveError):

@@ -97,8 +97,8 @@ _DYN_S = {"x": {0: "s"}}
 
 register(Workload("matmul", "X (s, 4096) @ W (4096, 4096)", _matmul, lambda x, w: x @ w,
                   {"s4096": {"s": 4096, "k": 4096, "n": 4096}}, _SMALL_MM, _DYN_S))
-register(Workload("matmul_f32", "X (s, 4096) @ W (4096, 4096) in f32, on tensor cores where torch's float32 "
-                  "MatMul precision allows (benchmarks.build --f32-matmul)", _matmul_f32, lambda x, w: x @ w,
+register(Workload("matmul_f32", "X (s, 4096) @ W (4096, 4096) in f32, on bf16 tensor cores where torch's "
+                  "float32 MatMul precision allows (benchmarks.build --f32-matmul)", _matmul_f32, lambda x, w: x @ w,
                   {"s4096": {"s": 4096, "k": 4096, "n": 4096}}, _SMALL_MM, _DYN_S))
 register(Workload("rmsnorm_matmul", "RMSNorm(X) @ W, X (s, 4096), W (4096, 6144)", _rmsnorm_matmul,
                   reference_rmsnorm_matmul,
