@@ -279,7 +279,11 @@ class Graph:
                         raise BindingError(f"input {name!r} dim {i}: {D.fmt(d)} = {D.evaluate(d, env)}, got {v}")
                 elif len(free) == 1:
                     subs = {D.symbol(k): val for k, val in env.items()}
-                    sol = sympy.solve(sympy.Eq(d.subs(subs), v), free[0])
+                    try:
+                        sol = sympy.solve(sympy.Eq(d.subs(subs), v), free[0])
+                    except NotImplementedError:  # sympy solves no floor or Mod (a strided conv's length)
+                        raise BindingError(f"input {name!r} dim {i}: cannot solve {D.fmt(d)} = {v} "
+                                           f"for {free[0]}") from None
                     sol = [s for s in sol if s.is_integer and s > 0]
                     if not sol:
                         raise BindingError(f"input {name!r} dim {i}: no positive integer {free[0]} "

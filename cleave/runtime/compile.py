@@ -15,6 +15,8 @@ torch.compile it runs as one black box.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import copy
 import functools
 import inspect
 import keyword
@@ -182,7 +184,7 @@ class CompiledFunction:
 
         guards = _Guards.read_by(self.fn)  # before the capture: the values it bakes in
         try:
-            with passes.recording(self.ctx.pass_seconds), passes.timed("capture"):
+            with passes.recording(self.ctx.pass_seconds), passes.timed("capture"), _marks_kept(args):
                 captured, structure = _capture(self.fn, args, self.dynamic, self.name)
         except UnsupportedOpError:  # dynamo cuts the function around that op (its warning names it)
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
@@ -190,6 +192,9 @@ class CompiledFunction:
         except CaptureError as err:
             captured = None
             self.capture_error = str(err)
+        if captured is not None and not captured.graph.output_names:  # fn returns no tensor: nothing to fuse
+            self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
+            return None
         if captured is not None and captured.views:
             # eager returns these outputs as views of an input (writing to one writes the
             # input); dynamo's graphs, through AOTAutograd, regenerate them as views
@@ -281,6 +286,28 @@ class _Restructured:
         return lambda *args: pytree.tree_unflatten(fast(*args), structure)
 
 
+# What torch.export leaves on the tensors it traced with dynamic axes: a later
+# torch.compile of the caller's own code would find those axes marked dynamic, and raise
+# where its code specialises one.
+_DYNAMO_MARKS = ("_dynamo_dynamic_indices", "_dynamo_weak_dynamic_indices", "_has_dynamo_dim_marking")
+
+
+@contextlib.contextmanager
+def _marks_kept(args):
+    """The dynamo marks of the argument tensors, as they were before the block."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    before = [{k: copy.copy(getattr(t, k)) for k in _DYNAMO_MARKS if hasattr(t, k)} for t in tensors]
+    try:
+        yield
+    finally:
+        for t, marks in zip(tensors, before):
+            for k in _DYNAMO_MARKS:
+                if k in marks:
+                    setattr(t, k, marks[k])
+                elif hasattr(t, k):
+                    delattr(t, k)
+
+
 def _capture(fn, args, dynamic, name):
     """capture_program of fn, and the pytree structure of fn's output (torch.export
     returns the output's tensors flat, in pytree order), recorded as export traces it."""
@@ -326,12 +353,21 @@ def _flat_outputs(fn):
 
 
 def _container_argument(params, args):
-    """(name, value) of the first argument that is a container (a dict, list or tuple),
-    which whole-function capture cannot take; None if there is none."""
+    """(name, value) of the first argument that is a container (a dict, list or tuple) or
+    another unhashable object (a dataclass, a numpy array), which whole-function capture
+    cannot take and whose value keys no runner; None if there is none."""
     for name, a in zip(params, args):
-        if isinstance(a, (dict, list, tuple)):
+        if isinstance(a, (dict, list, tuple)) or not _hashable(a):
             return name, a
     return None
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 # -- guards ------------------------------------------------------------------
@@ -343,16 +379,17 @@ class _Guards:
     """What the capture bakes into the graph besides the arguments, with what it was
     when fn was captured: the globals and closure cells fn's code reads, and the
     attributes it reads off a module or callable object it is (`self.scale`), that hold
-    a tensor or a Python scalar; and the forward hooks of a module (a hook registered
-    anywhere, or one of the module's removed). `hold()` runs per call, so it compares
-    cheaply: a tensor by identity and version (an in-place change), a scalar by type and
-    value, hooks by torch's handle counter and the hook tables' sizes. Globals read by
-    functions fn calls, and submodules' attributes, are not guarded."""
+    a tensor or a Python scalar; the forward hooks of a module (a hook registered
+    anywhere, or one of the module's removed); and its submodules (one swapped, added or
+    removed). `hold()` runs per call, so it compares cheaply: a tensor by identity and
+    version (an in-place change), a scalar by type and value, hooks by torch's handle
+    counter and the hook tables' sizes, submodules by identity. Globals read by functions
+    fn calls, and submodules' plain attributes, are not guarded."""
 
     def __init__(self, names: list, cells: list, hooks: tuple | None):
         self.names = names  # (globals or attribute dict, name, value, version)
         self.cells = cells  # (cell, value, version)
-        self.hooks = hooks  # (handle counter, [(hook table, size)]) of a module; None for a function
+        self.hooks = hooks  # _hook_tables of a module; None for a function
 
     @classmethod
     def read_by(cls, fn) -> _Guards | None:
@@ -370,9 +407,12 @@ class _Guards:
 
     def hold(self) -> bool:
         if self.hooks is not None:
-            counter, tables = self.hooks
+            counter, tables, children = self.hooks
             if RemovableHandle.next_id != counter or any(len(t) != n for t, n in tables):
                 return False
+            for table, held in children:  # a submodule swapped, added or removed (`self.act = Sigmoid()`)
+                if len(table) != len(held) or any(a is not b for a, b in zip(table.values(), held)):
+                    return False
         for scope, name, value, version in self.names:
             if not _same(scope.get(name, _MISSING), value, version):
                 return False
@@ -383,15 +423,17 @@ class _Guards:
 
 
 def _hook_tables(module: torch.nn.Module) -> tuple:
-    """torch's hook handle counter (registering any hook advances it) and the forward
-    hook tables, global and of every submodule, that hold hooks now (removing one
-    shrinks its table)."""
+    """torch's hook handle counter (registering any hook advances it), the forward hook
+    tables, global and of every submodule, that hold hooks now (removing one shrinks its
+    table), and each submodule's table of children with the children it holds."""
     from torch.nn.modules import module as nn_module
 
     tables = [nn_module._global_forward_hooks, nn_module._global_forward_pre_hooks]
+    children = []
     for m in module.modules():
         tables += [m._forward_hooks, m._forward_pre_hooks]
-    return RemovableHandle.next_id, [(t, len(t)) for t in tables if len(t)]
+        children.append((m._modules, list(m._modules.values())))
+    return RemovableHandle.next_id, [(t, len(t)) for t in tables if len(t)], children
 
 
 def _guardable(value) -> bool:

@@ -1,0 +1,87 @@
+"""cleave.compile on calls users make that capture does not take whole: an unhashable
+argument, a function returning no tensor, a swapped parameterless submodule, the dynamo
+marks torch.export leaves on the caller's tensors, and a dim sympy cannot solve."""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+import sympy
+import torch
+
+import cleave
+from cleave.ir import BindingError, Graph
+from cleave.ir import dims as D
+
+
+@dataclasses.dataclass
+class Pair:
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+def test_an_unhashable_argument_runs_through_dynamo():
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    f = cleave.compile(lambda p: p.a + p.b * 2, verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.allclose(f(Pair(x, y)), x + y * 2)
+        g = cleave.compile(lambda x, s: x * torch.from_numpy(s), verbose=False)
+        s = np.full(5, 2.0, dtype=np.float32)
+        assert torch.allclose(g(x, s), x * 2)
+
+
+def test_a_function_returning_no_tensor_runs_quietly():
+    f = cleave.compile(lambda x: (), verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert f(torch.randn(3, 4)) == ()
+        assert f(torch.randn(5, 4)) == ()
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.act = torch.nn.ReLU()
+        self.seq = torch.nn.Sequential(torch.nn.Tanh())
+
+    def forward(self, x):
+        return self.seq(self.act(self.lin(x)))
+
+
+def test_a_swapped_or_added_parameterless_submodule_recaptures():
+    block = Block().eval()
+    f = cleave.compile(block, verbose=False)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        f(x)
+        block.act = torch.nn.Sigmoid()
+        assert torch.allclose(f(x), block(x), atol=1e-6)
+        block.seq.append(torch.nn.ReLU())
+        assert torch.allclose(f(x), block(x), atol=1e-6)
+        block.seq[0] = torch.nn.Identity()
+        assert torch.allclose(f(x), block(x), atol=1e-6)
+    assert f.recaptures == 3
+
+
+def test_the_callers_tensors_keep_their_dynamo_marks():
+    def pieces(x):
+        return [t * 2 for t in x.unbind(0)]
+    x = torch.randn(3, 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cleave.compile(pieces, dynamic={"x": {0: "n"}}, verbose=False)(x)
+    assert not hasattr(x, "_dynamo_dynamic_indices")
+    torch.compile(pieces, backend="eager")(x)  # raised ConstraintViolationError on the mark left
+
+
+def test_a_dim_sympy_cannot_solve_is_a_binding_error():
+    # a strided conv's output length (ViT's patches under dynamic shapes) reached sympy.solve
+    g = Graph("floor_dim")
+    x = g.input("x", (sympy.floor(D.symbol("n") / 4) - 4,), "f32")
+    g.output(x.exp(), names=["y"])
+    with pytest.raises(BindingError, match="cannot solve"):
+        g.bind({"x": (7,)})
