@@ -112,5 +112,6 @@ def _build(args) -> int:
     for entry in summary["entries"]:
         print(f"{summary['definition']}: operator {entry}")
     print(f"searches {summary['searches']}, schedules {summary['compiles']}, from_cache {summary['from_cache']}; "
-          f"replay with: cleave trace replay {args.trace} --artifact {args.out}")
+          f"replay with: cleave trace replay {args.trace} --artifact {args.out}"
+          + (f" --scale {args.scale}" if args.scale != 1.0 else "") + (f" --const {args.const}" if args.const else ""))
     return 0
