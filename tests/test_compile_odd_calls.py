@@ -85,3 +85,15 @@ def test_a_dim_sympy_cannot_solve_is_a_binding_error():
     g.output(x.exp(), names=["y"])
     with pytest.raises(BindingError, match="cannot solve"):
         g.bind({"x": (7,)})
+
+
+def test_a_dynamic_axis_on_an_argument_nothing_reads_compiles_once():
+    def softmax_twice(x, memory):  # memory unused, as a self-attention call's cross-attention input
+        return torch.softmax(x, -1) * 2
+    f = cleave.compile(softmax_twice, dynamic={"x": {0: "n"}, "memory": {0: "m"}}, verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (5, 7):
+            x, memory = torch.randn(n, 16), torch.randn(n + 2, 16)
+            assert torch.allclose(f(x, memory), softmax_twice(x, memory), atol=1e-6)
+    assert f.stats["compiles"] == 1 and f.stats["failed"] == 0

@@ -93,7 +93,8 @@ class CompiledOperator:
     def __init__(self, graph: Graph, dynamic: set[str], device: str | torch.device = "cpu", top_k: int = 4,
                  entry=None, rules=None, candidates: int = 1):
         self.graph = graph
-        self.dynamic = set(dynamic) & {s.name for s in graph.symbols()}
+        self._read = {s.name for s in graph.symbols()}
+        self.dynamic = set(dynamic) & self._read
         self.device = torch.device(device)
         self.top_k = top_k
         self.ranked = candidates  # the first candidates that schedule, ranked by their plans' cost
@@ -151,7 +152,9 @@ class CompiledOperator:
         hit = self._dispatch.get(shapes)
         if hit is not None:
             return hit
-        env = self._env(dict(shapes))
+        # Only the dims some output depends on key a binding: an argument nothing reads (an
+        # unused mask) takes any shape without a new schedule.
+        env = {k: v for k, v in self._env(dict(shapes)).items() if k in self._read}
         self.graph.check(env)  # once per shape: the captured graph's facts (torch's range guards) hold here
         static = {k: v for k, v in sorted(env.items()) if k not in self.dynamic}
         try:

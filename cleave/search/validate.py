@@ -34,7 +34,9 @@ class NoSmallBinding(CandidateMismatch):
 def small_binding(naive: Graph, cand: Graph, shapes: dict | None = None) -> dict[str, int]:
     """Small odd values for the symbols (or the user's), then split counts that leave a
     ragged, non-empty last chunk; bumped until every constraint holds."""
-    syms = sorted({s.name for g in (naive, cand) for s in g.symbols()})
+    # an input no output reads (an unused argument) still gets a tensor: its dims need values
+    unread = {s.name for n in naive.inputs.values() for s in D.free_symbols(n.shape)}
+    syms = sorted({s.name for g in (naive, cand) for s in g.symbols()} | unread)
     plain = [s for s in syms if not s.startswith("s_")]
     for scale in (1, 2, 4, 8):
         env = {s: (shapes or {}).get(s, SMALL[i % len(SMALL)] * scale) for i, s in enumerate(plain)}
