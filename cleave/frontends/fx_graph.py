@@ -120,7 +120,9 @@ def _size_inputs(graph: Graph, placeholders, t, signed: dict) -> list[tuple[str,
     tensor input's dim carries, when torch knows n >= 0 (a length), and inputs [p] and
     [q] for one it does not (`signed`: read as p - q); return (graph input, placeholder,
     kind) for each, kind "len", "pos" or "neg" (Captured.size_inputs)."""
-    carried = {s for n in graph.inputs.values() for d in n.shape for s in sympy.sympify(d).free_symbols}
+    # a dim of one symbol binds it; one of several (x.view(b * s, d)) binds none alone
+    carried = {s for n in graph.inputs.values() for d in n.shape
+               if len(sympy.sympify(d).free_symbols) == 1 for s in sympy.sympify(d).free_symbols}
     used = {s for n in graph.live_nodes() for d in n.shape for s in sympy.sympify(d).free_symbols}
     used |= {s for n in graph.live_nodes() for v in n.attrs.values() if isinstance(v, sympy.Expr)
              for s in v.free_symbols}
