@@ -46,3 +46,41 @@ def test_a_flattened_input_viewed_back_by_its_sizes():
 def test_a_flattened_input_read_only_through_the_product():
     # the output keeps the flattened shape: b and s still come as ints
     _compiled_once(view_back=False)
+
+
+class Patchify(torch.nn.Module):
+    """ViT's patch embedding written as a reshape: a Linear over C·p·p features."""
+
+    def __init__(self, p: int = 4):
+        super().__init__()
+        self.p, self.proj = p, torch.nn.Linear(3 * p * p, 32)
+
+    def forward(self, img):
+        b, c, h, w = img.shape
+        p = self.p
+        x = img.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+        return self.proj(x.reshape(b, (h // p) * (w // p), c * p * p))
+
+
+def test_a_multiple_of_a_symbol_beside_a_number_reads_the_symbol_as_their_ratio():
+    # torch guards 16·C == 48 for the Linear's contraction: C is read as 3
+    torch._dynamo.reset()
+    backend.reset()
+    module = Patchify().eval()
+    f = torch.compile(module, backend="cleave", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for hw in (16, 12):
+            x = torch.randn(2, 3, hw, hw)
+            torch.testing.assert_close(f(x), module(x), rtol=1e-5, atol=1e-5)
+    ctx = backend.context()
+    assert ctx.eager_regions == 0 and sum(op.stats["compiles"] for op in ctx.operators.values()) == 1
+
+
+def test_unification_of_a_multiple_and_a_number():
+    from cleave.frontends.unify import unification
+    from cleave.ir import dims as D
+
+    c = D.symbol("C")
+    assert unification((16 * c, 48), {c: 3}) == ("C", 3)
+    assert unification((16 * c, 40), {c: 3}) is None  # 40 / 16 is no size

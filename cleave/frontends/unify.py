@@ -23,7 +23,8 @@ def unification(dims, hints: dict) -> tuple[str, sympy.Expr] | None:
     - two symbols equal exactly when they are one (s and t, s + 1 and t + 1, 2s and 2t,
       the same expression of each): the later name is read as the earlier;
     - a linear relation with a symbol of unit coefficient (4·s beside t: t is read as
-      4·s; a symbol beside a number: read as that number);
+      4·s; a symbol beside a number: read as that number), or one symbol's multiple
+      beside a number it divides (16·C beside 48: C is read as 3);
     - a symbol under a floor, ceiling or modulo by c (x.chunk(2) over a width s gives
       ceil(s/2) and s - ceil(s/2); a view into T // 4 rows): read as c·t + r, r the
       traced size's residue, so that the floors resolve.
@@ -52,6 +53,11 @@ def _linear(diff, hints: dict) -> tuple[str, sympy.Expr] | None:
         return None
     if poly.total_degree() != 1 or not all(c.is_integer for c in poly.coeffs()):
         return None
+    if len(syms) == 1:  # c·s beside a number k (16·C beside 48, torch guards C == 3): s is k / c
+        s = syms[0]
+        value = sympy.solve(diff, s)
+        if len(value) == 1 and value[0].is_Integer and value[0] >= 1 and _agrees(s, value[0], hints):
+            return s.name, value[0]
     for s in reversed(syms):  # the later name first, as pairs of symbols are merged
         coeff = diff.coeff(s)
         if abs(coeff) != 1:
