@@ -7,10 +7,11 @@ import operator
 import sympy
 import torch
 
+from ..ir import Constraint
 from ..ir import dims as D
 from .aten_elementwise import binary
-from .aten_map import rule
-from .errors import CaptureError
+from .aten_map import meta_args, rule
+from .errors import CaptureError, UnsupportedOpError
 
 _BIG = 2 ** 62  # torch spells "to the end" as INT64_MAX
 
@@ -174,73 +175,125 @@ def _repeat(t, node, a):
     return reshape(t, broadcast(t, wide, tiled), merged)
 
 
-def _index(value, extent):
-    """A slice bound as a dim: None is 0, negative counts from the end, also where it is
-    symbolic (`x[-n:]`, `x[-(len // 2):]`)."""
-    if value is None:
-        return D.dim(0)
-    if isinstance(value, int):
-        return D.dim(value) if value >= 0 else extent + value
-    value = D.dim(value)
-    if value.is_nonnegative:
-        return value
-    if value.is_negative:
-        return extent + value
-    if extent.is_positive:  # a negative one wraps, one in [0, extent) stays; at the extent the slice is empty
-        return sympy.Mod(value, extent)
-    raise CaptureError(f"a slice bound {value} that may be negative, on an axis of extent {extent} "
-                       f"that may be 0")
+def _traced(value) -> int:
+    """The value torch traced a size or slice bound at (a SymInt's hint)."""
+    if isinstance(value, torch.SymInt):
+        if value.node.hint is None:
+            raise CaptureError(f"a slice bound {value} with no traced value (a data-dependent size)")
+        return int(value.node.hint)
+    return int(value)
 
 
-# torch's end of `x[a:]`: past any extent
-_TO_THE_END = 2 ** 62
+def _guard(t, lhs, rhs) -> None:
+    """lhs <= rhs as a constraint of the graph, unless it always holds: a symbolic slice
+    bound keeps the branch torch took where it traced, and a binding where another
+    branch applies runs eagerly."""
+    lhs, rhs = sympy.sympify(lhs), sympy.sympify(rhs)
+    if not (rhs - lhs).is_nonnegative:
+        t.graph._constrain(Constraint("le", lhs, rhs, f"{t.op} as traced"))
+
+
+def _index(t, value, traced: int, extent, size: int):
+    """A slice bound as torch reads it, and its value where torch traced: a negative one
+    counts from the end, then it is clamped to [0, extent] (`x[-4:]` of 3 rows starts
+    at 0). `traced` and `size` are the bound and the extent where torch traced; a
+    symbolic bound (`x[-n:]`, `x[-(len // 2):]`) takes torch's branch there, guarded."""
+    value = sympy.sympify(value)
+    if traced < 0:
+        _guard(t, value, -1)
+        value, traced = extent + value, traced + size
+    if traced < 0:
+        _guard(t, value, 0)
+        return D.dim(0), 0
+    if traced > size:
+        _guard(t, extent, value)
+        return extent, size
+    _guard(t, 0, value)
+    _guard(t, value, extent)
+    return value, traced
+
+
+def _start(t, node, a, key):
+    """(axis, extent, its traced size, the bound a[key] as _index reads it)."""
+    x, meta = a["self"], meta_args(node)
+    axis = a["dim"] % x.rank
+    size = _traced(meta["self"].shape[axis])
+    bound = _index(t, 0 if a[key] is None else a[key], _traced(0 if meta[key] is None else meta[key]),
+                   x.shape[axis], size)
+    return axis, x.shape[axis], size, bound
 
 
 @rule("slice.Tensor")
 def _slice(t, node, a):
-    x = a["self"]
-    axis = a["dim"] % x.rank
-    extent = x.shape[axis]
-    start, step = _index(a["start"], extent), a.get("step", 1)
-    if step == 1:
-        length = t.out_shape(node)[axis]  # torch already clamped the end
-        return x if D.equal(length, extent) else t.add("slice", x, axis=axis, start=start, stop=start + length, step=1)
-    end = a.get("end")
-    to_the_end = end is None or (isinstance(end, int) and (end >= _TO_THE_END or (extent.is_number and end >= extent)))
-    stop = extent if to_the_end else _index(end, extent)
+    """torch's x[start:end:step]: each bound clamped into the axis (_index), an end
+    before the start an empty slice."""
+    x, end = a["self"], a.get("end")
+    axis, extent, size, (start, first) = _start(t, node, a, "start")
+    if end is None or (isinstance(end, int) and end >= _BIG):
+        stop, last = extent, size
+    else:
+        stop, last = _index(t, end, _traced(meta_args(node)["end"]), extent, size)
+    if last < first:
+        _guard(t, stop, start)
+        stop = start
+    else:
+        _guard(t, start, stop)
+    step = a.get("step", 1)
+    if step == 1 and start == 0 and D.equal(stop, extent):
+        return x
     return t.add("slice", x, axis=axis, start=start, stop=stop, step=step)
 
 
 @rule("narrow")
 def _narrow(t, node, a):
-    x = a["self"]
-    axis = a["dim"] % x.rank
-    start = _index(a["start"], x.shape[axis])
-    return t.add("slice", x, axis=axis, start=start, stop=start + D.dim(a["length"]), step=1)
+    axis, _, _, (start, _) = _start(t, node, a, "start")
+    return t.add("slice", a["self"], axis=axis, start=start, stop=start + D.dim(a["length"]), step=1)
 
 
 @rule("select.int")
 def _select(t, node, a):
-    x = a["self"]
-    axis = a["dim"] % x.rank
-    start = _index(a["index"], x.shape[axis])
-    return reshape(t, t.add("slice", x, axis=axis, start=start, stop=start + 1, step=1), t.out_shape(node))
+    axis, _, _, (start, _) = _start(t, node, a, "index")
+    return reshape(t, t.add("slice", a["self"], axis=axis, start=start, stop=start + 1, step=1), t.out_shape(node))
 
 
 @rule("split", "split_with_sizes", "chunk", "unbind", "tensor_split.sections")
 def _pieces(t, node, a):
-    """Consecutive slices along an axis, lengths as torch computed them."""
+    """Consecutive slices along an axis, lengths as torch computed them. Over a dynamic
+    axis torch's pieces hold at the traced size only, but for a fixed list of sizes and
+    chunk's pieces (_chunks)."""
     x = a["self"]
     axis = a.get("dim", 0) % x.rank
-    keep = node.target._schema.name.split("::")[-1] != "unbind"
+    name = node.target._schema.name.split("::")[-1]
+    pieces = node.meta["val"]
+    if not x.shape[axis].is_number and name != "split_with_sizes":
+        _chunks(t, node, a, axis, len(pieces))
+    keep = name != "unbind"
     out, start = [], D.dim(0)
-    for piece in node.meta["val"]:
+    for piece in pieces:
         shape = tuple(t.symbols.to_dim(d) for d in piece.shape)
         length = shape[axis] if keep else D.dim(1)
         part = t.add("slice", x, axis=axis, start=start, stop=start + length, step=1)
         out.append(reshape(t, part, shape))
         start = start + length
     return tuple(out)
+
+
+def _chunks(t, node, a, axis: int, count: int) -> None:
+    """Check that `count` pieces over a dynamic extent n are torch's at every n the graph
+    binds: chunk(c)'s (split_size ceil(n/c), as torch.compile passes split) where their
+    number is c from the least extent bound on. Any other count changes with n (split(2),
+    unbind, chunk(3) at n = 4) or the widths with n % c (tensor_split): that op runs
+    eagerly."""
+    name, n = node.target._schema.name.split("::")[-1], a["self"].shape[axis]
+    size = sympy.floor((n + count - 1) / count)
+    chunked = name == "chunk" and a["chunks"] == count or name == "split" and D.equal(D.dim(a["split_size"]), size)
+    # ceil(m / ceil(m/c)) is c for every m past c(c - 1) (the remainder then fits in
+    # the last piece): the least m from which it holds
+    low = 1 + max((m for m in range(1, count * count) if -(-m // -(-m // count)) != count), default=0)
+    least = 2 if t.symbols.hints else 1  # dynamo specializes extents 0 and 1; a whole capture binds 1
+    if not chunked or low > least:
+        raise UnsupportedOpError(t.op, t.loc, f"its {count} pieces over a dynamic extent {D.fmt(n)} change in "
+                                              f"number or width with it")
 
 
 @rule("cat")

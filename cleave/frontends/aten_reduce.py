@@ -230,10 +230,24 @@ def _softmax_input(t, a):
     return _cast_arg(t, x, a.get("dtype"))
 
 
-@rule("softmax", "_softmax", "_safe_softmax")
+@rule("softmax", "_softmax")
 def _softmax(t, node, a):
     x = _softmax_input(t, a)
     return _on_a_vector(t, x, lambda v, axis: safe_softmax(t, v, axis), a["dim"])
+
+
+@rule("_safe_softmax")
+def _safe_softmax_rule(t, node, a):
+    """torch's _safe_softmax (SDPA's math path): a row that is all -inf gives 0, where
+    softmax gives NaN (exp(-inf - -inf)). A select on the row max after the softmax
+    leaves the softmax as the rules match it."""
+    x = _softmax_input(t, a)
+
+    def guarded(v, axis):
+        m = t.add("reduce", v, op="max", axis=axis, keepdim=True)
+        empty = t.add("eq", m, t.const(float("-inf"), m.dtype))
+        return t.add("where", empty, t.const(0.0, v.dtype), safe_softmax(t, v, axis))
+    return _on_a_vector(t, x, guarded, a["dim"])
 
 
 @rule("log_softmax", "_log_softmax")
