@@ -138,3 +138,18 @@ def test_sdpa_math_path_gives_zero_on_a_fully_masked_query():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _same(g(q, k, v, m), sdpa(q, k, v, m))
+
+
+def test_a_list_result_run_eagerly_keeps_eagers_own_structure():
+    # dynamic="all": export fixes the width; at another width the call runs eagerly and
+    # returns eager's 6 pieces, not the compiled 4-piece structure (a pytree ValueError)
+    def halves(x):
+        return [t * 2 for t in x.split(2, 1)]
+    f = cleave.compile(halves, dynamic="all", verbose=False)
+    f(torch.randn(3, 7))
+    x = torch.randn(3, 11)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = f(x)
+    assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in halves(x)]
+    assert all(torch.equal(g, w) for g, w in zip(got, halves(x)))

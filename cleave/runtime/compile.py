@@ -276,7 +276,9 @@ class _Restructured:
         self.launcher, self.structure = launcher, structure
 
     def __call__(self, *args):
-        return pytree.tree_unflatten(self.launcher(*args), self.structure)
+        out = self.launcher(*args)
+        # run eagerly, fn's own result (its structure may differ here: x.split(2) of a wider x)
+        return out.result if isinstance(out, _EagerLeaves) else pytree.tree_unflatten(out, self.structure)
 
     def hot(self, args):
         fast = self.launcher.hot(args)
@@ -284,6 +286,12 @@ class _Restructured:
             return None if fast is None else self
         structure = self.structure
         return lambda *args: pytree.tree_unflatten(fast(*args), structure)
+
+
+class _EagerLeaves(tuple):
+    """The output tensors of fn's eager result, flat as a launcher returns them, and the
+    result itself."""
+    result: object
 
 
 # What torch.export leaves on the tensors it traced with dynamic axes: a later
@@ -348,7 +356,10 @@ def _flat_outputs(fn):
     """fn returning its output tensors as a flat tuple, as the launcher of its capture
     does (the launcher runs it when it runs eagerly)."""
     def flat(*args):
-        return tuple(pytree.tree_leaves(fn(*args)))
+        result = fn(*args)
+        leaves = _EagerLeaves(pytree.tree_leaves(result))
+        leaves.result = result
+        return leaves
     return flat
 
 
