@@ -97,3 +97,28 @@ def test_a_dynamic_axis_on_an_argument_nothing_reads_compiles_once():
             x, memory = torch.randn(n, 16), torch.randn(n + 2, 16)
             assert torch.allclose(f(x, memory), softmax_twice(x, memory), atol=1e-6)
     assert f.stats["compiles"] == 1 and f.stats["failed"] == 0
+
+
+def test_threads_making_the_first_call_at_once_each_get_the_compiled_result():
+    import threading
+
+    def g(x, w):
+        return torch.softmax(x @ w, -1) + x.sum(-1, keepdim=True)
+    f = cleave.compile(g, verbose=False)
+    barrier, results, errors = threading.Barrier(3), [], []
+
+    def worker(seed):
+        gen = torch.Generator().manual_seed(seed)
+        x, w = torch.randn(5, 9, generator=gen), torch.randn(9, 9, generator=gen)
+        barrier.wait()
+        try:
+            results.append(torch.allclose(f(x, w), g(x, w), atol=1e-5))
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(repr(err))
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and results == [True] * 3
+    assert f.stats["compiles"] + f.stats["from_cache"] == 1 and f.capture_error is None

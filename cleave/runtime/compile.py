@@ -22,6 +22,7 @@ import inspect
 import keyword
 import os
 import re
+import threading
 import types
 import warnings
 
@@ -51,6 +52,7 @@ class CompiledFunction:
         self._seen: dict[tuple, object] = {}  # exact argument shapes -> runner: skips the signature
         self._guards: _Guards | None = None  # the globals and closure values the runners baked in
         self._dynamo = None
+        self._first_calls = threading.RLock()
         # Why torch.export did not take the function whole (it then runs through dynamo's
         # graphs, its first call eagerly); None when it did, or has not been tried.
         self.capture_error: str | None = None
@@ -83,14 +85,17 @@ class CompiledFunction:
         try:
             if runner is not None:
                 return runner(*args)
-            runner = self._runner_for(args)
-            if isinstance(runner, _Ran):
-                return runner.result
-            result = runner(*args)  # called here, not deeper: warnings name the user's line
-            fast = runner.hot(args)
-            if fast is not None:
-                remember(self._seen, exact, fast)
-            return result
+            # One thread at a time captures and makes a shape's first call: two torch.export
+            # traces at once failed, and sent the function to dynamo for good.
+            with self._first_calls:
+                runner = self._runner_for(args)
+                if isinstance(runner, _Ran):
+                    return runner.result
+                result = runner(*args)  # called here, not deeper: warnings name the user's line
+                fast = runner.hot(args)
+                if fast is not None:
+                    remember(self._seen, exact, fast)
+                return result
         except StateChanged:  # a parameter the capture read changed shape, dtype or tying: capture again
             self._forget_captures()
             self.calls -= 1
