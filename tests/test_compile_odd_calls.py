@@ -122,3 +122,15 @@ def test_threads_making_the_first_call_at_once_each_get_the_compiled_result():
         t.join()
     assert not errors and results == [True] * 3
     assert f.stats["compiles"] + f.stats["from_cache"] == 1 and f.capture_error is None
+
+
+@pytest.mark.parametrize("dtype, scalar_dtype", [(torch.float32, torch.float64), (torch.bfloat16, torch.float32)])
+def test_a_zero_dim_float_of_another_width_computes_in_the_tensors_dtype(dtype, scalar_dtype):
+    def scaled(x, s):
+        return x * s + 1
+    x, s = torch.randn(3, 5).to(dtype), torch.tensor(0.1, dtype=scalar_dtype)
+    f = cleave.compile(scaled, verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an f64 op ran the function eagerly, with a warning
+        got = f(x, s)
+    assert got.dtype == dtype and torch.equal(got, scaled(x, s))

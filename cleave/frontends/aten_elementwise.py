@@ -42,7 +42,19 @@ def binary(t, op, x, y):
     compare = op in COMPARE
     if not hasattr(x, "graph"):
         x = _operand(t, x, y, compare)
-    return t.add(op, x, _operand(t, y, x, compare))
+    y = _operand(t, y, x, compare)
+    return t.add(op, *_zero_dim_as_the_other(t, x, y))
+
+
+def _zero_dim_as_the_other(t, x, y):
+    """torch computes a float tensor with a 0-dim float tensor of another width in the
+    tensor's dtype (a 0-dim operand does not promote within its category): the 0-dim
+    one is cast first (an f64 one made the op f64, which the kernels do not compute)."""
+    for a, b in ((x, y), (y, x)):
+        if a.rank == 0 < b.rank and a.dtype != b.dtype and a.dtype.is_float and b.dtype.is_float:
+            cast = t.add("cast", a, dtype=b.dtype)
+            return (cast, b) if a is x else (b, cast)
+    return x, y
 
 
 def _operand(t, value, beside, compare):
