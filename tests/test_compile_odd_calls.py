@@ -134,3 +134,16 @@ def test_a_zero_dim_float_of_another_width_computes_in_the_tensors_dtype(dtype, 
         warnings.simplefilter("error")  # an f64 op ran the function eagerly, with a warning
         got = f(x, s)
     assert got.dtype == dtype and torch.equal(got, scaled(x, s))
+
+
+def test_a_large_int_argument_is_not_materialised():
+    # n reaches the kernels as an int; the [n + 1] input carrying it was copied whole
+    # (2**40 bytes: the launch failed, and the region ran eagerly)
+    def times(x, n):
+        return x * n
+    f = torch.compile(times, backend="cleave", dynamic=True)
+    x = torch.arange(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (3, 5, 2 ** 40):
+            assert torch.equal(f(x, n), times(x, n))

@@ -125,7 +125,10 @@ class _Prepared:
 
     def __init__(self, plan: Plan, inputs: dict[str, torch.Tensor]):
         env = bind(plan, inputs)
-        self.casts = [(b.name, TORCH_DTYPES[ir_dtype(b.dtype)]) for b in plan.inputs]
+        # An input no kernel reads (an int argument carried as a length, n + 1 elements of
+        # one: frontends/fx_graph.py; its symbol is the kernels' argument) is not copied.
+        read = {a for k in plan.kernels for a in k.args if a not in env}
+        self.casts = [(b.name, TORCH_DTYPES[ir_dtype(b.dtype)] if b.name in read else None) for b in plan.inputs]
         self.outputs = [(b.name, [evaluate(d, env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)])
                         for b in plan.outputs]
         # Intermediates share one workspace allocation (one allocator call, not one each),
@@ -258,8 +261,9 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
     device = out[0].device if out else None
     for name, want in prepared.casts:
         t = inputs[name]
-        tensors[name] = t = (t if t.dtype == want else t.to(want)).contiguous()
-        bases_ok = bases_ok and t.data_ptr() % 16 == 0
+        if want is not None:
+            tensors[name] = t = (t if t.dtype == want else t.to(want)).contiguous()
+            bases_ok = bases_ok and t.data_ptr() % 16 == 0
         device = t.device
     if device is None:
         raise BindingError("launch: the plan reads no tensor, so none names the device to run on: pass `out=` "
