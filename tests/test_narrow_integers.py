@@ -127,3 +127,19 @@ def test_rules_leave_integer_arithmetic_alone():
     with torch.no_grad():
         assert torch.equal(g(x, y, c), f(x, y, c))
     assert g.stats["unsupported"] == [] and g.stats["failed"] == 0
+
+
+@pytest.mark.parametrize("fn", [lambda x: x + (-1), lambda x: x * -3, lambda x: x - 300, lambda x: x == 300,
+                                lambda x: x > -1])
+def test_a_python_int_out_of_a_narrow_type_wraps_into_it(fn):
+    # torch wraps the int into uint8 (x + (-1) adds 255, x == 300 is x == 44); the kernel's
+    # uint8 -1 failed to build, and the interpreter refused a uint8 300: both ran eagerly
+    import warnings
+
+    import cleave
+
+    x = torch.tensor([0, 1, 7, 128, 255, 3, 200], dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = cleave.compile(fn, verbose=False)(x)
+    _exact(got, fn(x))

@@ -142,6 +142,9 @@ class Translator:
         if isinstance(value, (int, float)):
             if isinstance(value, float) and not like_dtype.is_float:
                 return self.const(value, "f32")
+            if like_dtype.is_int:  # torch wraps the int into the type (uint8 x + (-1) adds 255, x == 300 is x == 44)
+                low, high = like_dtype.int_range
+                value = (value - low) % (high - low + 1) + low
             if like_dtype in (DType.bf16, DType.f16) and compare:
                 # torch computes a half tensor with a Python number in f32, the number not
                 # rounded (a half const keeps its value: x * 1.004 is not x, x_f16 * 1e5 is
