@@ -84,3 +84,23 @@ def test_unification_of_a_multiple_and_a_number():
     c = D.symbol("C")
     assert unification((16 * c, 48), {c: 3}) == ("C", 3)
     assert unification((16 * c, 40), {c: 3}) is None  # 40 / 16 is no size
+
+
+def test_a_region_whose_only_input_is_a_multiple_of_a_symbol():
+    # after a graph break the region takes x.view(-1, 8)'s [2 * s, 2] indices alone: s was
+    # "a data-dependent size" and the region ran eagerly
+    import torch.nn.functional as F
+
+    import cleave
+
+    def router_loss(x):
+        idx = torch.topk(x.view(-1, 8), 2, dim=-1)[1]
+        idx = torch.sort(idx, -1).values  # unsupported: a graph break
+        return F.one_hot(idx, 8).float().sum(1).mean(0)
+    f = cleave.compile(router_loss, dynamic={"x": {1: "s"}}, verbose=False)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for s in (5, 7):
+            x = torch.randn(2, s, 8)
+            torch.testing.assert_close(f(x), router_loss(x))
+    assert not [w for w in caught if "capture of" in str(w.message)], [str(w.message) for w in caught]

@@ -73,6 +73,16 @@ def _hint(d: torch.SymInt) -> int | None:
     return int(value) if value is not None else None
 
 
+def _symbol_hint(d: torch.SymInt, sym) -> int | None:
+    """The size torch traced the symbol of a dim expression at."""
+    env = d.node.shape_env
+    if env is None:
+        return None
+    traced = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val  # its newer name
+    value = traced.get(sym)
+    return int(value) if value is not None else None
+
+
 def _translate(gm, name: str, placeholders, reads: dict) -> Captured:
     symbols = SymbolMap()
     carried = {d.node.expr for n in placeholders if isinstance(n.meta.get("val"), torch.Tensor)
@@ -88,9 +98,14 @@ def _translate(gm, name: str, placeholders, reads: dict) -> Captured:
             symbols.signed(val.node.expr, *signed[node.name], hint=_hint(val))
             continue
         for d in (val.shape if isinstance(val, torch.Tensor) else [val]):
-            if isinstance(d, torch.SymInt) and isinstance(d.node.expr, sympy.Symbol) \
-                    and d.node.expr not in symbols.subs:
+            if not isinstance(d, torch.SymInt):
+                continue
+            if isinstance(d.node.expr, sympy.Symbol) and d.node.expr not in symbols.subs:
                 symbols.read_as(d.node.expr, _resolved(reads, str(d.node.expr)), _hint(d))
+            elif len(d.node.expr.free_symbols) == 1:  # a dim of one symbol binds it (2 * s, x.view(-1, d))
+                (sym,) = d.node.expr.free_symbols
+                if sym not in symbols.subs:
+                    symbols.read_as(sym, _resolved(reads, str(sym)), _symbol_hint(d, sym))
     graph = Graph(name)
     t = Translator(graph, symbols)
     constants: dict = {}
