@@ -283,7 +283,7 @@ class Emitter:
         self.masked_gathers = {id(found[0]) for inst in self.views.memo.values()
                                if inst.op == "split" and inst.node.attrs["pad"] == 0.0
                                and (self.pad_reached(inst) or self.fix_static(inst.node.shape[inst.node.attrs["axis"]]) != 1)
-                               and (found := zero_padded_load(inst.inputs[0])) and found[1]}
+                               and (found := zero_padded_load(inst)) and found[1]}
         self.persistent = False  # a tile loop in each program (tiled MatMuls): set by program()
         self.descriptors: dict = {}  # (buffer, block) -> descriptor argument name
         self.searched = False  # a loop bound searches a never-decreasing buffer (monotone.py)
@@ -624,7 +624,7 @@ class Emitter:
             pad = n.attrs["pad"]
             if pad is None or not self.pad_reached(inst):
                 return args[0]  # no valid lane reaches the padding (a count of 1, or one that divides the axis)
-            found = zero_padded_load(inst.inputs[0])
+            found = zero_padded_load(inst)
             if pad == 0.0 and found and (not found[1] or id(found[0]) in self.masked_gathers):
                 # A zero pad over a masked load is already there: the load's mask holds
                 # exactly where the merged index is in range (same tensor, same index).
@@ -1380,24 +1380,38 @@ def fact_table(facts) -> dict:
     return out
 
 
-def zero_padded_load(inst):
-    """(load, gathered) when inst is a masked load, possibly behind casts, reshapes,
-    permutes and gathers through a loaded index, so that every lane whose index leaves
-    the tensor can hold 0; gathered: only once the load takes its index load's mask
+def zero_padded_load(split):
+    """(load, gathered) when split instance `split` reads a masked load, possibly behind
+    casts, reshapes, permutes and gathers through a loaded index, whose mask (or its index
+    load's) holds where the split's merged index is in range, so that every lane past it
+    can hold 0; gathered: only once the load takes its index load's mask
     (`Emitter.masked_gathers`). None otherwise: an index past a slice's stop may still
-    lie inside the tensor, and a broadcast drops the index."""
-    gathered = False
+    lie inside the tensor, a broadcast drops the index, and a reshape that merges the
+    axis with others wraps an index past its extent back into the tensor (`% m`)."""
+    axis, inst = split.node.attrs["axis"], split.inputs[0]
+    merged = split.view[axis] * split.node.shape[axis + 1] + split.view[axis + 1]
+    extent = split.node.inputs[0].shape[axis]
+    gathered, loads = False, []
     while inst.op in ("cast", "reshape", "permute", "take", "gather"):
         if inst.op in ("take", "gather"):
-            if not _direct_load(inst.inputs[1]):
+            index = _direct_load(inst.inputs[1])
+            if index is None:
                 return None
             gathered = True
+            loads.append(index)
         inst = inst.inputs[0]
-    return (inst, gathered) if inst.op == "load" else None
+    if inst.op != "load":
+        return None
+    # a load masks `merged < extent` where it indexes a dim of that extent with it
+    if not any(sympy.expand(e - merged) == 0 and sympy.expand(d - extent) == 0
+               for x in [inst, *loads] for e, d in zip(x.view, x.node.shape)):
+        return None
+    return inst, gathered
 
 
-def _direct_load(inst) -> bool:
-    """A load seen through reshapes and permutes only: its Val carries the load's mask."""
+def _direct_load(inst):
+    """The load under inst seen through reshapes and permutes only (its Val carries the
+    load's mask), or None."""
     while inst.op in ("reshape", "permute"):
         inst = inst.inputs[0]
-    return inst.op == "load"
+    return inst if inst.op == "load" else None
