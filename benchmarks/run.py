@@ -74,14 +74,14 @@ def _baseline_row(name: str, env: dict, device: str, skip: list[str], precision:
     """The baselines run at the f32 MatMul precision cleave's plans were built for (a
     user's setting applies to both); the reference at torch's default, the yardstick."""
     from cleave import workloads
-    from cleave.benchmarking import f32_matmul_precision
+    from cleave.benchmarking import at_f32_matmul_precision
 
     w = workloads.get(name)
     inputs = w.inputs(env, seed=1234, device=device)  # the inputs bench_spec times cleave on
     reference = w.run_reference({k: (v.float() if v.is_floating_point() else v) for k, v in inputs.items()})
     candidates = baselines.for_workload(name, w.reference)
     chosen = [b for b in candidates if not any(fnmatch.fnmatch(b.name, p) for p in skip)]
-    with f32_matmul_precision(precision):
+    with at_f32_matmul_precision(precision):
         outcomes = iter(measure(chosen, inputs, reference,
                                 timer=_gpu_timer if device == "cuda" else _cpu_timer,
                                 sync=torch.cuda.synchronize if device == "cuda" else (lambda: None), log=_log))

@@ -102,7 +102,7 @@ def bench_spec(spec: dict, skip_baselines: set[str] = frozenset()) -> dict:
     # The baselines run at the precision cleave's plans were built for (a user's setting
     # applies to both); the reference above ran at torch's default, the error's yardstick.
     row["f32_matmul"] = spec.get("f32_matmul", "highest")
-    with f32_matmul_precision(row["f32_matmul"]):
+    with at_f32_matmul_precision(row["f32_matmul"]):
         for name, fn in baselines(spec["workload"], w.reference).items():
             if name in skip_baselines:
                 continue
@@ -117,7 +117,7 @@ def bench_spec(spec: dict, skip_baselines: set[str] = frozenset()) -> dict:
 
 
 @contextlib.contextmanager
-def f32_matmul_precision(precision: str):
+def at_f32_matmul_precision(precision: str):
     """torch.set_float32_matmul_precision(precision) inside the block only."""
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(precision)

@@ -819,25 +819,23 @@ class Emitter:
             a, c = zero_padded(a), zero_padded(c)
             exact_a, exact_c = a.ty in LOW or self._low(na), c.ty in LOW or self._low(nc)
 
-            def product(a: Val, c: Val, acc: str | None, precision: str | None = None) -> str:
-                """A tensor-core dot of low-precision operands, or of f32 ones at `precision`."""
-                low = precision is None
+            def product(a: Val, c: Val, low: bool, acc: str | None) -> str:
                 if tuple(m) == (mk[0], kn[0]):
                     lo, hi = self.operand(a, na, (mk[0], k), low), self.operand(c, nc, (k, kn[0]), low)
                 else:  # the result is laid out (N, M): compute (A B)^T = B^T A^T
                     lo, hi = self.operand(c, nc, (kn[0], k), low), self.operand(a, na, (k, mk[0]), low)
-                prec = "" if low else f", input_precision=\"{precision}\""
+                prec = "" if low else ", input_precision=\"ieee\""
                 return f"tl.dot({lo}, {hi}{', ' + acc if acc else ''}{prec})"
 
             mma = flops / mma_efficiency(self.t.block[mk[0]], self.t.block[kn[0]])
             precision = self.target.f32_matmul
             if exact_a and exact_c:
-                expr = product(a, c, acc)
+                expr = product(a, c, True, acc)
                 self.stats.mma_flops += mma
             elif precision == "medium":  # torch's "medium": f32 operands rounded to bf16 once
                 a = a if exact_a else self.var(b, f"to_bf16({a.name})", a.dims, "tl.bfloat16")
                 c = c if exact_c else self.var(b, f"to_bf16({c.name})", c.dims, "tl.bfloat16")
-                expr = product(a, c, acc)
+                expr = product(a, c, True, acc)
                 self.stats.mma_flops += mma
             elif exact_a or exact_c:
                 # An f32 operand against one that holds bf16 values (an upcast: P @ v.float()):
@@ -846,10 +844,10 @@ class Emitter:
                 # one off the tensor cores (the paged decode's P.V ran 2.6x slower that way).
                 hi, lo = self.two_bf16(b, c if exact_a else a)
                 pair = [(a, hi), (a, lo)] if exact_a else [(hi, c), (lo, c)]
-                expr = product(*pair[1], product(*pair[0], acc))
+                expr = product(*pair[1], True, product(*pair[0], True, acc))
                 self.stats.mma_flops += 2 * mma
             else:
-                expr = product(a, c, acc, "ieee")
+                expr = product(a, c, False, acc)
                 self.stats.vector_flops += flops
             for v, d in ((a, mk[0]), (c, kn[0])):  # an operand held across the loop sits in smem too
                 if not any(self.t.role[i] == "loop" for i in v.dims):

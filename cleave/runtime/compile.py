@@ -426,9 +426,9 @@ class _Guards:
             counter, tables, children = self.hooks
             if RemovableHandle.next_id != counter or any(len(t) != n for t, n in tables):
                 return False
-            for table, held in children:  # a submodule swapped, added or removed (`self.act = Sigmoid()`)
-                if len(table) != len(held) or any(a is not b for a, b in zip(table.values(), held)):
-                    return False
+            # a submodule swapped, added or removed (`self.act = Sigmoid()`): modules compare by identity
+            if any(tuple(table.values()) != held for table, held in children):
+                return False
         for scope, name, value, version in self.names:
             if not _same(scope.get(name, _MISSING), value, version):
                 return False
@@ -448,7 +448,7 @@ def _hook_tables(module: torch.nn.Module) -> tuple:
     children = []
     for m in module.modules():
         tables += [m._forward_hooks, m._forward_pre_hooks]
-        children.append((m._modules, list(m._modules.values())))
+        children.append((m._modules, tuple(m._modules.values())))
     return RemovableHandle.next_id, [(t, len(t)) for t in tables if len(t)], children
 
 
