@@ -692,7 +692,10 @@ class Emitter:
         name = buffer_name(self.views.graph, node)
         self.stats.traffic(name, self.distinct(dims) * _ITEMSIZE[ty] * b.trips, self.numel(node) * _ITEMSIZE[ty])
         if b.chain:
-            self.stats.stage_smem[(node.id, tuple(inst.view))] = elems * _ITEMSIZE[ty]
+            key = (node.id, tuple(inst.view))
+            self.stats.stage_smem[key] = elems * _ITEMSIZE[ty]
+            if any(set(b.chain) & self.views.labels_of(f.args) for e in inst.view for f in gathers(e)):
+                self.stats.gathered.add(key)
             self.load_steps.append((b.chain, b.trips))
         # In a pipelined loop, a descriptor tile read by anything but tl.dot came out wrong
         # on the H200 (triton 3.6: RMSNorm->MatMul's x tile squared beside its dot, 27%

@@ -76,12 +76,10 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
     dram = sum(min(b * programs, stats.footprint[n]) for n, b in stats.per_buffer.items())
     on_busiest = -(-programs // target.sms)
     fair = target.bandwidth / target.sms
-    # Stages ahead of the one in use. With one stage a program loads and computes in
-    # turn (nothing is prefetched), so it counts as half a tile in flight, not as much
-    # as two stages. A loop Triton does not pipeline (no tl.dot) moves one step's tile
-    # per UNPIPELINED_STEP.
+    # Tiles in flight (Stats.in_flight) per latency. A loop Triton does not pipeline (no
+    # tl.dot) moves one step's tile per UNPIPELINED_STEP.
     pipelined = stats.pipelined or not stats.stage_smem
-    per_program = (sum(stats.stage_smem.values()) * max(num_stages - 1, 0.5) or stats.bytes) / LOADED_LATENCY \
+    per_program = (stats.in_flight(num_stages) or stats.bytes) / LOADED_LATENCY \
         if pipelined else sum(stats.stage_smem.values()) / UNPIPELINED_STEP
     resident = min(on_busiest, per_sm)
     rate = min(2 * fair, resident * min(fair, per_program),

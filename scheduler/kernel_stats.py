@@ -13,6 +13,12 @@ class Stats:
     mma_flops: float = 0.0  # flops weighted by 1 / the tile shape's tensor-core efficiency
     vector_flops: float = 0.0  # a contraction off the tensor cores (broadcast product and sum)
     stage_smem: dict = field(default_factory=dict)  # load in a loop -> bytes of one tile (pipelined)
+    # loads of stage_smem whose rows are gathered through indices loaded in the same loop
+    # (a paged KV cache's pages): Triton 3.6's pipeliner gives such a tile one buffer from
+    # 1 to 4 stages, and its index tile a stage ahead from 3 (the MLA paged decode's fused
+    # kernel compiled for sm_90: 56320 bytes of shared memory at 2 stages, 56576 at 3 and
+    # 4, whose code is the same, 93696 at 5)
+    gathered: set = field(default_factory=set)
     fixed_smem: dict = field(default_factory=dict)  # dot operands held across the loop (the q tile)
     acc_elems: int = 0
     tile_elems: int = 0  # the largest value computed in a loop (the score tile): registers
@@ -48,13 +54,33 @@ class Stats:
                        vector_flops=self.vector_flops * k,
                        per_buffer={n: b * k for n, b in self.per_buffer.items()}, active=1.0)
 
+    def buffers(self, key, stages: int) -> int:
+        """Copies of a loop's tile Triton keeps in shared memory at `stages` (at most 4):
+        one per stage, a gathered tile one."""
+        return 1 if key in self.gathered else stages
+
+    def in_flight(self, stages: int) -> float:
+        """Bytes a program has in flight while it computes on a step: the tiles of the
+        stages ahead of the one in use. With one stage a program loads and computes in
+        turn (nothing is prefetched), so it counts as half a tile, not as much as two
+        stages; a gathered tile is one stage ahead at any count."""
+        ahead = max(stages - 1, 0.5)
+        return sum(b * (min(ahead, 1.0) if k in self.gathered else ahead) for k, b in self.stage_smem.items())
+
+    @property
+    def max_stages(self) -> int:
+        """Stages past which the code is the same (0: no such bound): a loop that gathers
+        compiles to the same code at 4 stages as at 3."""
+        return 3 if self.gathered else 0
+
     def smem(self, stages: int) -> int:
-        """Triton keeps `stages` copies of each tile loaded in a loop in shared memory. Copies
+        """Triton keeps `stages` copies of each tile loaded in a loop in shared memory
+        (`buffers`). Copies
         through descriptors add their mbarriers, and the swizzled tiles after them start on
         a 1 KiB boundary: 1 KiB more (the searched ragged prefill's attention kernel,
         compiled for sm_90 by triton 3.9: 230400 bytes at two stages, 229376 without)."""
-        return stages * sum(self.stage_smem.values()) + sum(self.fixed_smem.values()) + self.epilogue_smem + \
-            (1024 if self.tma_in_loop else 0)
+        return sum(self.buffers(k, stages) * b for k, b in self.stage_smem.items()) + \
+            sum(self.fixed_smem.values()) + self.epilogue_smem + (1024 if self.tma_in_loop else 0)
 
     def traffic(self, name: str, nbytes: float, total: int):
         self.bytes += nbytes

@@ -55,17 +55,20 @@ class Kernel:
     # False: no tl.dot, so Triton pipelines none of its loops and it launches with one
     # stage only (kernel_stats.Stats.pipelined); the runtime's tuning tries no others
     pipelined: bool = True
+    # > 0: launched with more stages than this, the kernel compiles to the same code
+    # (kernel_stats.Stats.max_stages); neither the scheduler nor the runtime's tuning tries them
+    max_stages: int = 0
 
     def to_json(self) -> dict:
         return {"name": self.name, "source": self.source, "grid": list(self.grid), "args": list(self.args),
                 "num_warps": self.num_warps, "num_stages": self.num_stages,
                 "descriptors": [list(d) for d in self.descriptors], "programs_per_sm": self.programs_per_sm,
                 "loops": list(self.loops), "max_pipelined_warps": self.max_pipelined_warps,
-                "arrivals": list(self.arrivals), "pipelined": self.pipelined}
+                "arrivals": list(self.arrivals), "pipelined": self.pipelined, "max_stages": self.max_stages}
 
     def launches(self, num_warps: int, num_stages: int) -> bool:
         """Whether this launch configuration is one the kernel may run with."""
-        if num_stages > 1 and not self.pipelined:
+        if (num_stages > 1 and not self.pipelined) or (self.max_stages and num_stages > self.max_stages):
             return False
         return not (self.max_pipelined_warps and num_warps > self.max_pipelined_warps and num_stages > 1)
 
@@ -74,7 +77,8 @@ class Kernel:
         return cls(d["name"], d["source"], list(d["grid"]), list(d["args"]), d["num_warps"], d["num_stages"],
                    [list(x) for x in d.get("descriptors", [])], d.get("programs_per_sm", 0),
                    loops=list(d.get("loops", [])), max_pipelined_warps=d.get("max_pipelined_warps", 0),
-                   arrivals=list(d.get("arrivals", [])), pipelined=d.get("pipelined", True))
+                   arrivals=list(d.get("arrivals", [])), pipelined=d.get("pipelined", True),
+                   max_stages=d.get("max_stages", 0))
 
 
 @dataclass
