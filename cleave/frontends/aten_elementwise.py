@@ -37,33 +37,58 @@ def _log_base(t, node, a):
     return binary(t, "mul", t.add("log", a["self"]), 1 / math.log(base))
 
 
+def op_math(dtype: DType) -> DType:
+    """The type torch computes an op of `dtype` in: f32 for the halves, else the type itself."""
+    return DType.f32 if dtype in (DType.bf16, DType.f16) else dtype
+
+
+def _full_scalar(op: str, second: bool) -> bool:
+    """Whether torch computes `op` with a scalar operand (a Python number or a 0-dim
+    tensor; `second`: on the right) from its full value, in the tensor's op-math type:
+    CUDA's add, sub and mul, and its division by a scalar (x_f16 * 1e5 is finite; the CPU
+    rounds an added scalar first). Other ops take the scalar rounded to the tensor's
+    type, on both (x_bf16 == 0.1 holds, x_f16 ** 2.3 raises x to 2.30078)."""
+    return op in ("add", "sub", "mul") or op == "div" and second
+
+
 def binary(t, op, x, y):
     """x op y where either side may be a scalar (lifted next to the other's dtype)."""
     compare = op in COMPARE
     if not hasattr(x, "graph"):
-        x = _operand(t, x, y, compare)
-    y = _operand(t, y, x, compare)
-    return t.add(op, *_zero_dim_as_the_other(t, x, y))
+        x = _operand(t, x, y, compare, rounded=not _full_scalar(op, second=False))
+    y = _operand(t, y, x, compare, rounded=not _full_scalar(op, second=True))
+    return t.add(op, *_zero_dim_as_the_other(t, x, y, op))
 
 
-def _zero_dim_as_the_other(t, x, y):
-    """torch computes a float tensor with a 0-dim float tensor of another width in the
-    tensor's dtype (a 0-dim operand does not promote within its category): the 0-dim
-    one is cast first (an f64 one made the op f64, which the kernels do not compute)."""
+def _zero_dim_as_the_other(t, x, y, op=None):
+    """A 0-dim float tensor beside a float tensor of another width does not promote
+    within its category: torch gives the tensor's dtype (an f64 one made the op f64, which
+    the kernels do not compute). The 0-dim one is cast to the tensor's op-math type where
+    torch computes `op` with its full value (x_f16 * 2**16 in f32, which the translator
+    rounds to f16 once: finite), else rounded to the tensor's type (with no op: for every
+    op a rule builds from it, as remainder's fmod and add)."""
     for a, b in ((x, y), (y, x)):
         if a.rank == 0 < b.rank and a.dtype != b.dtype and a.dtype.is_float and b.dtype.is_float:
-            cast = t.add("cast", a, dtype=b.dtype)
-            return (cast, b) if a is x else (b, cast)
+            scalar = _cast(t, a, op_math(b.dtype) if _full_scalar(op, second=a is y) else b.dtype)
+            return (scalar, b) if a is x else (b, scalar)
     return x, y
 
 
-def _operand(t, value, beside, compare):
+def _cast(t, x, dtype):
+    """x in dtype; an f64 to a half through f32, as torch converts it (the interpreter
+    converted an f64 straight to bf16 as 0)."""
+    if x.dtype == DType.f64 and dtype in (DType.bf16, DType.f16):
+        x = t.add("cast", x, dtype=DType.f32)
+    return x if x.dtype == dtype else t.add("cast", x, dtype=dtype)
+
+
+def _operand(t, value, beside, compare, rounded):
     """A scalar operand next to `beside`; an int next to a bool computes in int64, as
     torch's mask + 2 does (lifted as a bool, it was computed in bool)."""
     if isinstance(value, int) and not isinstance(value, bool) and not compare and \
             getattr(beside, "dtype", None) == DType.bool:
         return t.const(value, "i64")
-    return t.lift(value, beside, compare)
+    return t.lift(value, beside, rounded)
 
 
 def _binary(t, node, a):
@@ -121,8 +146,7 @@ rule("floor_divide", check=lambda a, n: _rounding_check({"rounding_mode": "floor
 
 def _in_out_dtype(t, node, x):
     """x cast to torch's result dtype (atan2 of integers computes in the default float)."""
-    dtype = t.out_dtype(node)
-    return x if x.dtype == dtype else t.add("cast", x, dtype=dtype)
+    return _cast(t, x, t.out_dtype(node))
 
 
 @rule("atan2", "arctan2", "prims.atan2", "hypot", "prims.hypot", "copysign.Tensor", "copysign.Scalar")
@@ -166,9 +190,10 @@ def _sign_differs(t, m, y):
 
 
 def _operands(t, x, y):
-    """x and y as nodes, a scalar lifted next to the other."""
-    x = x if hasattr(x, "graph") else t.lift(x, y)
-    return x, t.lift(y, x)
+    """x and y as nodes, a scalar (a number or a 0-dim tensor) beside a half rounded to
+    its type, as torch takes it in these ops (remainder, atan2, a rounding division...)."""
+    x = x if hasattr(x, "graph") else t.lift(x, y, rounded=True)
+    return _zero_dim_as_the_other(t, x, t.lift(y, x, rounded=True))
 
 
 for _name in COMPARE:  # prims.ne(x, x) is isnan's decomposition

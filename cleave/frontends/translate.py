@@ -18,6 +18,7 @@ from ..ir import DimMismatch, Graph, Node, ShapeError
 from ..ir import dims as D
 from ..ir.dtypes import DType
 from . import aten_map
+from .aten_elementwise import op_math
 from .errors import CaptureError, Unify, UnsupportedOpError, op_name, source_of
 from .symbols import SymbolMap
 from .unify import unification
@@ -130,10 +131,11 @@ class Translator:
     def const(self, value, dtype) -> Node:
         return self.graph.add("const", value=value, dtype=dtype, loc=self.loc)
 
-    def lift(self, value, like, compare: bool = False) -> Node:
+    def lift(self, value, like, rounded: bool = False) -> Node:
         """A tensor operand: a Node as is; a Python or symbolic scalar as a const/size
-        node of the dtype torch would give it next to `like` (a Node or DType). A
-        comparison takes it in a half `like`'s own type (x_bf16 == 0.1 holds)."""
+        node of the dtype torch would give it next to `like` (a Node or DType). Beside a
+        half it keeps its full value, or with `rounded` takes the half's (as torch
+        compares it: x_bf16 == 0.1 holds)."""
         if isinstance(value, Node):
             return value
         like_dtype = like.dtype if isinstance(like, Node) else like
@@ -145,15 +147,16 @@ class Translator:
             if like_dtype.is_int:  # torch wraps the int into the type (uint8 x + (-1) adds 255, x == 300 is x == 44)
                 low, high = like_dtype.int_range
                 value = (value - low) % (high - low + 1) + low
-            if like_dtype in (DType.bf16, DType.f16) and compare:
-                # torch computes a half tensor with a Python number in f32, the number not
-                # rounded (a half const keeps its value: x * 1.004 is not x, x_f16 * 1e5 is
-                # finite), but compares it rounded to the half type (x_bf16 == 0.1 holds)
+            if like_dtype in (DType.bf16, DType.f16) and rounded:
+                # a half const otherwise keeps its value, as torch computes a half tensor with a
+                # Python number in f32: x * 1.004 is not x, x_f16 * 1e5 is finite
                 value = torch.tensor(value, dtype=TORCH_DTYPES[like_dtype]).item()
             return self.const(value, like_dtype)
         if isinstance(value, sympy.Expr):
             dtype = like_dtype if like_dtype.is_float or value.is_integer else DType.f32
-            return self._scalar_expr(value, dtype)
+            # beside a half, built in f32 (x_f16 * float(n * 20000) is finite), then rounded once
+            scalar = self._scalar_expr(value, op_math(dtype))
+            return self.add("cast", scalar, dtype=dtype) if rounded and scalar.dtype != dtype else scalar
         raise UnsupportedOpError(self.op, self.loc, f"operand {value!r} is neither a tensor nor a number")
 
     def _scalar_expr(self, expr: sympy.Expr, dtype) -> Node:

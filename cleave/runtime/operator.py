@@ -50,6 +50,8 @@ from .waves import waves
 # asked. The graph as written is scheduled only when none of them is: at a short first
 # shape it would outrank the split candidates a dynamic operator needs at long ones.
 RANKED_CANDIDATES = 3
+# The static binding's key for the plans of the graph as written (not an identifier: no symbol has it)
+AS_WRITTEN = "(as written)"
 STAT_KEYS = ("calls", "searches", "compiles", "from_cache", "tunings", "search_seconds", "compile_seconds")
 
 
@@ -159,6 +161,8 @@ class CompiledOperator:
         static = {k: v for k, v in sorted(env.items()) if k not in self.dynamic}
         try:
             spec = self._spec(static, env)
+            if not _fitting(spec.plans, env):  # a split leaves a chunk empty here (every chunk, at n = 0)
+                spec = self._spec(static, env, as_written=True)
             plan = self._choose(spec, env, inputs)
         except (CompileFailure, BindingError, NotReadyDuringCapture):
             raise
@@ -187,7 +191,7 @@ class CompiledOperator:
         count leaves no chunk empty), the cost model's first on CPU; on the GPU the
         fastest measured for the shape's bucket (profiled once per bucket, saved), and
         within a bucket for each wave count of the bucket's choice."""
-        fits = [i for i, p in enumerate(spec.plans) if p.fits({**env, **p.split}) is None]
+        fits = _fitting(spec.plans, env)
         if not fits:
             first = spec.plans[0]
             raise CompileFailure(f"no plan of {self.graph.name} serves {env}: plan 0 needs "
@@ -295,10 +299,15 @@ class CompiledOperator:
         spec.warm = True
 
     # -- building or loading ----------------------------------------------
-    def _spec(self, static: dict[str, int], env: dict[str, int]) -> Spec:
+    def _spec(self, static: dict[str, int], env: dict[str, int], as_written: bool = False) -> Spec:
+        """The plans for this binding of the static symbols; with `as_written`, those of the
+        graph as written, for the dynamic bindings that no plan of the searched candidate
+        serves: it has no split, so no chunk to leave empty (its key is no symbol's name)."""
+        if as_written:
+            static = {**static, AS_WRITTEN: 1}
         k = tuple(static.items())
         if k not in self.specs:
-            self.specs[k] = self._load_spec(static) or self._build_spec(static, env)
+            self.specs[k] = self._load_spec(static) or self._build_spec(static, env, as_written)
         return self.specs[k]
 
     def _load_spec(self, static) -> Spec | None:
@@ -314,8 +323,8 @@ class CompiledOperator:
         self.stats["from_cache"] = 1
         return Spec(static, candidate, plans, A.load_tuning(self.entry, static), from_cache=True)
 
-    def _build_spec(self, static, env) -> Spec:
-        searched = self._candidates()
+    def _build_spec(self, static, env, as_written: bool = False) -> Spec:
+        searched = [] if as_written else self._candidates()
         candidates = then_as_written(searched, self.graph)
         start = time.perf_counter()
         reasons, scheduled = [], []
@@ -403,6 +412,11 @@ def _picks_entry(key: str, picks: list | None, tuning: dict) -> dict[str, list]:
     """The tuning entry holding a bucket's per-kernel picks: none when no mix paid, or an
     empty one where the bucket, timed again, had picks before."""
     return {_picks_key(key): list(picks or [])} if picks or _picks_key(key) in tuning else {}
+
+
+def _fitting(plans: list[Plan], env: dict[str, int]) -> list[int]:
+    """Indices of the plans whose requirements hold at env."""
+    return [i for i, p in enumerate(plans) if p.fits({**env, **p.split}) is None]
 
 
 def _capturing(device: torch.device) -> bool:
