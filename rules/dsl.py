@@ -29,6 +29,10 @@ may carry an offset (`a-1`). Conditions:
                         (a constraint on the split count, recorded on the candidate graph)
     finite(x)           x holds no infinity: no mask fill, division, log or exp reaches it
                         from the program's inputs (cleave/search/finite.py)
+    unrounded(x)        no MatMul rounds x to its operand precision (an f32 value cast to
+                        the f16 its MatMuls take): the search leaves that rounding to
+                        the lowering, which makes it on MatMul operands only, so a rule
+                        moving x out of every MatMul needs this or loses it
     within(c, x)        c broadcasts to x's shape without widening it (each axis of c has
                         extent 1 or x's, and c has no more axes): a rhs that drops c keeps
                         the lhs's shape. Known where c and x meet in an elementwise op of
@@ -57,7 +61,7 @@ OPS = {**{u: "t" for u in UNARY}, **{b: "tt" for b in BINARY}, **{r: "ta" for r 
        "where": "ttt", "matmul": "tt", "split": "tap", "squeeze": "ta", "unsqueeze": "ta", "swap": "t",
        "topk_values": "tka", "topk_indices": "tka", "const": "c"}
 CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta", "finite": "t", "within": "tt",
-              "wide_operands": ""}
+              "unrounded": "t", "wide_operands": ""}
 GRAPH_CONDITIONS = {"wide_operands"}  # decided once per graph, by cleave.search, not per match
 PADS = {"-inf": float("-inf"), "0": 0.0}
 CONSTANTS = {"inf": math.inf, "log2e": LOG2E}  # names a `const(...)` may use

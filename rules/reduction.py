@@ -18,8 +18,8 @@ rule sum-pull-div: rsum(div(x, c), a) => div(rsum(x, a), c)
   keeps: rsum(div(x, c), -2) with x[m, n], c[m, 1]
 
 rule sum-of-matmul: rsum(matmul(x, w), -1) => matmul(x, rsum(w, -1))
-  if finite(x) and finite(w)
-  why: sum_n (X W)[s, n] = X (W 1): row-sum W once (k values), then one matrix-vector product; needs finite operands, as -inf in X makes the left inf - inf = NaN where the right is inf
+  if finite(x) and finite(w) and unrounded(w)
+  why: sum_n (X W)[s, n] = X (W 1): row-sum W once (k values), then one matrix-vector product; needs finite operands, as -inf in X makes the left inf - inf = NaN where the right is inf, and a W the MatMul rounds (f32 cast to its f16) would be summed unrounded
   rewrites: rsum(matmul(x, w), -1) with x[s, k], w[k, n]
   keeps: rsum(matmul(x, log(w)), -1) with x[s, k], w[k, n]
 

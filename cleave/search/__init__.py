@@ -2,11 +2,12 @@
 candidate verification. The only part of cleave that imports egglog."""
 import sys
 
-from .api import SearchResult, search
+from .api import CandidateRejected, SearchResult, search
 from .validate import CandidateMismatch, check_candidate
 from .saturate import BudgetWarning, Budgets
 
-__all__ = ["BudgetWarning", "Budgets", "CandidateMismatch", "SearchResult", "check_candidate", "search"]
+__all__ = ["BudgetWarning", "Budgets", "CandidateMismatch", "CandidateRejected", "SearchResult", "check_candidate",
+           "search"]
 
 
 class _CallableModule(type(sys.modules[__name__])):

@@ -4,14 +4,15 @@ from __future__ import annotations
 import math
 import numbers
 import time
+import warnings
 from dataclasses import dataclass, field
 
-from cleave.ir import Graph
+from cleave.ir import Graph, rebuild
 from cleave.ir.dtypes import DType
 from cleave.ir.contracts import Candidate
 
 from . import extraction_cost as C
-from .validate import NoSmallBinding, check_candidates
+from .validate import CandidateMismatch, NoSmallBinding, Reference
 from .encode import encode
 from .extract import Index, distinct, explore, find_class, read, to_candidate
 from .saturate import Budgets, saturate
@@ -66,18 +67,51 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
         for origin, constraint in _nonempty_constraints(c.graph, rules, c.derivation):
             c.graph._constrain(constraint)
     if verify:
-        try:
-            check_candidates(graph, [c.graph for c in candidates])
-        except NoSmallBinding:
-            if not shapes:
-                raise
-        if shapes:
-            check_candidates(graph, [c.graph for c in candidates], shapes)
+        candidates = verified(graph, candidates, shapes)
     stats = {"seconds": round(time.perf_counter() - start, 3), "rule_check_seconds": round(verify_seconds, 3),
              "saturation_seconds": round(sat.seconds, 3),
              "enodes": sat.enodes, "eclasses": len(classes), "iterations": sat.iterations,
              "rules_fired": dict(sorted(sat.fired.items())), "visited": len(found), "stopped": sat.stopped}
     return SearchResult(candidates, stats)
+
+
+class CandidateRejected(UserWarning):
+    """A candidate left out: it differs from the input graph (a bug in a rule of its
+    derivation, or in the search) or could not be checked."""
+
+
+def verified(graph: Graph, candidates: list[Candidate], shapes: dict | None = None) -> list[Candidate]:
+    """The candidates that interpret equal to `graph` at a small binding, and at `shapes`
+    when given. Those that differ, or that no binding lets the check interpret, are left
+    out with one CandidateRejected warning naming the rules of each one's derivation; the
+    graph as written stands in when none is left (it computes what the program does)."""
+    reference = Reference(graph)
+    kept, rejected = [], {}
+    for cand in candidates:
+        try:
+            _check(reference, cand.graph, shapes)
+        except CandidateMismatch as err:
+            reason = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            rejected.setdefault(reason, []).append(" + ".join(cand.derivation) or "no rule (the input graph, decoded)")
+            continue
+        kept.append(cand)
+    if rejected:
+        left_out = "; ".join(f"derived by {', '.join(rules)} ({reason})" for reason, rules in rejected.items())
+        using = f"{len(kept)} other candidate(s) kept" if kept else "the graph as written stands in"
+        warnings.warn(CandidateRejected(f"search of {graph.name}: left out the candidate(s) {left_out}; {using}"),
+                      stacklevel=3)
+    return kept or [Candidate(rebuild(graph), cost=C.cost(graph))]
+
+
+def _check(reference: Reference, cand: Graph, shapes: dict | None) -> None:
+    """At a small binding; where no small values meet the constraints, at `shapes` alone."""
+    try:
+        reference.check(cand)
+    except NoSmallBinding:
+        if not shapes:
+            raise
+    if shapes:
+        reference.check(cand, shapes)
 
 
 def _graph_conditions_hold(rule, enc) -> bool:

@@ -5,8 +5,9 @@ its rank and the axes (counted from the right) along which it is constant
 (`flat`), computed by the analysis ruleset below; the encoder seeds them for the
 input graph, and `splittable`/`extent` facts, which only the encoder can decide
 (they need the dims), exist for the input graph's terms only, as do `finite` ones
-(search/finite.py: no infinity can reach the term) and `within` ones (two operands of
-an elementwise op, the one broadcasting into the other without widening it).
+(search/finite.py: no infinity can reach the term), `within` ones (two operands of
+an elementwise op, the one broadcasting into the other without widening it) and
+`unrounded` ones (no MatMul rounds the term to its operand precision: encode.py).
 """
 from __future__ import annotations
 
@@ -94,6 +95,8 @@ splittable = relation("splittable", Tn, i64)
 extent = relation("extent", Tn, Tn, i64)
 finite = relation("finite", Tn)
 within = relation("within", Tn, Tn)
+unrounded = relation("unrounded", Tn)
+TERM_FACTS = {"finite": finite, "within": within, "unrounded": unrounded}  # facts about terms alone, no axis
 AxisId = relation("AxisId", i64)
 
 LEAVES = ("LeafT", "Op1", "Op2", "Op3")  # by operand count
@@ -211,8 +214,8 @@ def compile_rule(r: Rule):
         if c.kind == "nonempty" or c.kind in GRAPH_CONDITIONS:  # a binding's constraint; the search's choice
             continue
         ts = [to_egg(a, tvars, avars) for a in c.args if isinstance(a, Var)]
-        if c.kind in ("finite", "within"):
-            facts.append({"finite": finite, "within": within}[c.kind](*ts))
+        if c.kind in TERM_FACTS:
+            facts.append(TERM_FACTS[c.kind](*ts))
             continue
         a = c.args[-1]
         av = i64(a.offset) if a.var is None else (avars[a.var] + a.offset if a.offset else avars[a.var])

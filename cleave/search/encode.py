@@ -4,10 +4,12 @@ Widening float casts are value identities and are dropped; decoding re-applies
 the graph's precision policy (rules/lower.py). A cast that rounds (to bf16, say)
 is kept: as an opaque leaf, so no rule can move or delete it, except where it is
 a MatMul's operand precision (every consumer a MatMul, every MatMul of the graph
-in that precision), which the policy re-applies to each MatMul operand. An f32
-constant is a `const` term, by value, as rules write constants. Ops outside the
-rewritable vocabulary (layout, compare, gather, ...) become opaque leaves keyed by
-their IR node, so they decode to themselves.
+in that precision), which the policy re-applies to each MatMul operand only: the
+other terms are `unrounded`, the condition of a rule that moves a value out of every
+MatMul (sum-of-matmul's W), which would lose such a rounding. An f32 constant is a
+`const` term, by value, as rules write constants. Ops outside the rewritable
+vocabulary (layout, compare, gather, ...) become opaque leaves keyed by their IR
+node, so they decode to themselves.
 """
 from __future__ import annotations
 
@@ -86,11 +88,13 @@ def matmul_precision(graph: Graph):
     return next(iter(kinds)) if len(kinds) == 1 and kinds <= set(LOW) else None
 
 
-def operand_roundings(graph: Graph) -> set[int]:
+def operand_roundings(graph: Graph, source: Graph | None = None) -> set[int]:
     """Ids of the rounding casts that are only a MatMul's operand precision: rules may
     move where such an operand rounds (FlashAttention rounds P before normalising it),
-    as the lowering casts every MatMul operand to that precision again."""
-    lowp = matmul_precision(graph)
+    as the lowering casts every MatMul operand to that precision again. The precision
+    is `source`'s, the graph a candidate was decoded from: the lowering re-applies it
+    even where it leaves a MatMul mixed (an f16 X times sum-of-matmul's f32 W 1)."""
+    lowp = matmul_precision(source or graph)
     if lowp is None:
         return set()
     users: dict[int, set[str]] = {}
@@ -145,9 +149,12 @@ def seeds(enc: Encoded) -> list[tuple]:
     nodes = [enc.graph.nodes[i] for i in enc.terms]
     scalars = [n for n in nodes if n.op in ("size", "const") and n.rank == 0]
     finite = finite_nodes(enc.graph)
+    rounded = {enc.terms[i] for i in operand_roundings(enc.graph)}
     for n in nodes:
         t = enc.terms[n.id]
         out.append(("rank", t, n.rank))
+        if t not in rounded:
+            out.append(("unrounded", t))
         if n.op in BINARY or n.op == "where":  # operands that meet: which broadcasts into which
             for c, x in itertools.permutations(n.inputs, 2):
                 if within(c, x):

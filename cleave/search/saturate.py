@@ -64,8 +64,8 @@ def load(enc: Encoded):
     for kind, *args in seeds(enc):
         if kind == "rank":
             eg.register(set_(E.rank(E.to_egg(args[0], shared=shared))).to(E.i64(args[1])))
-        elif kind in ("finite", "within"):
-            eg.register({"finite": E.finite, "within": E.within}[kind](*(E.to_egg(a, shared=shared) for a in args)))
+        elif kind in E.TERM_FACTS:
+            eg.register(E.TERM_FACTS[kind](*(E.to_egg(a, shared=shared) for a in args)))
         else:
             rel = {"flat": E.flat, "splittable": E.splittable, "extent": E.extent}[kind]
             eg.register(rel(*(E.to_egg(a, shared=shared) for a in args[:-1]), args[-1]))

@@ -1,10 +1,11 @@
 """Candidate verification against the reference interpreter (fp64, random inputs).
 
 Both graphs are interpreted in fp64 with every narrowing cast rounding, except the
-MatMul operand roundings (encode.operand_roundings), which rules may move: those
-are identities in both. Each output is rounded to its own dtype, as the kernel's
-store rounds it. What remains must agree to fp64 accuracy: a deleted or moved
-rounding (`x.to(bf16).float()` turned into `x`) is a mismatch."""
+MatMul operand roundings of the input graph's precision (encode.operand_roundings),
+which rules may move: those are identities in both. Each output is rounded to its
+own dtype, as the kernel's store rounds it. What remains must agree to fp64
+accuracy: a deleted or moved rounding (`x.to(bf16).float()` turned into `x`) is a
+mismatch."""
 from __future__ import annotations
 
 import math
@@ -14,8 +15,9 @@ import sympy
 import torch
 
 from cleave.interpreter import TORCH_DTYPES, interpret
-from cleave.ir import BindingError, CleaveError, Graph
+from cleave.ir import BindingError, CleaveError, Graph, Node
 from cleave.ir import dims as D
+from cleave.ir.graph import Constraint
 
 from .encode import operand_roundings
 
@@ -27,8 +29,8 @@ class CandidateMismatch(CleaveError):
 
 
 class NoSmallBinding(CandidateMismatch):
-    """No small values of the symbols meet the graph's constraints: it can be checked at
-    the user's shapes only."""
+    """No small values of the symbols meet the graph's constraints (or the input graph
+    fails in the interpreter at them): it can be checked at the user's shapes only."""
 
 
 def small_binding(naive: Graph, cand: Graph, shapes: dict | None = None) -> dict[str, int]:
@@ -38,26 +40,32 @@ def small_binding(naive: Graph, cand: Graph, shapes: dict | None = None) -> dict
     unread = {s.name for n in naive.inputs.values() for s in D.free_symbols(n.shape)}
     syms = sorted({s.name for g in (naive, cand) for s in g.symbols()} | unread)
     plain = [s for s in syms if not s.startswith("s_")]
+    free = set(plain) - set(shapes or {})
     for scale in (1, 2, 4, 8):
         env = {s: (shapes or {}).get(s, SMALL[i % len(SMALL)] * scale) for i, s in enumerate(plain)}
-        _meet_divisions(naive.constraints + cand.constraints, env, set(plain) - set(shapes or {}))
-        _meet_bounds(naive.constraints + cand.constraints, env, set(plain) - set(shapes or {}))
+        _meet_divisions(naive.constraints + cand.constraints, env, free)
+        bounds = index_bounds(naive, env)
+        _meet_bounds(naive.constraints + cand.constraints + bounds, env, free)
         for s in syms:
             if s.startswith("s_"):
                 env[s] = _ragged_count(_extent_of(cand, s, env))
         try:
             naive.check(env)
             cand.check(env)
+            for c in bounds:
+                if not c.holds(env):
+                    raise BindingError(f"constraint {c} fails")
             return env
         except (BindingError, KeyError) as err:
             last = f"at {env}: {err}"
     raise NoSmallBinding(f"no small binding satisfies the constraints of {cand.name} ({last})"
-                         + "".join("\n" + str(c) for c in naive.constraints + cand.constraints))
+                         + "".join("\n" + str(c) for c in naive.constraints + cand.constraints + bounds))
 
 
 def _meet_divisions(constraints, env: dict, free: set) -> None:
     """Make a free symbol that an equality divides (a reshape of d into h heads of
-    floor(d/h): d = h * floor(d/h)) a multiple of its divisor."""
+    floor(d/h): d = h * floor(d/h)) a multiple of its divisor, or, dividing a number
+    (10 channels into g groups), the divisor of that number nearest its value."""
     for c in constraints:
         if c.kind != "eq":
             continue
@@ -69,6 +77,8 @@ def _meet_divisions(constraints, env: dict, free: set) -> None:
                         env[num.name] *= D.evaluate(den, env)
                     except KeyError:
                         continue
+                elif num.is_Integer and den.is_Symbol and den.name in free:
+                    env[den.name] = min(sympy.divisors(int(num)), key=lambda d: (abs(d - env[den.name]), -d))
 
 
 def _meet_bounds(constraints, env: dict, free: set) -> None:
@@ -89,6 +99,50 @@ def _meet_bounds(constraints, env: dict, free: set) -> None:
                 env[rhs.name], moved = low, True
         if not moved:
             return
+
+
+def index_bounds(g: Graph, env: dict) -> list[Constraint]:
+    """Each gather or take whose indices are constants (a channel shuffle's permutation,
+    `torch.gather(x, 1, tensor([[9]]))`) bounds the axis it reads from below: the
+    check's small binding must keep those indices in range, as the program's own
+    sizes do. The indices are evaluated at `env` (they may take its shapes)."""
+    out = []
+    for n in g.live_nodes():
+        if n.op not in ("gather", "take"):
+            continue
+        below = _ancestors(n.inputs[1])
+        if any(x.op == "input" for x in below.values()):
+            continue
+        try:
+            index = _value(n.inputs[1], below, env)
+        except (BindingError, KeyError, RuntimeError):
+            continue  # not at this binding (a reshape it does not divide): its constraint says why
+        if index.numel():  # a negative index counts from the end
+            low, high, axis = int(index.min()), int(index.max()), n.attrs["axis"]
+            out.append(Constraint("le", D.dim(max(high + 1, -low)), n.inputs[0].shape[axis],
+                                  f"{n.op} %{n.id}: constant indices {low}..{high} along its operand's dim {axis}"))
+    return out
+
+
+def _ancestors(node: Node) -> dict[int, Node]:
+    """The node and every node it reads, by id."""
+    found, stack = {}, [node]
+    while stack:
+        n = stack.pop()
+        if n.id not in found:
+            found[n.id] = n
+            stack.extend(n.inputs)
+    return found
+
+
+def _value(node: Node, below: dict[int, Node], env: dict) -> torch.Tensor:
+    """The value at env of a node that reads no input (`below`: it and its ancestors)."""
+    g, copies = Graph(f"value of %{node.id}"), {}
+    for i in sorted(below):  # ids are in build order: operands first
+        n = below[i]
+        copies[i] = g.add(n.op, *(copies[x.id] for x in n.inputs), **n.attrs)
+    g.output(copies[node.id])
+    return interpret(g, {}, env=env)[0]
 
 
 def _extent_of(g: Graph, count: str, env) -> int:
@@ -155,48 +209,81 @@ def check_candidate(naive: Graph, cand: Graph, shapes: dict | None = None, seed:
     (or at the user's `shapes`: symbol -> value), on normal and on positive inputs (log
     and rsqrt of normal ones are NaN: NaN must match NaN). Returns the binding used, or
     None when the check was skipped (CandidateCheckSkipped) as over CHECK_BUDGET."""
-    return check_candidates(naive, [cand], shapes, seed)[0]
+    return Reference(naive, seed).check(cand, shapes)
 
 
-def check_candidates(naive: Graph, cands: list[Graph], shapes: dict | None = None, seed: int = 0) -> list:
-    """check_candidate for several candidates; the input graph is interpreted once per
-    binding and input set, not once per candidate."""
-    wanted: dict = {}
-    bindings = []
-    for cand in cands:
-        env = small_binding(naive, cand, shapes)
-        cost = interpretation_cost(naive, env)
-        if cost > CHECK_BUDGET:
-            dynamic = any(not k.startswith("s_") for k in env)  # not only the split counts
-            advice = ("its static dims alone are over the budget" if dynamic else
-                      "declare an axis dynamic to have it checked at small sizes")
-            warnings.warn(f"candidate of {naive.name}: not interpreted against the input graph, which costs "
-                          f"{cost:.2g} operations at its smallest binding {env} (budget {CHECK_BUDGET:.0e}): it "
-                          f"rests on its rules' proofs; {advice}", CandidateCheckSkipped, stacklevel=3)
-            bindings.append(None)
-            continue
+class Reference:
+    """The input graph as candidates are checked against it: its compared values,
+    interpreted once per binding and input set, however many candidates are checked."""
+
+    def __init__(self, naive: Graph, seed: int = 0):
+        self.naive, self.seed = naive, seed
+        self.wanted: dict = {}
+
+    def check(self, cand: Graph, shapes: dict | None = None) -> dict | None:
+        """check_candidate of one candidate."""
+        env = small_binding(self.naive, cand, shapes)
+        if self._over_budget(env):
+            return None
         for positive in (False, True):
-            key = (tuple(sorted(env.items())), positive)
-            if key not in wanted:
-                ins = inputs_for(naive, env, seed, positive)
-                wanted[key] = ins, compared_values(naive, ins, env)
-            ins, want = wanted[key]
-            got = compared_values(cand, ins, env)
-            for name, w, g in zip(naive.output_names, want, got):
-                same = w.shape == g.shape and (torch.equal(w, g) if not w.is_floating_point() else
-                                               torch.allclose(w, g.to(w.dtype), rtol=1e-7, atol=1e-9, equal_nan=True))
-                if not same:
+            ins, want = self._values(env, positive)
+            got = _interpreted(cand, ins, env, self.naive, CandidateMismatch)
+            for name, w, g in zip(self.naive.output_names, want, got):
+                if not _same(w, g):
                     raise CandidateMismatch(
-                        f"candidate of {naive.name} differs on output {name!r} at "
-                        + ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+                        f"candidate of {self.naive.name} differs on output {name!r} at {_binding(env)}"
                         + (" (positive inputs)" if positive else "")
-                        + f"\n--- input graph ---\n{naive.text()}--- candidate ---\n{cand.text()}")
-        bindings.append(env)
-    return bindings
+                        + f"\n--- input graph ---\n{self.naive.text()}--- candidate ---\n{cand.text()}")
+        return env
+
+    def _over_budget(self, env: dict) -> bool:
+        cost = interpretation_cost(self.naive, env)
+        if cost <= CHECK_BUDGET:
+            return False
+        dynamic = any(not k.startswith("s_") for k in env)  # not only the split counts
+        advice = ("its static dims alone are over the budget" if dynamic else
+                  "declare an axis dynamic to have it checked at small sizes")
+        warnings.warn(f"candidate of {self.naive.name}: not interpreted against the input graph, which costs "
+                      f"{cost:.2g} operations at its smallest binding {env} (budget {CHECK_BUDGET:.0e}): it "
+                      f"rests on its rules' proofs; {advice}", CandidateCheckSkipped, stacklevel=5)
+        return True
+
+    def _values(self, env: dict, positive: bool) -> tuple[dict, list]:
+        key = (tuple(sorted(env.items())), positive)
+        if key not in self.wanted:
+            ins = inputs_for(self.naive, env, self.seed, positive)
+            # the binding meets every constraint the check knows of: one it does not (an
+            # index read off the data) makes the program itself fail there
+            self.wanted[key] = ins, _interpreted(self.naive, ins, env, None, NoSmallBinding)
+        return self.wanted[key]
 
 
-def compared_values(graph: Graph, inputs: dict[str, torch.Tensor], env: dict) -> list[torch.Tensor]:
+def _interpreted(graph: Graph, ins: dict, env: dict, source: Graph | None, error: type) -> list:
+    """compared_values, with the reference interpreter's failure raised as `error`,
+    naming the graph and the binding."""
+    try:
+        return compared_values(graph, ins, env, source)
+    except (RuntimeError, IndexError) as err:
+        what = f"a candidate of {source.name}" if source else f"the input graph {graph.name}"
+        raise error(f"{what} cannot be interpreted at {_binding(env)}: {type(err).__name__}: {err}") from err
+
+
+def _same(want: torch.Tensor, got: torch.Tensor) -> bool:
+    if want.shape != got.shape:
+        return False
+    if not want.is_floating_point():
+        return torch.equal(want, got)
+    return torch.allclose(want, got.to(want.dtype), rtol=1e-7, atol=1e-9, equal_nan=True)
+
+
+def _binding(env: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "its static shapes"
+
+
+def compared_values(graph: Graph, inputs: dict[str, torch.Tensor], env: dict,
+                    source: Graph | None = None) -> list[torch.Tensor]:
     """The graph's outputs as the candidate check compares them: in fp64, MatMul
-    operand roundings as identities, each float output rounded to its dtype."""
-    values = interpret(graph, inputs, torch.float64, env, exact=operand_roundings(graph))
+    operand roundings (of `source`'s precision, the input graph a candidate was decoded
+    from) as identities, each float output rounded to its dtype."""
+    values = interpret(graph, inputs, torch.float64, env, exact=operand_roundings(graph, source))
     return [v.to(TORCH_DTYPES[o.dtype]).double() if v.is_floating_point() else v for v, o in zip(values, graph.outputs)]
