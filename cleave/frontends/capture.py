@@ -22,6 +22,7 @@ from .errors import CaptureError, UnsupportedOpError, source_of
 from .layout_sink import sink_layouts
 from .masks import simplify_masks
 from .regroup import regroup_repeated_operands
+from .size_decisions import constrain_to_decisions, recorded_comparisons
 from .symbols import SymbolMap
 from .translate import Translator, ir_dtype
 
@@ -81,9 +82,9 @@ def capture_program(fn, *example_inputs, dynamic=None, name=None) -> Captured:
             raise CaptureError(f"capture: example input {pname!r} is a {type(x).__name__}, not a tensor "
                                f"(bind non-tensor arguments with functools.partial)")
     named = _dynamic_axes(params, example_inputs, dynamic)
-    ep = _export(fn, params, example_inputs, named, dynamic == "all")
+    ep, comparisons = _export(fn, params, example_inputs, named, dynamic == "all")
     graph_name = name or getattr(fn, "__name__", None) or type(fn).__name__
-    return _translate(ep, params, named, dynamic == "all", graph_name)
+    return _translate(ep, comparisons, params, named, dynamic == "all", graph_name)
 
 
 def param_names(fn, count: int) -> list[str]:
@@ -152,6 +153,8 @@ def _as_forward(fn):
 
 
 def _export(fn, params, inputs, named, auto: bool):
+    """The exported program, and the comparisons of sizes its trace made
+    (size_decisions.recorded_comparisons)."""
     from torch.export import Dim, export
 
     # DYNAMIC, not Dim(name): torch infers ranges itself (x[:4] needs n >= 4) instead of
@@ -161,9 +164,10 @@ def _export(fn, params, inputs, named, auto: bool):
 
     def trace(examples=inputs):
         with _quiet_torch():
-            ep = export(_Wrap(fn), _traceable(params, examples, named), dynamic_shapes=(tuple(specs),))
+            with recorded_comparisons() as comparisons:
+                ep = export(_Wrap(fn), _traceable(params, examples, named), dynamic_shapes=(tuple(specs),))
             # export keeps in-place ops; functionalized, each becomes a new value (an output)
-            return ep.run_decompositions({}) if _mutates(ep) else ep
+            return (ep.run_decompositions({}) if _mutates(ep) else ep), comparisons
 
     try:
         try:
@@ -178,9 +182,9 @@ def _export(fn, params, inputs, named, auto: bool):
             from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
             with fx_config.patch(backed_size_oblivious=True):
-                ep = trace()
-            if not any(free_unbacked_symbols(n.meta.get("val")) for n in ep.graph.nodes):
-                return ep
+                traced = trace()
+            if not any(free_unbacked_symbols(n.meta.get("val")) for n in traced[0].graph.nodes):
+                return traced
             # torch 2.11 gives such a size an unbacked symbol no input binds. Traced at
             # wider examples instead (every short dynamic extent shifted by one amount,
             # which keeps relations such as len_indptr = batch_size + 1), the graph is
@@ -263,7 +267,7 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _translate(ep, params, named, auto: bool, graph_name: str) -> Captured:
+def _translate(ep, comparisons, params, named, auto: bool, graph_name: str) -> Captured:
     from torch.export.graph_signature import InputKind
 
     symbols = SymbolMap()
@@ -297,6 +301,7 @@ def _translate(ep, params, named, auto: bool, graph_name: str) -> Captured:
         shape = tuple(t.size(d) for d in val.shape)
         t.set(node, graph.input(input_name, shape, ir_dtype(val.dtype, f"input {input_name!r}")))
     _guarded_ranges(ep, symbols, graph)
+    constrain_to_decisions(graph, symbols, comparisons)
     writes, views = {}, []
     for node in ep.graph.nodes:
         if node.op == "call_function" and not aten_map.is_ignored(node):
@@ -313,7 +318,8 @@ def _guarded_ranges(ep, symbols, graph) -> None:
     """The ranges torch guarded a dynamic dim to, as constraints every binding is checked
     against (`x[-(n // 2):]` holds its traced form for n >= 2 only; at n = 1 it returned
     nothing). A lower bound of 2 is export's own default, not a guard: the capture traces
-    dims of 0 and 1 at 2, and cleave serves them."""
+    dims of 0 and 1 at 2, and cleave serves them where no comparison the code made on
+    sizes comes out otherwise there (size_decisions.constrain_to_decisions)."""
     from ..ir import Constraint
 
     for sym, bounds in ep.range_constraints.items():

@@ -1,0 +1,104 @@
+"""A Python branch on a dynamic size, in a function cleave.compile captures whole.
+
+torch.export traces a dynamic size n as n >= 2 and decides `n == 1` or `n == 0` there
+without a guard; a parity test is a guard cleave did not read. A call whose sizes would
+take another branch than the traced one runs eagerly (with a warning), sizes 0 and 1
+included; a function without such a branch is still captured once and serves every size.
+"""
+import warnings
+
+import pytest
+import torch
+
+import cleave
+from cleave.ir import BindingError
+
+
+def pool(h):  # max-pool a variable number of items; none pools to zeros
+    if h.shape[0] == 0:
+        return h.new_zeros(h.shape[1:])
+    return h.amax(0)
+
+
+def step(x, w):  # one token (decode) or a prompt (prefill)
+    if x.shape[0] == 1:
+        return x @ w
+    return (x @ w).softmax(0)
+
+
+def prompt(x, w):
+    if x.shape[0] > 1:
+        return (x @ w).softmax(0)
+    return x @ w
+
+
+def center(x):  # odd length: minus the middle element; even: minus the mean of the two
+    n = x.shape[-1]
+    if n % 2:
+        return x - x[..., n // 2:n // 2 + 1]
+    return x - (x[..., n // 2 - 1:n // 2] + x[..., n // 2:n // 2 + 1]) / 2
+
+
+def quads(x):  # another path for whole groups of four rows
+    if x.shape[0] % 4 == 0:
+        return x.tanh()
+    return x * 2
+
+
+def plain(x, w):
+    return (x @ w).softmax(0)
+
+
+W = torch.randn(3, 2, generator=torch.Generator().manual_seed(1))
+CASES = {  # fn, dynamic, example args at extent n, (extent of the first call, later extents)
+    "pool": (pool, {"h": {0: "n"}}, lambda n: (torch.randn(n, 3),), [(5, 0, 1, 2, 3), (0, 5, 1, 0)]),
+    "step": (step, {"x": {0: "n"}}, lambda n: (torch.randn(n, 3), W), [(4, 1, 0, 2, 5), (1, 4, 1, 3)]),
+    "prompt": (prompt, {"x": {0: "n"}}, lambda n: (torch.randn(n, 3), W), [(3, 1, 0, 2, 6)]),
+    "center": (center, {"x": {1: "n"}}, lambda n: (torch.arange(2.0 * n).view(2, n),), [(7, 8, 1, 0, 2, 6, 9)]),
+    "quads": (quads, {"x": {0: "n"}}, lambda n: (torch.randn(n, 3),), [(8, 0, 1, 2, 4, 5, 12)]),
+}
+
+
+@pytest.mark.parametrize("name, sizes", [(name, sizes) for name, case in CASES.items() for sizes in case[3]])
+def test_a_branch_on_a_dynamic_size_matches_eager_at_every_size(monkeypatch, tmp_path, name, sizes):
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    fn, dynamic, example, _ = CASES[name]
+    f = cleave.compile(fn, dynamic=dynamic, verbose=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "cleave: .* runs eagerly", UserWarning)
+        for n in sizes:
+            args = example(n)
+            torch.testing.assert_close(f(*args), fn(*args), msg=f"{name} at n={n} (calls {sizes})")
+    assert f.stats["failed"] == 0 and f.stats["operators"] == 1, f.stats
+
+
+@pytest.mark.parametrize("fn, dynamic, args, outside, inside", [
+    (pool, {"h": {0: "n"}}, (torch.randn(5, 3),), [0], [1, 2, 7]),
+    (step, {"x": {0: "n"}}, (torch.randn(4, 3), W), [1], [0, 2, 7]),
+    (step, {"x": {0: "n"}}, (torch.randn(1, 3), W), [1], [0, 2, 7]),  # traced at 2
+    (prompt, {"x": {0: "n"}}, (torch.randn(3, 3), W), [0, 1], [2, 9]),
+    (center, {"x": {1: "n"}}, (torch.randn(2, 7),), [2, 8], [1, 3, 9]),
+    (quads, {"x": {0: "n"}}, (torch.randn(8, 3),), [1, 2, 6], [0, 4, 12]),
+])
+def test_the_graph_holds_only_where_the_codes_decision_does(fn, dynamic, args, outside, inside):
+    graph = cleave.capture(fn, *args, dynamic=dynamic)
+    for n in inside:
+        graph.check({"n": n})
+    for n in outside:
+        with pytest.raises(BindingError, match="the traced code's"):
+            graph.check({"n": n})
+
+
+def test_a_function_without_such_a_branch_is_captured_once_for_every_size(monkeypatch, tmp_path):
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    f = cleave.compile(plain, dynamic={"x": {0: "n"}}, verbose=False)
+    sizes = (3, 0, 1, 2, 5, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an eager run would warn
+        for n in sizes:
+            x = torch.randn(n, 3)
+            torch.testing.assert_close(f(x, W), plain(x, W))
+    st = f.stats
+    assert st["operators"] == 1 and st["searches"] == 1 and st["compiles"] == 1 and st["failed"] == 0, st
+    assert f.recaptures == 0 and f.operators[0].stats["calls"] == len(sizes), f.operators[0].stats
+    assert cleave.capture(plain, torch.randn(3, 3), W, dynamic={"x": {0: "n"}}).constraints == []
