@@ -665,9 +665,9 @@ class Emitter:
             terms.append(f"{code(e, names)} * {code(stride)}" if stride != 1 else code(e, names))
             lo, hi = self.bounds(e)
             if hi is None or not provable(shape[k] - 1 - hi):
-                mask[f"({code(e, names)} < {code(shape[k])})"] = self.views.labels_of([e])
+                mask[f"({code(e, names)} < {code(shape[k])})"] = self.varies(b, e)
             if lo is None or not provable(lo):
-                mask[f"({code(e, names)} >= 0)"] = self.views.labels_of([e])
+                mask[f"({code(e, names)} >= 0)"] = self.varies(b, e)
         for lid in inst.labels - clamped:
             v = self.valid(lid, dims)
             if v:
@@ -719,6 +719,12 @@ class Emitter:
             out.trans = emit_tma(self, b, out.name, desc, tile, dims, f"tl.load({addr}{m})")
         out.zero, out.read = True, read
         return out
+
+    def varies(self, b: Block, e) -> frozenset:
+        """The labels an index expression's code varies over: a gathered index as the value
+        it loads (a constant index, expanded over rows, is one scalar)."""
+        plain = self.views.labels_of([sympy.sympify(e).subs({f: 0 for f in gathers(e)})])
+        return plain | {d for f in gathers(e) for d in self.wrapped_index(b, f).dims}
 
     def mask(self, terms: dict, dims) -> str:
         """The `mask=` argument of a load or store of a tile over dims, from its terms

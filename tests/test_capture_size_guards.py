@@ -102,3 +102,21 @@ def test_a_function_without_such_a_branch_is_captured_once_for_every_size(monkey
     assert st["operators"] == 1 and st["searches"] == 1 and st["compiles"] == 1 and st["failed"] == 0, st
     assert f.recaptures == 0 and f.operators[0].stats["calls"] == len(sizes), f.operators[0].stats
     assert cleave.capture(plain, torch.randn(3, 3), W, dynamic={"x": {0: "n"}}).constraints == []
+
+
+def test_a_shape_undefined_at_an_empty_size_runs_eagerly_with_its_reason():
+    """reshape(-1, 4, 3) over n leaves a divisor of n in the graph's shapes: at n = 0 they
+    divide by zero, which the binding reports (it raised a TypeError from sympy)."""
+    graph = cleave.capture(triples, torch.randn(24), dynamic={"x": {0: "n"}})
+    with pytest.raises(BindingError, match="division by zero"):
+        graph.check({"n": 0})
+    f = cleave.compile(triples, dynamic={"x": {0: "n"}}, verbose=False)
+    for n in (24, 0, 36):
+        x = torch.randn(n)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            torch.testing.assert_close(f(x), triples(x))
+
+
+def triples(x):
+    return x.reshape(-1, 4, 3).sum(-1)

@@ -84,6 +84,10 @@ def _evaluate(d: Dim, env: tuple) -> int:
     if not value.is_number:
         missing = ", ".join(sorted(str(s) for s in value.free_symbols))
         raise KeyError(f"dimension {d} needs a value for {missing}")
+    if not value.is_finite:  # a division by a size that is 0 here (reshape(-1, 4, 3) at n = 0)
+        from .errors import BindingError
+
+        raise BindingError(f"dimension {fmt(d)} is undefined at {dict(env)} (a division by zero)")
     return int(value)
 
 
