@@ -682,11 +682,14 @@ class Emitter:
                     mask[self.align(read, dims)] = set(read.dims)
         ptr = f"{buffer_name(self.views.graph, node)}_ptr"
         addr = ptr + (" + " + " + ".join(terms) if terms else "")
+        # a mask is widened to the tile only where the address is one (a scalar load, as a
+        # gather of one index per row broadcast over columns, takes a scalar mask)
+        block = any(self.varies(b, e) & set(dims) for e in inst.view if sympy.sympify(e) != 0)
         read = None
         if mask and not node.dtype.is_float:  # an index tile: its mask is kept for the loads it addresses
-            read = self.var(b, self.mask(mask, dims)[len(", mask="):], dims, "tl.int1")
+            read = self.var(b, self.mask(mask, dims, block)[len(", mask="):], dims, "tl.int1")
             mask = {read.name: set(dims)}
-        m = f"{self.mask(mask, dims)}, other=0" if mask else ""
+        m = f"{self.mask(mask, dims, block)}, other=0" if mask else ""
         elems = _prod([self.t.block[d] for d in dims])
         ty = self.buffer_dtype(node)
         name = buffer_name(self.views.graph, node)
@@ -726,13 +729,13 @@ class Emitter:
         plain = self.views.labels_of([sympy.sympify(e).subs({f: 0 for f in gathers(e)})])
         return plain | {d for f in gathers(e) for d in self.wrapped_index(b, f).dims}
 
-    def mask(self, terms: dict, dims) -> str:
+    def mask(self, terms: dict, dims, block: bool = True) -> str:
         """The `mask=` argument of a load or store of a tile over dims, from its terms
-        (each mapped to the labels it varies over)."""
+        (each mapped to the labels it varies over); `block`: the address is a tile."""
         # A term that holds for the whole tile (a grid index against an extent) is widened
         # to the tile: Triton's CPU interpreter broadcasts a scalar comparison with its
         # operands' integer dtype, and its load and store then reject the mask.
-        uniform = bool(dims) and any(not set(labels) & set(dims) for labels in terms.values())
+        uniform = block and bool(dims) and any(not set(labels) & set(dims) for labels in terms.values())
         head = [f"tl.full({[self.t.block[d] for d in dims]}, 1, tl.int1)"] if uniform else []
         return ", mask=" + " & ".join(head + list(terms))
 
