@@ -7,10 +7,12 @@ eagerly. Calls whose shapes differ only along dynamic axes reuse the operator;
 a new shape along a static axis recaptures (cheap) and reuses the search.
 
 What the capture bakes in besides the arguments' shapes is guarded as well: the
-autocast state (part of each launch's key) and the tensors and Python scalars fn
-reads from its globals and closure cells (a new object, an in-place change or a new
-value recaptures). The compiled callable is opaque to dynamo: inside a model under
-torch.compile it runs as one black box.
+autocast state (part of each launch's key), the tensors, Python scalars and modules fn
+reads from its globals and closure cells, and the state of the modules it reaches
+(guards.py: a new object, an in-place change or a new value recaptures). A module with
+forward hooks, state that cannot be compared, or a forward that assigns to its state
+runs through dynamo instead, which keeps those effects. The compiled callable is opaque
+to dynamo: inside a model under torch.compile it runs as one black box.
 """
 from __future__ import annotations
 
@@ -20,22 +22,24 @@ import copy
 import functools
 import inspect
 import keyword
+import logging
 import os
 import re
 import threading
-import types
 import warnings
 
 import torch
 from torch._dynamo.decorators import skip as _dynamo_skip
 from torch.utils import _pytree as pytree
-from torch.utils.hooks import RemovableHandle
 
 from .. import passes
 from ..ir import BindingError, CleaveError
 from .context import Context
 from .graph_breaks import Launcher, constant_getters, exact_key
+from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch
 from .launch import remember
+
+_log = logging.getLogger("cleave.compile")
 
 
 class CompiledFunction:
@@ -50,7 +54,7 @@ class CompiledFunction:
         self._signature_of = _call_signature(fn)
         self._runners: dict[tuple, object] = {}
         self._seen: dict[tuple, object] = {}  # exact argument shapes -> runner: skips the signature
-        self._guards: _Guards | None = None  # the globals and closure values the runners baked in
+        self._guards: Guards | None = None  # what the runners baked in besides the arguments
         self._dynamo = None
         self._first_calls = threading.RLock()
         # Why torch.export did not take the function whole (it then runs through dynamo's
@@ -156,7 +160,7 @@ class CompiledFunction:
         return self._call_dynamo(args, {})
 
     def _forget_captures(self):
-        """A global or closure value the captures baked in changed: capture again."""
+        """A value the captures baked in (Guards) changed: capture again."""
         self._runners.clear()
         self._seen.clear()
         self._guards = None
@@ -187,16 +191,27 @@ class CompiledFunction:
     def _build(self, args):
         from ..frontends.errors import CaptureError, UnsupportedOpError
 
-        guards = _Guards.read_by(self.fn)  # before the capture: the values it bakes in
+        guards = Guards.read_by(self.fn)  # before the capture: the values it bakes in
+        modules = guards.modules if guards is not None else None
+        if modules is not None and modules.needs_dynamo:
+            self._through_dynamo(modules.needs_dynamo)
+            return None
+        watch = StateWatch(modules.modules if modules is not None else [])
         try:
             with passes.recording(self.ctx.pass_seconds), passes.timed("capture"), _marks_kept(args):
-                captured, structure = _capture(self.fn, args, self.dynamic, self.name)
+                captured, structure = _capture(self.fn, args, self.dynamic, self.name, watch)
         except UnsupportedOpError:  # dynamo cuts the function around that op (its warning names it)
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return None
         except CaptureError as err:
             captured = None
             self.capture_error = str(err)
+        finally:
+            watch.restore()  # the trace's assignments undone: eager and dynamo make them, once a call
+        if watch.changed:
+            self._through_dynamo("its forward changes its modules' state (assigns an attribute or a buffer, or "
+                                 "changes a list or dict attribute), which a capture would drop")
+            return None
         if captured is not None and not captured.graph.output_names:  # fn returns no tensor: nothing to fuse
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return None
@@ -214,8 +229,6 @@ class CompiledFunction:
             result = self.fn(*args)
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return _Ran(result)
-        if guards is not None and guards.hooks is not None:  # after the capture's own hook came and went
-            guards.hooks = _hook_tables(self.fn)
         self._guards = guards
         params = self._params(len(args))
         graph = captured.graph
@@ -230,6 +243,13 @@ class CompiledFunction:
                             writes=captured.writes, reads_storage=captured.reads_storage)
         return _Restructured(launcher, structure) if flat else launcher
 
+    def _through_dynamo(self, reason: str) -> None:
+        """fn runs through dynamo's graphs from now on: they compute what eager computes
+        where a capture would not (reason), so this is no warning."""
+        self.capture_error = reason
+        _log.debug("cleave.compile: %s runs through torch.compile's graphs: %s", self.name, reason)
+        self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
+
     # -- graph breaks through dynamo --------------------------------------
     def _call_dynamo(self, args, kwargs):
         if self._dynamo is None:
@@ -242,6 +262,8 @@ class CompiledFunction:
             return self._dynamo(*args, **kwargs)
         except torch._dynamo.exc.TorchRuntimeError as err:  # tracing with fake tensors failed
             failure = err
+        finally:
+            DYNAMO_HOOK_GUARDS.call_done()
         return self._eager_instead(args, kwargs, failure)  # outside the except: eager's error unchained
 
     def _eager_instead(self, args, kwargs, failure):
@@ -321,31 +343,46 @@ def _marks_kept(args):
                     delattr(t, k)
 
 
-def _capture(fn, args, dynamic, name):
+def _capture(fn, args, dynamic, name, watch: StateWatch):
     """capture_program of fn, and the pytree structure of fn's output (torch.export
-    returns the output's tensors flat, in pytree order), recorded as export traces it."""
+    returns the output's tensors flat, in pytree order), recorded as export traces it;
+    `watch` sees the trace's start and end."""
     from ..frontends.capture import _as_forward, capture_program
 
     structures = []
 
     def record(out):
         structures.append(pytree.tree_structure(out))
+        watch.end()
 
     if isinstance(fn, torch.nn.Module):
+        start = fn.register_forward_pre_hook(lambda module, inputs: watch.start(), prepend=True)
         hook = fn.register_forward_hook(lambda module, inputs, out: record(out))
         try:
-            return capture_program(fn, *args, dynamic=dynamic, name=name), structures[-1]
+            with _assignments_unwarned():
+                return capture_program(fn, *args, dynamic=dynamic, name=name), structures[-1]
         finally:
+            start.remove()
             hook.remove()
     traced = _as_forward(fn)  # torch.export records the stack frames of functions named forward
 
     @functools.wraps(fn)
     def recording(*args):
+        watch.start()
         out = traced(*args)
         record(out)
         return out
 
     return capture_program(recording, *args, dynamic=dynamic, name=name), structures[-1]
+
+
+@contextlib.contextmanager
+def _assignments_unwarned():
+    """export warns when forward assigns a tensor attribute: the StateWatch sees every
+    assignment, and the function then runs through dynamo, which keeps it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"The tensor attributes? .* assigned during export", UserWarning)
+        yield
 
 
 def _is_plain(structure) -> bool:
@@ -386,113 +423,6 @@ def _hashable(value) -> bool:
     return True
 
 
-# -- guards ------------------------------------------------------------------
-_SCALARS = (bool, int, float, complex, str)
-_MISSING = object()
-
-
-class _Guards:
-    """What the capture bakes into the graph besides the arguments, with what it was
-    when fn was captured: the globals and closure cells fn's code reads, and the
-    attributes it reads off a module or callable object it is (`self.scale`), that hold
-    a tensor or a Python scalar; the forward hooks of a module (a hook registered
-    anywhere, or one of the module's removed); and its submodules (one swapped, added or
-    removed). `hold()` runs per call, so it compares cheaply: a tensor by identity and
-    version (an in-place change), a scalar by type and value, hooks by torch's handle
-    counter and the hook tables' sizes, submodules by identity. Globals read by functions
-    fn calls, and submodules' plain attributes, are not guarded."""
-
-    def __init__(self, names: list, cells: list, hooks: tuple | None):
-        self.names = names  # (globals or attribute dict, name, value, version)
-        self.cells = cells  # (cell, value, version)
-        self.hooks = hooks  # _hook_tables of a module; None for a function
-
-    @classmethod
-    def read_by(cls, fn) -> _Guards | None:
-        func = _python_function(fn)
-        if func is None:
-            return None
-        code_names = _names_read(func.__code__)
-        scopes = [func.__globals__] + ([vars(fn)] if func is not fn and hasattr(fn, "__dict__") else [])
-        names = [(scope, n, *_guarded(scope[n]))
-                 for scope in scopes for n in sorted(code_names) if n in scope and _guardable(scope[n])]
-        cells = [(cell, *_guarded(_cell_value(cell)))
-                 for cell in func.__closure__ or () if _guardable(_cell_value(cell))]
-        hooks = _hook_tables(fn) if isinstance(fn, torch.nn.Module) else None
-        return cls(names, cells, hooks) if names or cells or hooks else None
-
-    def hold(self) -> bool:
-        if self.hooks is not None:
-            counter, tables, children = self.hooks
-            if RemovableHandle.next_id != counter or any(len(t) != n for t, n in tables):
-                return False
-            # a submodule swapped, added or removed (`self.act = Sigmoid()`): modules compare by identity
-            if any(tuple(table.values()) != held for table, held in children):
-                return False
-        for scope, name, value, version in self.names:
-            if not _same(scope.get(name, _MISSING), value, version):
-                return False
-        for cell, value, version in self.cells:
-            if not _same(_cell_value(cell), value, version):
-                return False
-        return True
-
-
-def _hook_tables(module: torch.nn.Module) -> tuple:
-    """torch's hook handle counter (registering any hook advances it), the forward hook
-    tables, global and of every submodule, that hold hooks now (removing one shrinks its
-    table), and each submodule's table of children with the children it holds."""
-    from torch.nn.modules import module as nn_module
-
-    tables = [nn_module._global_forward_hooks, nn_module._global_forward_pre_hooks]
-    children = []
-    for m in module.modules():
-        tables += [m._forward_hooks, m._forward_pre_hooks]
-        children.append((m._modules, tuple(m._modules.values())))
-    return RemovableHandle.next_id, [(t, len(t)) for t in tables if len(t)], children
-
-
-def _guardable(value) -> bool:
-    return isinstance(value, (torch.Tensor, *_SCALARS))
-
-
-def _guarded(value) -> tuple:
-    return value, (value._version if isinstance(value, torch.Tensor) else None)
-
-
-def _same(now, value, version) -> bool:
-    if version is not None:
-        return now is value and now._version == version
-    return type(now) is type(value) and now == value
-
-
-def _cell_value(cell):
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell (a variable assigned later)
-        return _MISSING
-
-
-def _python_function(fn):
-    """The Python function whose code a capture of fn runs: a module's forward, a
-    method's function, a callable object's __call__; None for other callables."""
-    if isinstance(fn, torch.nn.Module):
-        fn = type(fn).forward
-    elif not isinstance(fn, (types.FunctionType, types.MethodType)) and callable(fn):
-        fn = getattr(type(fn), "__call__", None)
-    fn = getattr(fn, "__func__", fn)
-    return fn if isinstance(fn, types.FunctionType) else None
-
-
-def _names_read(code: types.CodeType) -> set[str]:
-    """The global (and attribute) names code and the code nested in it reads."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names_read(const)
-    return names
-
-
 # -- autocast ----------------------------------------------------------------
 _AUTOCAST = object()  # marks a key made under autocast: no argument can equal it
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -506,7 +436,7 @@ def _autocast_state() -> tuple:
 def _dynamo_compile(fn, ctx: Context, name: str):
     from .backend import partitioning_backend
 
-    return torch.compile(fn, backend=partitioning_backend(ctx, name), dynamic=None)
+    return torch.compile(fn, backend=DYNAMO_HOOK_GUARDS.backend(partitioning_backend(ctx, name)), dynamic=None)
 
 
 def _dynamic_symbols(graph, dynamic, params) -> set[str]:

@@ -1,0 +1,364 @@
+"""What a whole-function capture depends on besides its arguments (`Guards`, checked at
+every call) and what its trace must leave as it found it (`StateWatch`).
+
+torch.export runs fn once and keeps the graph: the values fn read are baked in, and
+what its forwards assign (`self.pos += n`, a buffer reassigned as a growing cache) or
+its hooks do is dropped. The module exported gets its attributes back; a module reached
+through a global keeps the trace's fake tensors. A capture therefore serves fn only while
+what it read holds and when its modules' forwards change nothing; otherwise fn runs
+through dynamo (`compile._dynamo_compile`), which guards what its trace reads and keeps
+attribute writes and hooks.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import operator
+import threading
+import types
+from typing import NamedTuple
+
+import torch
+from torch.nn.modules import module as nn_module
+from torch.utils.hooks import RemovableHandle
+
+_SCALARS = (bool, int, float, complex, str)
+_MISSING = object()
+# nn.Module's own entries in a module's __dict__ (torch's list in _detect_attribute_assignment)
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) | {"_initialize_hook", "_load_hook"}
+# Attribute values that equality compares fully: immutable values, and functions, classes
+# and Python modules (equal when they are the same object).
+_VALUES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout,
+           torch.memory_format, enum.Enum, type(Ellipsis), types.FunctionType, types.BuiltinFunctionType, type,
+           types.ModuleType)
+# A longer container is compared at every call at more cost than dynamo's guards.
+_COMPARED_ITEMS = 64
+
+
+class Guards:
+    """What the capture bakes into the graph besides the arguments, as it was when fn was
+    captured: the globals and closure cells fn's code reads, and the attributes it reads
+    off a module or callable object it is (`self.scale`), that hold a tensor, a Python
+    scalar or a module; and the modules fn reaches (`_ModuleTree`). `hold()` runs per
+    call, so it compares cheaply: a tensor by identity, version (an in-place change) and
+    data pointer (a `.data` write), a scalar by type and value (x * 2 and x * 2.0 differ
+    on integers), a module by identity. Globals read by functions fn calls are not
+    guarded."""
+
+    def __init__(self, names: list, cells: list, modules: _ModuleTree | None):
+        self.names = names  # (globals or attribute dict, name, value, version, data pointer)
+        self.cells = cells  # (cell, value, version, data pointer)
+        self.modules = modules
+
+    @classmethod
+    def read_by(cls, fn) -> Guards | None:
+        func = _python_function(fn)
+        if func is None:
+            return None
+        code_names = sorted(_names_read(func.__code__))
+        scopes = [func.__globals__] + ([vars(fn)] if func is not fn and hasattr(fn, "__dict__") else [])
+        names = [(scope, n, *_guarded(scope[n]))
+                 for scope in scopes for n in code_names if n in scope and _guardable(scope[n])]
+        cells = [(cell, *_guarded(_cell_value(cell))) for cell in func.__closure__ or ()
+                 if _guardable(_cell_value(cell))]
+        values = [value for _, _, value, _, _ in names] + [value for _, value, _, _ in cells]
+        reached = [value for value in values if isinstance(value, torch.nn.Module)]
+        compiled = fn if isinstance(fn, torch.nn.Module) else None
+        modules = _ModuleTree(compiled, reached) if compiled is not None or reached else None
+        return cls(names, cells, modules) if names or cells or modules else None
+
+    def hold(self) -> bool:
+        if self.modules is not None and not self.modules.hold():
+            return False
+        for scope, name, value, version, pointer in self.names:
+            if not _same(scope.get(name, _MISSING), value, version, pointer):
+                return False
+        for cell, value, version, pointer in self.cells:
+            if not _same(_cell_value(cell), value, version, pointer):
+                return False
+        return True
+
+
+class _ModuleTree:
+    """The modules fn reaches (itself; those in the globals and cells it reads) and all
+    their submodules, as the capture read them: each module's training flag, children and
+    plain attributes (numbers, strings, functions, and tuples, lists and dicts of them),
+    wherever forward or a helper method reads them, compared by equality (2 and 2.0 are
+    equal here: Guards compares those forward itself reads by type too); tensors held as
+    plain attributes; the parameters and buffers of a module reached through a global,
+    which the capture holds as constants (fn's own are read off it at each call); and
+    that no forward hook was registered on any of them."""
+
+    def __init__(self, compiled: torch.nn.Module | None, reached: list):
+        """compiled: fn itself, where it is a module; reached: the modules in the globals
+        and cells it reads."""
+        own_modules = list(compiled.modules()) if compiled is not None else []
+        modules = dict.fromkeys(own_modules)  # unique, in order
+        for root in reached:
+            modules.update(dict.fromkeys(root.modules()))
+        self.modules = list(modules)
+        # why a capture cannot serve these modules (a hook, an attribute equality cannot
+        # compare); None when it can
+        self.needs_dynamo: str | None = None
+        if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+            self.needs_dynamo = "a global forward hook is registered"
+        self.hook_counter = RemovableHandle.next_id  # registering any hook anywhere advances it
+        self.attributes = []  # per module: (a getter of its checked __dict__ entries, __dict__, its size, them)
+        self.tables = []  # (parameter or buffer table of a global module, its size)
+        self.tensors = []  # (table, key, tensor, version, data pointer)
+        own_ids = set(map(id, own_modules))
+        for m in self.modules:
+            self._read(m, holds_state=id(m) not in own_ids)
+
+    def _read(self, m: torch.nn.Module, holds_state: bool) -> None:
+        if self.needs_dynamo is None and (m._forward_hooks or m._forward_pre_hooks):
+            self.needs_dynamo = f"{type(m).__name__} has a forward hook, which runs only while the capture traces"
+        d = vars(m)
+        keys = ["training", "_modules"]
+        for key, value in d.items():
+            if key in _MODULE_INTERNALS:
+                continue
+            if isinstance(value, torch.Tensor):
+                self.tensors.append((d, key, *_guarded(value)))
+            elif _comparable(value):
+                keys.append(key)
+            elif self.needs_dynamo is None:
+                self.needs_dynamo = (f"{type(m).__name__}.{key} is a {type(value).__name__}, whose changes cleave "
+                                     f"cannot tell")
+        checked = operator.itemgetter(*keys)
+        self.attributes.append((checked, d, len(d), _copied(checked(d))))  # lists and dicts compare by content
+        if holds_state:
+            for table in (m._parameters, m._buffers):
+                self.tables.append((table, len(table)))
+                # a one-element tensor is baked into the graph as a number: in place too
+                self.tensors += [(table, key, *_guarded(t, versioned=t is not None and t.numel() == 1))
+                                 for key, t in table.items()]
+
+    def hold(self) -> bool:
+        if RemovableHandle.next_id != self.hook_counter and not self._no_hooks():
+            return False
+        try:
+            for checked, d, size, values in self.attributes:
+                if len(d) != size or checked(d) != values:
+                    return False
+        except Exception:  # noqa: BLE001 - an entry deleted, or one equality cannot compare: changed
+            return False
+        for table, size in self.tables:
+            if len(table) != size:
+                return False
+        for table, key, t, version, pointer in self.tensors:  # _same, inlined: a model holds many
+            now = table.get(key, _MISSING)
+            if now is not t or version is not None and now._version != version or (
+                    pointer is not None and now.data_ptr() != pointer):
+                return False
+        return True
+
+    def _no_hooks(self) -> bool:
+        """Whether the hooks registered since the capture are none of these modules'
+        (another module's, or removed since); they then need no check until the next."""
+        if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+            return False
+        if any(m._forward_hooks or m._forward_pre_hooks for m in self.modules):
+            return False
+        self.hook_counter = RemovableHandle.next_id
+        return True
+
+
+class _State(NamedTuple):
+    """One module's state as a trace may change it."""
+    module: torch.nn.Module
+    attributes: dict  # name -> (the object, a copy of what it holds: _copied)
+    tables: tuple  # copies of its parameters, buffers and children
+    training: bool
+
+
+class StateWatch:
+    """The state of the modules a capture reaches, as it was before the trace: whether the
+    trace changed it (forward assigned an attribute or a buffer, appended to a list), and
+    that state put back afterwards. `start` and `end` run inside the trace, around fn's
+    call: by then the exported module's tensors are the trace's, in both."""
+
+    def __init__(self, modules: list):
+        self.modules = modules
+        self.before = _states(modules)
+        self.changed = False
+        self._start: list = []
+
+    def start(self) -> None:
+        self._start = _states(self.modules)
+
+    def end(self) -> None:
+        self.changed |= not all(map(_unchanged, self._start, _states(self.modules)))
+
+    def restore(self) -> None:
+        for state in self.before:
+            _put_back(state)
+
+
+def _states(modules: list) -> list[_State]:
+    return [_State(m, {k: (v, _copied(v)) for k, v in vars(m).items() if k not in _MODULE_INTERNALS},
+                   (dict(m._parameters), dict(m._buffers), dict(m._modules)), m.training) for m in modules]
+
+
+def _unchanged(old: _State, new: _State) -> bool:
+    return (old.training == new.training and all(map(_same_entries, old.tables, new.tables))
+            and old.attributes.keys() == new.attributes.keys()
+            and all(_alike(copy, new.attributes[k][1]) for k, (_, copy) in old.attributes.items()))
+
+
+def _put_back(state: _State) -> None:
+    """The module as it was: attributes the trace added removed, others given back their
+    objects and those objects their contents, parameters, buffers and children restored."""
+    m = state.module
+    d = vars(m)
+    for key in [k for k in d if k not in _MODULE_INTERNALS and k not in state.attributes]:
+        del d[key]
+    for key, (value, contents) in state.attributes.items():
+        if not _alike(_copied(value), contents):
+            _refill(value, contents)
+        d[key] = value
+    for table, held in zip((m._parameters, m._buffers, m._modules), state.tables):
+        if not _same_entries(table, held):
+            table.clear()
+            table.update(held)
+    d["training"] = state.training
+
+
+def _refill(container, contents) -> None:
+    if isinstance(container, list):
+        container[:] = contents
+    elif isinstance(container, (dict, set)):
+        container.clear()
+        container.update(contents)
+
+
+def _same_entries(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(a[k] is v for k, v in b.items())
+
+
+def _comparable(value) -> bool:
+    """Whether equality tells every change of value, cheaply: a _VALUES value, or a
+    short tuple, list, set or dict of them."""
+    if isinstance(value, (tuple, list, set, frozenset, dict)):
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        return len(value) <= _COMPARED_ITEMS and all(map(_comparable, items))
+    return isinstance(value, _VALUES)
+
+
+def _copied(value):
+    """value with its lists, tuples, dicts and sets copied as they are now, other values shared."""
+    if isinstance(value, list):
+        return list(map(_copied, value))
+    if isinstance(value, tuple):
+        return tuple(map(_copied, value))
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, set):
+        return set(value)
+    return value
+
+
+def _alike(a, b) -> bool:
+    """Whether two _copied values hold the same: containers item by item, other values
+    the same object or equal scalars of one type."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(map(_alike, a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_alike(v, b[k]) for k, v in a.items())
+    return isinstance(a, (*_SCALARS, set)) and a == b
+
+
+def _guardable(value) -> bool:
+    return isinstance(value, (torch.Tensor, torch.nn.Module, *_SCALARS))
+
+
+def _guarded(value, versioned: bool = True) -> tuple:
+    """value, and for a tensor its version (None where an in-place change needs no new
+    capture) and data pointer."""
+    if not isinstance(value, torch.Tensor):
+        return value, None, None
+    return value, value._version if versioned else None, _data_pointer(value)
+
+
+def _same(now, value, version, pointer) -> bool:
+    if isinstance(value, torch.Tensor):
+        return now is value and (version is None or now._version == version) and _data_pointer(now) == pointer
+    return type(now) is type(value) and now == value
+
+
+def _data_pointer(t: torch.Tensor) -> int | None:
+    try:
+        return t.data_ptr()
+    except RuntimeError:  # a sparse tensor has none
+        return None
+
+
+def _cell_value(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell (a variable assigned later)
+        return _MISSING
+
+
+def _python_function(fn):
+    """The Python function whose code a capture of fn runs: a module's forward, a
+    method's function, a callable object's __call__; None for other callables."""
+    if isinstance(fn, torch.nn.Module):
+        fn = type(fn).forward
+    elif not isinstance(fn, (types.FunctionType, types.MethodType)) and callable(fn):
+        fn = getattr(type(fn), "__call__", None)
+    fn = getattr(fn, "__func__", fn)
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
+def _names_read(code: types.CodeType) -> set[str]:
+    """The global (and attribute) names code and the code nested in it reads."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_read(const)
+    return names
+
+
+class _DynamoHookGuards:
+    """torch.compile guards no hook of a module that had none when it compiled (torch's
+    `skip_nnmodule_hook_guards`, on by default): a hook registered later would not run.
+    The frames compiled for cleave.compile's dynamo path are compiled with the option
+    off, so their guards see a hook added later and the frame compiles again. A frame's
+    guards are built after its backend returns, in the same call: the backend turns the
+    option off and the end of the call (`call_done`) turns it back, once no compile of
+    another thread needs it off."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.compiling = 0  # calls in flight that compiled with the option off
+        self.saved = True
+        self.here = threading.local()
+
+    def backend(self, backend):
+        @functools.wraps(backend)
+        def compile_guarding_hooks(gm, example_inputs):
+            if not getattr(self.here, "compiled", False):
+                with self.lock:
+                    if self.compiling == 0:
+                        self.saved = torch._dynamo.config.skip_nnmodule_hook_guards
+                        torch._dynamo.config.skip_nnmodule_hook_guards = False
+                    self.compiling += 1
+                self.here.compiled = True
+            return backend(gm, example_inputs)
+        return compile_guarding_hooks
+
+    def call_done(self) -> None:
+        if getattr(self.here, "compiled", False):
+            self.here.compiled = False
+            with self.lock:
+                self.compiling -= 1
+                if self.compiling == 0:
+                    torch._dynamo.config.skip_nnmodule_hook_guards = self.saved
+
+
+DYNAMO_HOOK_GUARDS = _DynamoHookGuards()

@@ -1,0 +1,305 @@
+"""cleave.compile against eager when module state changes between calls or in forward:
+the training flag and attributes of any submodule, hooks and their state, attributes and
+buffers forward assigns, and a module reached through a global or a closure whose
+parameters are replaced. A capture that cannot serve such a function recaptures or runs
+it through dynamo; a plain module is still captured once."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import cleave
+
+
+def _close(got, want):
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+class _Doubled(nn.Module):
+    """Doubles its input in training mode: a branch on `self.training` (as Dropout) that
+    gives one answer per mode."""
+
+    def forward(self, x):
+        return x * 2 if self.training else x
+
+
+def test_a_submodules_training_flag_is_guarded():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), _Doubled(), nn.Linear(7, 3)).eval()
+    f = cleave.compile(model, verbose=False)
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        _close(f(x), model(x))
+        model.train()
+        _close(f(x), model(x))
+        model[1].eval()  # one submodule alone
+        _close(f(x), model(x))
+
+
+def test_dropout_acts_after_train():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 17), nn.Dropout(0.5), nn.Linear(17, 3)).eval()
+    f = cleave.compile(model, verbose=False)
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        f(x)
+        model.train()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # dropout's random mask runs eagerly, said once
+            y = f(x)
+        assert not torch.allclose(y, model[2](model[0](x)))
+
+
+class _Tempered(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 7)
+        self.temperature = 1.0
+        self.mix = [1.0, 0.5]
+
+    def _logits(self, x):  # attributes read in a helper method, not in forward's own code
+        return self.lin(x) / self.temperature * self.mix[1]
+
+    def forward(self, x):
+        return self._logits(x).softmax(-1)
+
+
+def test_attributes_read_in_a_helper_and_lists_changed_in_place_are_guarded():
+    torch.manual_seed(0)
+    m = _Tempered().eval()
+    f = cleave.compile(m, verbose=False)
+    x = torch.randn(3, 5)
+    with torch.no_grad():
+        _close(f(x), m(x))
+        m.temperature = 0.25
+        _close(f(x), m(x))
+        m.mix[1] = 3.0
+        _close(f(x), m(x))
+    assert f.stats["recaptures"] == 2 and f.capture_error is None
+
+
+class _Scale:
+    def __init__(self):
+        self.k = 2.0
+
+    def __call__(self, module, inputs, out):
+        return out * self.k
+
+
+def test_a_stateful_forward_hook_runs_through_dynamo():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).eval()
+    hook = _Scale()
+    m[0].register_forward_hook(hook)
+    f = cleave.compile(m, verbose=False)
+    x = torch.randn(3, 5)
+    with torch.no_grad():
+        _close(f(x), m(x))
+        hook.k = 5.0
+        _close(f(x), m(x))
+    assert "hook" in f.capture_error
+
+
+def test_a_hook_collecting_features_gets_each_calls_tensor():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).eval()
+    feats = []
+    m[1].register_forward_hook(lambda mod, inputs, out: feats.append(out))
+    f = cleave.compile(m, verbose=False)
+    xs = [torch.randn(4, 5) for _ in range(3)]
+    with torch.no_grad():
+        for x in xs:
+            _close(f(x), m[2](torch.tanh(m[0](x))))
+    assert len(feats) == 3  # one per call (the eager references call the layers themselves)
+    for x, feat in zip(xs, feats):
+        assert type(feat) is torch.Tensor
+        _close(feat, torch.tanh(m[0](x)))
+
+
+class _Stream(nn.Module):
+    """A streaming position kept in a Python attribute that forward advances."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(5, 7)
+        self.pos = 0
+
+    def forward(self, x):
+        t = x.shape[0]
+        p = torch.arange(self.pos, self.pos + t, dtype=torch.float32)[:, None]
+        self.pos += t
+        return self.proj(x) + torch.sin(p / 10)
+
+
+class _Cache(nn.Module):
+    """A KV cache: a buffer forward reassigns with one more step each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.kv = nn.Linear(5, 5)
+        self.register_buffer("k", torch.zeros(1, 0, 5), persistent=False)
+
+    def forward(self, x):
+        self.k = torch.cat([self.k, self.kv(x)], 1)
+        return (x @ self.k.transpose(1, 2)).softmax(-1) @ self.k
+
+
+class _Router(nn.Module):
+    """A load-balancing loss left on the module for the caller."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(5, 3)
+        self.aux_loss = None
+
+    def forward(self, x):
+        p = self.gate(x).softmax(-1)
+        self.aux_loss = (p.mean(0) ** 2).sum() * 3
+        return x * p.max(-1, keepdim=True).values
+
+
+@pytest.mark.parametrize("cls, shape, state", [
+    (_Stream, (4, 5), lambda m: m.pos),
+    (_Cache, (1, 2, 5), lambda m: m.k),
+    (_Router, (4, 5), lambda m: m.aux_loss),
+])
+def test_attributes_and_buffers_forward_assigns_are_kept(cls, shape, state):
+    torch.manual_seed(0)
+    m = cls()
+    ref = copy.deepcopy(m)
+    f = cleave.compile(m, verbose=False)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(shape)
+            _close(f(x), ref(x))
+            _close(torch.as_tensor(state(m)), torch.as_tensor(state(ref)))
+    assert "state" in f.capture_error
+
+
+class _Counted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 3)
+        self.calls = 0
+        self.last = None
+
+    def forward(self, x):
+        self.calls += 1
+        self.last = self.lin(x)
+        return self.last
+
+
+COUNTED = _Counted()
+
+
+def _through_counted(x):
+    return COUNTED(x).softmax(-1)
+
+
+def test_a_global_modules_state_is_not_left_with_the_traces_values():
+    """Export puts back the attributes of the module it exports only: a module reached
+    through a global kept the trace's fake tensors (and its counter advanced once more)."""
+    x = torch.randn(4, 5)
+    f = cleave.compile(_through_counted, verbose=False)
+    with torch.no_grad():
+        for calls in (1, 2):
+            _close(f(x), COUNTED.lin(x).softmax(-1))
+            assert COUNTED.calls == calls and type(COUNTED.last) is torch.Tensor
+
+
+GLOBAL_MODEL = nn.Sequential(nn.Linear(5, 7), nn.GELU(), nn.Linear(7, 3))
+
+
+def _predict(x):
+    return GLOBAL_MODEL(x).softmax(-1)
+
+
+def _closure_predict(model):
+    def predict(x):
+        return model(x).softmax(-1)
+    return predict
+
+
+@pytest.mark.parametrize("held_in", ["global", "closure"])
+def test_parameters_of_a_module_in_a_global_or_closure_are_guarded(held_in):
+    torch.manual_seed(0)
+    model = GLOBAL_MODEL if held_in == "global" else nn.Sequential(nn.Linear(5, 7), nn.GELU(), nn.Linear(7, 3))
+    fn = _predict if held_in == "global" else _closure_predict(model)
+    f = cleave.compile(fn, verbose=False)
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        _close(f(x), fn(x))
+        fresh = nn.Sequential(nn.Linear(5, 7), nn.GELU(), nn.Linear(7, 3)).state_dict()
+        model.load_state_dict(fresh, assign=True)  # new Parameter objects
+        _close(f(x), fn(x))
+        model[2].bias = nn.Parameter(torch.randn(3))
+        _close(f(x), fn(x))
+        model[0].weight.data = torch.randn(7, 5)  # the same Parameter over new memory
+        _close(f(x), fn(x))
+        model[0].weight.mul_(0.5)  # in place: read through the same memory, no recapture
+        _close(f(x), fn(x))
+        model.train()  # the module's own state is guarded too
+        model[1].approximate = "tanh"
+        _close(f(x), fn(x))
+    assert f.stats["recaptures"] == 4 and f.capture_error is None
+
+
+class _Config:
+    def __init__(self):
+        self.scale = 2.0
+
+
+class _Configured(nn.Module):
+    """An attribute cleave cannot compare (an object whose own attributes may change)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 3)
+        self.config = _Config()
+
+    def forward(self, x):
+        return self.lin(x) * self.config.scale
+
+
+def test_an_attribute_cleave_cannot_compare_runs_through_dynamo():
+    torch.manual_seed(0)
+    m = _Configured().eval()
+    f = cleave.compile(m, verbose=False)
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        _close(f(x), m(x))
+        m.config.scale = -3.0
+        _close(f(x), m(x))
+    assert "config" in f.capture_error
+
+
+class _Plain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(8, 16)
+        self.act = nn.GELU()
+        self.l2 = nn.Linear(16, 8)
+        self.scale = 0.5
+
+    def forward(self, x):
+        return self.l2(self.act(self.l1(x))) * self.scale
+
+
+def test_a_plain_module_is_captured_once():
+    """Two compiled modules called in turn each capture once: registering the capture's
+    own hook on one had made the other recapture at its next call, and so on."""
+    torch.manual_seed(0)
+    a, b = _Plain().eval(), nn.Sequential(nn.Linear(8, 4), nn.Tanh()).eval()
+    fa, fb = cleave.compile(a, verbose=False), cleave.compile(b, verbose=False)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(4, 8)
+            _close(fa(x), a(x))
+            _close(fb(x), b(x))
+    for f in (fa, fb):
+        assert f.stats["recaptures"] == 0 and f.capture_error is None
+        assert f.stats["compiles"] + f.stats["from_cache"] == 1
