@@ -5,12 +5,14 @@ without a guard; a parity test is a guard cleave did not read. A call whose size
 take another branch than the traced one runs eagerly (with a warning), sizes 0 and 1
 included; a function without such a branch is still captured once and serves every size.
 """
+import math
 import warnings
 
 import pytest
 import torch
 
 import cleave
+from cleave.frontends.errors import CaptureError
 from cleave.ir import BindingError
 
 
@@ -120,3 +122,19 @@ def test_a_shape_undefined_at_an_empty_size_runs_eagerly_with_its_reason():
 
 def triples(x):
     return x.reshape(-1, 4, 3).sum(-1)
+
+
+def scaled_by_root_of_rows(x):
+    return x * math.sqrt(x.shape[0] * 1e6)
+
+
+def test_a_float_computed_from_a_dynamic_size_follows_the_size():
+    """torch.export traces math.sqrt(n * 1e6) as the number it was at the example, under a
+    guard cleave did not read: every n was scaled by sqrt(4e6). Such a function runs
+    through dynamo's graphs, which guard it."""
+    with pytest.raises(CaptureError, match="float from a dynamic size"):
+        cleave.capture(scaled_by_root_of_rows, torch.randn(4, 3), dynamic={"x": {0: "n"}})
+    f = cleave.compile(scaled_by_root_of_rows, dynamic={"x": {0: "n"}}, verbose=False)
+    for n in (4, 9, 16):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(f(x), scaled_by_root_of_rows(x))

@@ -300,6 +300,7 @@ def _translate(ep, comparisons, params, named, auto: bool, graph_name: str) -> C
             state[input_name] = key
         shape = tuple(t.size(d) for d in val.shape)
         t.set(node, graph.input(input_name, shape, ir_dtype(val.dtype, f"input {input_name!r}")))
+    _no_float_of_a_size(ep)
     _guarded_ranges(ep, symbols, graph)
     constrain_to_decisions(graph, symbols, comparisons)
     writes, views = {}, []
@@ -312,6 +313,17 @@ def _translate(ep, comparisons, params, named, auto: bool, graph_name: str) -> C
     reads_storage = any(storage_dependent(n) for n in ep.graph.nodes)
     return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes, views,
                     constants=constants, reads_storage=reads_storage)
+
+
+def _no_float_of_a_size(ep) -> None:
+    """A float computed from a dynamic size (`x * math.sqrt(x.shape[0])`) is traced as the
+    constant it was at the example, under a guard pinning the size that cleave does not
+    read (the graph served every n with sqrt(4)): such a function is not captured whole
+    (dynamo's graphs guard it)."""
+    pinned = [g for g in getattr(ep, "_guards_code", None) or [] if "sym_float" in g]
+    if pinned:
+        raise CaptureError(f"capture: the function computes a float from a dynamic size, which torch.export "
+                           f"traces as a constant (guard {pinned[0]})")
 
 
 def _guarded_ranges(ep, symbols, graph) -> None:
