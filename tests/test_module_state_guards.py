@@ -303,3 +303,22 @@ def test_a_plain_module_is_captured_once():
     for f in (fa, fb):
         assert f.stats["recaptures"] == 0 and f.capture_error is None
         assert f.stats["compiles"] + f.stats["from_cache"] == 1
+
+
+def test_a_bound_forward_is_captured_and_guarded_as_its_module():
+    """cleave.compile(model.forward) failed to capture (the renamed function lost self)
+    and always ran through dynamo; captured, the module's parameters are baked in, so
+    they are guarded as a global module's are."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3)).eval()
+    f = cleave.compile(m.forward, verbose=False)
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        _close(f(x), m(x))
+        assert f.capture_error is None and f.stats["operators"] == 1, (f.capture_error, f.stats)
+        m[2].bias = nn.Parameter(torch.randn(3))
+        _close(f(x), m(x))
+        m[0].weight.mul_(2)
+        _close(f(x), m(x))
+        m[1] = _Doubled().train()
+        _close(f(x), m(x))

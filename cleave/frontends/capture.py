@@ -143,6 +143,8 @@ def _as_forward(fn):
     """A copy of a plain function whose code is named `forward`: torch.export records
     stack frames of functions named forward only, and errors should point at the
     user's line, not at this wrapper."""
+    if isinstance(fn, types.MethodType):  # model.forward: the renamed function, bound again
+        return types.MethodType(_as_forward(fn.__func__), fn.__self__)
     code = getattr(fn, "__code__", None)
     if isinstance(fn, torch.nn.Module) or not isinstance(code, types.CodeType):
         return fn

@@ -63,6 +63,8 @@ class Guards:
                  if _guardable(_cell_value(cell))]
         values = [value for _, _, value, _, _ in names] + [value for _, value, _, _ in cells]
         reached = [value for value in values if isinstance(value, torch.nn.Module)]
+        if isinstance(getattr(fn, "__self__", None), torch.nn.Module):  # model.forward: its state is baked in
+            reached.append(fn.__self__)
         compiled = fn if isinstance(fn, torch.nn.Module) else None
         modules = _ModuleTree(compiled, reached) if compiled is not None or reached else None
         return cls(names, cells, modules) if names or cells or modules else None
