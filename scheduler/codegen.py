@@ -651,6 +651,9 @@ class Emitter:
         shape = node.shape
         names = self.index_names(b, inst.view, dims)
         terms, mask = [], {}  # mask: term -> the labels it varies over
+        # a mask is widened to the tile only where the address is one (a scalar load, as a
+        # gather of one index per row broadcast over columns, takes a scalar mask)
+        block = False
         clamped = set()
         for lid in inst.labels & self.free_lanes:
             if self.valid(lid, dims):  # lanes past the extent read the last valid lane's element
@@ -663,11 +666,13 @@ class Emitter:
             if e == 0:
                 continue
             terms.append(f"{code(e, names)} * {code(stride)}" if stride != 1 else code(e, names))
+            varies = self.varies(b, e)
+            block |= bool(varies & set(dims))
             lo, hi = self.bounds(e)
             if hi is None or not provable(shape[k] - 1 - hi):
-                mask[f"({code(e, names)} < {code(shape[k])})"] = self.varies(b, e)
+                mask[f"({code(e, names)} < {code(shape[k])})"] = varies
             if lo is None or not provable(lo):
-                mask[f"({code(e, names)} >= 0)"] = self.varies(b, e)
+                mask[f"({code(e, names)} >= 0)"] = varies
         for lid in inst.labels - clamped:
             v = self.valid(lid, dims)
             if v:
@@ -682,9 +687,6 @@ class Emitter:
                     mask[self.align(read, dims)] = set(read.dims)
         ptr = f"{buffer_name(self.views.graph, node)}_ptr"
         addr = ptr + (" + " + " + ".join(terms) if terms else "")
-        # a mask is widened to the tile only where the address is one (a scalar load, as a
-        # gather of one index per row broadcast over columns, takes a scalar mask)
-        block = any(self.varies(b, e) & set(dims) for e in inst.view if sympy.sympify(e) != 0)
         read = None
         if mask and not node.dtype.is_float:  # an index tile: its mask is kept for the loads it addresses
             read = self.var(b, self.mask(mask, dims, block)[len(", mask="):], dims, "tl.int1")

@@ -19,6 +19,18 @@ def _close(got, want):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def _follows(m, target, x, *changes):
+    """cleave.compile(target) of module m, compared with m at x first and after each
+    change (a callable that changes m's state), without grad; returns the compiled one."""
+    f = cleave.compile(target, verbose=False)
+    with torch.no_grad():
+        _close(f(x), m(x))
+        for change in changes:
+            change()
+            _close(f(x), m(x))
+    return f
+
+
 class _Doubled(nn.Module):
     """Doubles its input in training mode: a branch on `self.training` (as Dropout) that
     gives one answer per mode."""
@@ -71,14 +83,8 @@ class _Tempered(nn.Module):
 def test_attributes_read_in_a_helper_and_lists_changed_in_place_are_guarded():
     torch.manual_seed(0)
     m = _Tempered().eval()
-    f = cleave.compile(m, verbose=False)
-    x = torch.randn(3, 5)
-    with torch.no_grad():
-        _close(f(x), m(x))
-        m.temperature = 0.25
-        _close(f(x), m(x))
-        m.mix[1] = 3.0
-        _close(f(x), m(x))
+    f = _follows(m, m, torch.randn(3, 5), lambda: setattr(m, "temperature", 0.25),
+                 lambda: m.mix.__setitem__(1, 3.0))
     assert f.stats["recaptures"] == 2 and f.capture_error is None
 
 
@@ -95,12 +101,7 @@ def test_a_stateful_forward_hook_runs_through_dynamo():
     m = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).eval()
     hook = _Scale()
     m[0].register_forward_hook(hook)
-    f = cleave.compile(m, verbose=False)
-    x = torch.randn(3, 5)
-    with torch.no_grad():
-        _close(f(x), m(x))
-        hook.k = 5.0
-        _close(f(x), m(x))
+    f = _follows(m, m, torch.randn(3, 5), lambda: setattr(hook, "k", 5.0))
     assert "hook" in f.capture_error
 
 
@@ -268,12 +269,7 @@ class _Configured(nn.Module):
 def test_an_attribute_cleave_cannot_compare_runs_through_dynamo():
     torch.manual_seed(0)
     m = _Configured().eval()
-    f = cleave.compile(m, verbose=False)
-    x = torch.randn(4, 5)
-    with torch.no_grad():
-        _close(f(x), m(x))
-        m.config.scale = -3.0
-        _close(f(x), m(x))
+    f = _follows(m, m, torch.randn(4, 5), lambda: setattr(m.config, "scale", -3.0))
     assert "config" in f.capture_error
 
 
@@ -311,14 +307,11 @@ def test_a_bound_forward_is_captured_and_guarded_as_its_module():
     they are guarded as a global module's are."""
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3)).eval()
-    f = cleave.compile(m.forward, verbose=False)
     x = torch.randn(4, 5)
+    f = _follows(m, m.forward, x)
+    assert f.capture_error is None and f.stats["operators"] == 1, (f.capture_error, f.stats)
     with torch.no_grad():
-        _close(f(x), m(x))
-        assert f.capture_error is None and f.stats["operators"] == 1, (f.capture_error, f.stats)
-        m[2].bias = nn.Parameter(torch.randn(3))
-        _close(f(x), m(x))
-        m[0].weight.mul_(2)
-        _close(f(x), m(x))
-        m[1] = _Doubled().train()
-        _close(f(x), m(x))
+        for change in (lambda: setattr(m[2], "bias", nn.Parameter(torch.randn(3))),
+                       lambda: m[0].weight.mul_(2), lambda: m.__setitem__(1, _Doubled().train())):
+            change()
+            _close(f(x), m(x))
