@@ -1,6 +1,6 @@
 """Correctness of every plan at every launch configuration the runtime may give it, on
 the GPU: its own, and each one its launch tuning tries (`cleave.runtime.mix
-.launch_variants`: the other warp count, a pipeline stage fewer or more), against the
+.launch_variants`: the other warp count, a pipeline stage fewer or more at either), against the
 workload's fp32 reference. The CPU interpreter cannot see a miscompile of the GPU
 backend; the benchmark skips a wrong plan by its error, but the runtime's tuning does not
 check results, so a wrong configuration must never be offered.

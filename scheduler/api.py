@@ -76,13 +76,13 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target):
         # 8e-2 to 0.27 relative error on the H200 (triton 3.6; RMSNorm->MatMul's fused plan,
         # RESULTS.md 2026-12-02 session 12); 4 warps, or one stage, were exact.
         limit = 4 if stats.side_reduction else 0
-        for warps, stages in launch_options(t):
+        for warps, stages in launch_options(t, stats.stage_choices):
             seconds = kernel_time(stats, programs, warps, stages, target)
             if seconds is not None:
                 args = bufs + [d[0] for d in descs] + symbols
                 per_sm = resident_programs(stats, warps, stages, target) if persistent else 0
                 kernel = Kernel(spec.name, source, grid, args, warps, stages, descs, per_sm, loops=stats.loops,
-                                max_pipelined_warps=limit, pipelined=stats.pipelined, max_stages=stats.max_stages)
+                                max_pipelined_warps=limit, pipelined=stats.pipelined, stage_choices=stats.stage_choices)
                 if kernel.launches(warps, stages):
                     found.append((seconds, kernel, tiles, (emitted, t), stats))
     if not found:

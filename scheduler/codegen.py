@@ -288,7 +288,8 @@ class Emitter:
         self.descriptors: dict = {}  # (buffer, block) -> descriptor argument name
         self.searched = False  # a loop bound searches a never-decreasing buffer (monotone.py)
         self.uncached: set = set()  # buffers read past L1: other programs of this launch write them (combine.py)
-        self.load_steps: list = []  # (loop chain, trips per program) of each load inside a loop
+        # (loop chain, trips per program, bytes of one step's tile) of each load inside a loop
+        self.load_steps: list = []
         self.loop_chains: set = set()  # the loop chain of each loop body emitted
         self.loop_runs: dict = {}  # id(instance) -> whether computing it runs a loop (runs_loop)
 
@@ -701,7 +702,7 @@ class Emitter:
             self.stats.stage_smem[key] = elems * _ITEMSIZE[ty]
             if any(set(b.chain) & self.views.labels_of(f.args) for e in inst.view for f in gathers(e)):
                 self.stats.gathered.add(key)
-            self.load_steps.append((b.chain, b.trips))
+            self.load_steps.append((b.chain, b.trips, elems * _ITEMSIZE[ty]))
         # In a pipelined loop, a descriptor tile read by anything but tl.dot came out wrong
         # on the H200 (triton 3.6: RMSNorm->MatMul's x tile squared beside its dot, 27%
         # relative error; RESULTS.md, 2026-12-01 session 3): such tiles keep the pointer path.
@@ -1080,7 +1081,7 @@ class Emitter:
             v = self.ensure(top, st.inst)
             self.store(top, st, v)
         top.lines += list(epilogue)
-        self.stats.outer_steps = self.outer_load_steps()
+        self.stats.outer_steps, self.stats.outer_step_bytes = self.outer_load_steps()
         if tile_args:
             # a tensor of the offsets' type, also where the caller passes a plain int
             decode = [f"tid{lid} = tl.zeros([], {'tl.int64' if wide else 'tl.int32'}) + tid{lid}" for lid in order] + \
@@ -1122,17 +1123,22 @@ class Emitter:
             ["    " + ln for ln in top.lines]
         return Function(name, lines, bufs, [" * ".join(grid_terms) or "1"], self.searched)
 
-    def outer_load_steps(self) -> float:
-        """Steps per program of the loops that load tiles around an inner loop: Triton
-        pipelines innermost loops only, so each such step waits for its loads (MLA paged
-        decode with its 512-wide contraction looped in 128-column steps inside the key
-        loop: 0.22 ms on the H200 against 0.13 with the contraction whole; RESULTS.md,
-        2026-12-02 session 15)."""
+    def outer_load_steps(self) -> tuple[float, float]:
+        """Steps per program of the loops that load tiles around an inner loop, and the
+        bytes such a step loads: Triton pipelines innermost loops only, so each such step
+        waits for its loads (MLA paged decode with its 512-wide contraction looped in
+        128-column steps inside the key loop: 0.22 ms on the H200 against 0.13 with the
+        contraction whole; RESULTS.md, 2026-12-02 session 15)."""
         def outer(chain):
             return any(len(c) > len(chain) and c[:len(chain)] == chain for c in self.loop_chains)
         # the longest body: a loop split in segments (bounds.py) runs most steps in its
         # full one, a tile or so in each edge
-        return max((trips for chain, trips in self.load_steps if outer(chain)), default=0.0)
+        steps = max((trips for chain, trips, _ in self.load_steps if outer(chain)), default=0.0)
+        per_step = {}
+        for chain, _, nbytes in self.load_steps:
+            if outer(chain):
+                per_step[chain] = per_step.get(chain, 0) + nbytes
+        return steps, max(per_step.values(), default=0)
 
     def decode(self, order: list, tiles: dict, grouped: bool, backwards: set) -> list:
         """The lines that decode `pid` into each grid label's tile id (`order`: fastest

@@ -86,9 +86,13 @@ def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, ta
                resident * num_warps * fair / WARPS_TO_STREAM)
     t_busiest = on_busiest * dram / programs / rate
     # A loop around an inner loop is not pipelined: each of its steps waits for its loads
-    # once, and programs sharing an SM wait in turn.
+    # (their latency and their transfer at the SM's share of bandwidth), and programs
+    # sharing an SM wait in turn (MLA paged decode, 64-key steps, 4 chunks a request:
+    # 0.193 ms with its 512-wide contraction in 64-column steps, each key step then
+    # loading its 64 x 512 value tile unpipelined, against 0.103 with the contraction
+    # whole; RESULTS.md session 26).
     if stats.pipelined:
-        t_busiest += on_busiest / resident * stats.outer_steps * UNPIPELINED_STEP
+        t_busiest += on_busiest / resident * stats.outer_steps * (UNPIPELINED_STEP + stats.outer_step_bytes / fair)
     # Every tile also crosses L2 into shared memory: small tiles re-read more.
     t_mem = max(dram / target.bandwidth, t_busiest, total / target.l2_bandwidth)
     # Deeper software pipelines hide more of each loop step's load latency.

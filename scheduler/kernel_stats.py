@@ -14,10 +14,10 @@ class Stats:
     vector_flops: float = 0.0  # a contraction off the tensor cores (broadcast product and sum)
     stage_smem: dict = field(default_factory=dict)  # load in a loop -> bytes of one tile (pipelined)
     # loads of stage_smem whose rows are gathered through indices loaded in the same loop
-    # (a paged KV cache's pages): Triton 3.6's pipeliner gives such a tile one buffer from
-    # 1 to 4 stages, and its index tile a stage ahead from 3 (the MLA paged decode's fused
-    # kernel compiled for sm_90: 56320 bytes of shared memory at 2 stages, 56576 at 3 and
-    # 4, whose code is the same, 93696 at 5)
+    # (a paged KV cache's pages): Triton 3.6's pipeliner puts such a tile a stage behind
+    # its index tile, so it gets (stages - 1) // 2 buffers, one at least (the MLA paged
+    # decode's fused kernel compiled for sm_90: one buffer at 2-4 stages, two at 5 and 6,
+    # three at 7; at 3 and 4 only the index tile is copied ahead, the same code at both)
     gathered: set = field(default_factory=set)
     fixed_smem: dict = field(default_factory=dict)  # dot operands held across the loop (the q tile)
     acc_elems: int = 0
@@ -38,6 +38,7 @@ class Stats:
     # steps per program of loops that load around an inner loop (codegen.outer_load_steps):
     # not software-pipelined, each waits for its loads
     outer_steps: float = 0.0
+    outer_step_bytes: int = 0  # what one such step loads, around its inner loop
 
     @property
     def pipelined(self) -> bool:
@@ -55,23 +56,32 @@ class Stats:
                        per_buffer={n: b * k for n, b in self.per_buffer.items()}, active=1.0)
 
     def buffers(self, key, stages: int) -> int:
-        """Copies of a loop's tile Triton keeps in shared memory at `stages` (at most 4):
-        one per stage, a gathered tile one."""
-        return 1 if key in self.gathered else stages
+        """Copies of a loop's tile Triton keeps in shared memory at `stages`: one per
+        stage, a gathered tile (stages - 1) // 2 and one at least."""
+        return max(1, (stages - 1) // 2) if key in self.gathered else stages
 
     def in_flight(self, stages: int) -> float:
         """Bytes a program has in flight while it computes on a step: the tiles of the
         stages ahead of the one in use. With one stage a program loads and computes in
         turn (nothing is prefetched), so it counts as half a tile, not as much as two
-        stages; a gathered tile is one stage ahead at any count."""
-        ahead = max(stages - 1, 0.5)
-        return sum(b * (min(ahead, 1.0) if k in self.gathered else ahead) for k, b in self.stage_smem.items())
+        stages. A gathered tile counts one tile from 2 stages: with one buffer its next
+        copy is issued only after the step's dots have read it, and another program on
+        the SM loads meanwhile (alone on its SM such a program loads and computes in
+        turn, which the model does not count: RESULTS.md session 26)."""
+        def ahead(key) -> float:
+            if key in self.gathered and stages > 1:
+                return max(self.buffers(key, stages) - 1, 1)
+            return stages - 1 if stages > 1 else 0.5
+        return sum(b * ahead(k) for k, b in self.stage_smem.items())
 
     @property
-    def max_stages(self) -> int:
-        """Stages past which the code is the same (0: no such bound): a loop that gathers
-        compiles to the same code at 4 stages as at 3."""
-        return 3 if self.gathered else 0
+    def stage_choices(self) -> tuple:
+        """The stage counts worth launching (empty: any). A loop that gathers compiles to
+        the same code at 4 stages as at 3 (only its index tile is copied ahead at both);
+        at 5 it gets a second buffer, which ran 17% faster than one at 8 warps, one
+        program an SM, but 2-2.5x slower at 4 warps, where the model sees no difference,
+        so it is not offered (MLA paged decode on the H200, RESULTS.md session 26)."""
+        return (1, 2, 3) if self.gathered else ()
 
     def smem(self, stages: int) -> int:
         """Triton keeps `stages` copies of each tile loaded in a loop in shared memory

@@ -55,20 +55,21 @@ class Kernel:
     # False: no tl.dot, so Triton pipelines none of its loops and it launches with one
     # stage only (kernel_stats.Stats.pipelined); the runtime's tuning tries no others
     pipelined: bool = True
-    # > 0: launched with more stages than this, the kernel compiles to the same code
-    # (kernel_stats.Stats.max_stages); neither the scheduler nor the runtime's tuning tries them
-    max_stages: int = 0
+    # the stage counts worth launching it with, ascending (kernel_stats.Stats.stage_choices;
+    # empty: any): neither the scheduler nor the runtime's tuning tries others
+    stage_choices: tuple = ()
 
     def to_json(self) -> dict:
         return {"name": self.name, "source": self.source, "grid": list(self.grid), "args": list(self.args),
                 "num_warps": self.num_warps, "num_stages": self.num_stages,
                 "descriptors": [list(d) for d in self.descriptors], "programs_per_sm": self.programs_per_sm,
                 "loops": list(self.loops), "max_pipelined_warps": self.max_pipelined_warps,
-                "arrivals": list(self.arrivals), "pipelined": self.pipelined, "max_stages": self.max_stages}
+                "arrivals": list(self.arrivals), "pipelined": self.pipelined,
+                "stage_choices": list(self.stage_choices)}
 
     def launches(self, num_warps: int, num_stages: int) -> bool:
         """Whether this launch configuration is one the kernel may run with."""
-        if (num_stages > 1 and not self.pipelined) or (self.max_stages and num_stages > self.max_stages):
+        if (num_stages > 1 and not self.pipelined) or (self.stage_choices and num_stages not in self.stage_choices):
             return False
         return not (self.max_pipelined_warps and num_warps > self.max_pipelined_warps and num_stages > 1)
 
@@ -78,7 +79,7 @@ class Kernel:
                    [list(x) for x in d.get("descriptors", [])], d.get("programs_per_sm", 0),
                    loops=list(d.get("loops", [])), max_pipelined_warps=d.get("max_pipelined_warps", 0),
                    arrivals=list(d.get("arrivals", [])), pipelined=d.get("pipelined", True),
-                   max_stages=d.get("max_stages", 0))
+                   stage_choices=tuple(d.get("stage_choices", ())))
 
 
 @dataclass

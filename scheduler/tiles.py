@@ -203,16 +203,17 @@ def _tiling(keys, groups, combo, static) -> Tiling:
     return Tiling(role, block, static=static, step=step)
 
 
-def launch_options(t: Tiling):
+def launch_options(t: Tiling, stage_choices: tuple = ()):
     """num_warps and num_stages to cost for one tiling (they do not change the code).
     A loop also gets one stage (no multi-buffering): a loop that loads many tiles
     (RoPE's rotated k) only fits shared memory that way. Two warps suit a loop that
     streams K/V past a small accumulator (GQA decode on the H200: 1-4% faster than four
     at b=40-64, RESULTS.md session 3 diagnostics); ties keep four, listed first. A
-    kernel without a tl.dot launches with one stage only (Kernel.launches)."""
+    kernel without a tl.dot launches with one stage only (Kernel.launches); one that
+    gathers, with its `stage_choices` (kernel_stats.Stats.stage_choices)."""
     looped = "loop" in t.role.values()
     for warps in ((4, 2, 8) if looped else (4, 8)):
-        for stages in ((1, 2, 3, 4) if looped else (1,)):
+        for stages in ((stage_choices or (1, 2, 3, 4)) if looped else (1,)):
             yield warps, stages
 
 

@@ -99,10 +99,18 @@ def picks_key(picks: list[Pick]) -> tuple:
 
 def launch_variants(kernel) -> list[tuple[int, int]]:
     """The launch configurations tried beside a kernel's own: the other warp count, and
-    for a kernel with a loop one pipeline stage fewer or more."""
-    found = [(w, kernel.num_stages) for w in WARPS if w != kernel.num_warps]
+    for a kernel with a loop the stage counts next to its own (among its
+    `stage_choices` where it has them) at either warp count. The diagonal is needed:
+    the paged GQA prefill's attention, ranked at 4 warps and 3 stages by a cost-model
+    variant, ran 0.403 ms at its best neighbour (4 warps, 2 stages) and 0.294 at 8 warps
+    and 2 stages on the H200 (RESULTS.md session 26)."""
+    stages = [kernel.num_stages]
     if kernel.loops:
-        found += [(kernel.num_warps, s) for s in (kernel.num_stages - 1, kernel.num_stages + 1) if 1 <= s <= MAX_STAGES]
+        choices = sorted(set(kernel.stage_choices or range(1, MAX_STAGES + 1)) | {kernel.num_stages})
+        at = choices.index(kernel.num_stages)
+        stages = choices[max(at - 1, 0):at + 2]
+    found = [(w, s) for w in [kernel.num_warps] + [w for w in WARPS if w != kernel.num_warps] for s in stages
+             if (w, s) != (kernel.num_warps, kernel.num_stages)]
     return [(w, s) for w, s in found if kernel.launches(w, s)]
 
 
