@@ -315,3 +315,108 @@ def test_a_bound_forward_is_captured_and_guarded_as_its_module():
                        lambda: m[0].weight.mul_(2), lambda: m.__setitem__(1, _Doubled().train())):
             change()
             _close(f(x), m(x))
+
+
+SCALE = 2.0
+TABLE = torch.arange(8.0)
+
+
+def _scaled(x):
+    return x * SCALE + TABLE
+
+
+def _through_a_helper(x):
+    return _scaled(x).sum(-1)
+
+
+class _ReadsAGlobalInAHelper(nn.Module):
+    def forward(self, x):
+        return self.scaled(x).sum(-1)
+
+    def scaled(self, x):
+        return _scaled(x)
+
+
+class _Outer(nn.Module):
+    """A submodule whose forward reads a global, and a class attribute read off self."""
+    factor = 3.0
+
+    def __init__(self):
+        super().__init__()
+        self.inner = _ReadsAGlobalInAHelper()
+
+    def forward(self, x):
+        return self.inner(x) * self.factor
+
+
+def test_globals_read_by_the_functions_it_calls_and_class_attributes_are_guarded(monkeypatch):
+    """They were baked in: cleave returned the first capture's values after SCALE, a
+    global tensor updated in place, or a class attribute changed (silently wrong)."""
+    x = torch.randn(4, 8)
+    f = cleave.compile(_through_a_helper, verbose=False)
+    _close(f(x), _through_a_helper(x))
+    monkeypatch.setitem(globals(), "SCALE", 5.0)
+    _close(f(x), _through_a_helper(x))
+    TABLE.add_(1.0)
+    _close(f(x), _through_a_helper(x))
+
+    m = _Outer()
+    changes = [lambda: monkeypatch.setitem(globals(), "SCALE", 7.0),
+               lambda: monkeypatch.setattr(_Outer, "factor", 4.0)]
+    _follows(m, m, x, *changes)
+    _follows(m, m.forward, x, lambda: monkeypatch.setattr(_Outer, "factor", 0.5))
+
+
+CONFIG = {"scale": 2.0, "shift": (1.0, 2.0)}
+STEPS = [2.0]
+
+
+class _Settings:
+    def __init__(self):
+        self.scale = 2.0
+
+
+SETTINGS = _Settings()
+
+
+class _Opaque:
+    """An object whose attribute holds another object: cleave cannot compare it cheaply."""
+
+    def __init__(self):
+        self.inner = _Settings()
+
+
+OPAQUE = _Opaque()
+
+
+def _reads_containers(x):
+    return (x * CONFIG["scale"] + CONFIG["shift"][1] + STEPS[0] * SETTINGS.scale).sum(-1)
+
+
+def _reads_an_opaque_object(x):
+    return (x * OPAQUE.inner.scale).sum(-1)
+
+
+def test_containers_and_plain_objects_in_globals_are_guarded_by_content(monkeypatch):
+    """A dict, list or plain object a function reads through a global was baked in at its
+    first values (silently wrong after `CONFIG["scale"] = 5.0`); one cleave cannot compare
+    sends the function through dynamo, which guards what it reads."""
+    x = torch.randn(4, 8)
+    f = cleave.compile(_reads_containers, verbose=False)
+    _close(f(x), _reads_containers(x))
+    monkeypatch.setitem(CONFIG, "scale", 5.0)
+    _close(f(x), _reads_containers(x))
+    monkeypatch.setattr(SETTINGS, "scale", 4.0)
+    _close(f(x), _reads_containers(x))
+    try:
+        STEPS[0] = 3.0  # a list changed in place
+        _close(f(x), _reads_containers(x))
+    finally:
+        STEPS[:] = [2.0]
+    assert f.stats["recaptures"] == 3 and f.capture_error is None
+
+    g = cleave.compile(_reads_an_opaque_object, verbose=False)
+    _close(g(x), _reads_an_opaque_object(x))
+    monkeypatch.setattr(OPAQUE.inner, "scale", 6.0)
+    _close(g(x), _reads_an_opaque_object(x))
+    assert "OPAQUE" in g.capture_error

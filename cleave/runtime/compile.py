@@ -193,8 +193,8 @@ class CompiledFunction:
 
         guards = Guards.read_by(self.fn)  # before the capture: the values it bakes in
         modules = guards.modules if guards is not None else None
-        if modules is not None and modules.needs_dynamo:
-            self._through_dynamo(modules.needs_dynamo)
+        if guards is not None and guards.needs_dynamo:
+            self._through_dynamo(guards.needs_dynamo)
             return None
         watch = StateWatch(modules.modules if modules is not None else [])
         try:

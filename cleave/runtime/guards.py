@@ -11,8 +11,10 @@ attribute writes and hooks.
 """
 from __future__ import annotations
 
+import dis
 import enum
 import functools
+import inspect
 import operator
 import threading
 import types
@@ -37,37 +39,81 @@ _COMPARED_ITEMS = 64
 
 class Guards:
     """What the capture bakes into the graph besides the arguments, as it was when fn was
-    captured: the globals and closure cells fn's code reads, and the attributes it reads
-    off a module or callable object it is (`self.scale`), that hold a tensor, a Python
-    scalar or a module; and the modules fn reaches (`_ModuleTree`). `hold()` runs per
-    call, so it compares cheaply: a tensor by identity, version (an in-place change) and
-    data pointer (a `.data` write), a scalar by type and value (x * 2 and x * 2.0 differ
-    on integers), a module by identity. Globals read by functions fn calls are not
-    guarded."""
+    captured: the globals and closure cells fn's code reads (`_global_guard`), the
+    attributes it reads off a module or callable object it is (`self.scale`) that hold
+    a tensor, a Python scalar or a module, and the modules fn reaches (`_ModuleTree`).
+    `hold()` runs per call, so it compares cheaply: a tensor by identity, version (an
+    in-place change) and data pointer (a `.data` write), a scalar by type and value
+    (x * 2 and x * 2.0 differ on integers), a module or function by identity, a
+    container or plain object by content (`_Snapshot`). The same holds for what the functions fn calls
+    read (a helper's global scale), wherever they are reached from: fn's globals and
+    cells, and the methods and forwards of the modules it reaches (`_reached`); and for
+    the class attributes those read off a module (`self.factor` set on the class)."""
 
     def __init__(self, names: list, cells: list, modules: _ModuleTree | None):
-        self.names = names  # (globals or attribute dict, name, value, version, data pointer)
-        self.cells = cells  # (cell, value, version, data pointer)
+        self.names = names  # (globals or attribute dict, name, value or _Snapshot, version, data pointer)
+        self.cells = cells  # (cell, value or _Snapshot, version, data pointer)
         self.modules = modules
+        self.opaque: str | None = None  # a global or cell read whose changes cannot be compared
 
     @classmethod
     def read_by(cls, fn) -> Guards | None:
         func = _python_function(fn)
         if func is None:
             return None
-        code_names = sorted(_names_read(func.__code__))
-        scopes = [func.__globals__] + ([vars(fn)] if func is not fn and hasattr(fn, "__dict__") else [])
-        names = [(scope, n, *_guarded(scope[n]))
-                 for scope in scopes for n in code_names if n in scope and _guardable(scope[n])]
-        cells = [(cell, *_guarded(_cell_value(cell))) for cell in func.__closure__ or ()
-                 if _guardable(_cell_value(cell))]
+        owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
+        # the modules fn reaches directly: itself or its method's, those in its globals and cells
+        direct = [owner] + [func.__globals__.get(n) for n in _globals_read(func.__code__)] + \
+            [_cell_value(c) for c in func.__closure__ or ()]
+        near = [m for root in direct if isinstance(root, torch.nn.Module) for m in root.modules()]
+        classes = [k for k in dict.fromkeys(type(m) for m in near) if not _library(k)]
+        helpers = [v for m in near for v in vars(m).values() if isinstance(v, types.FunctionType)]
+        names, cells, seen, opaque = [], [], set(), []
+
+        def guard(scope, n, how):
+            if (id(scope), n) in seen:
+                return
+            seen.add((id(scope), n))
+            if how is _OPAQUE:
+                opaque.append(n)
+            elif how is not None:
+                names.append((scope, n, *_guarded(how)))
+
+        for f in _reached(func, classes, helpers):
+            own = [vars(fn)] if f is func and func is not fn and hasattr(fn, "__dict__") else []
+            for n in sorted(_globals_read(f.__code__)):
+                if n in f.__globals__:
+                    guard(f.__globals__, n, _global_guard(f.__globals__[n]))
+            for n in sorted(_names_read(f.__code__)):
+                for scope in own:  # attributes of the callable object fn itself
+                    if n in scope and _guardable(scope[n]):
+                        guard(scope, n, scope[n])
+                for klass in classes:  # a class attribute read off a module: no instance entry holds it
+                    scope = _defining_dict(klass, n)
+                    if scope is not None and _guardable(scope[n]):
+                        guard(scope, n, scope[n])
+            for cell in f.__closure__ or ():
+                how = _global_guard(_cell_value(cell))
+                if how is _OPAQUE:
+                    opaque.append(f"a closure variable of {f.__name__}")
+                elif how is not None:
+                    cells.append((cell, *_guarded(how)))
         values = [value for _, _, value, _, _ in names] + [value for _, value, _, _ in cells]
         reached = [value for value in values if isinstance(value, torch.nn.Module)]
-        if isinstance(getattr(fn, "__self__", None), torch.nn.Module):  # model.forward: its state is baked in
-            reached.append(fn.__self__)
+        if isinstance(owner, torch.nn.Module) and owner is not fn:  # model.forward: its state is baked in
+            reached.append(owner)
         compiled = fn if isinstance(fn, torch.nn.Module) else None
         modules = _ModuleTree(compiled, reached) if compiled is not None or reached else None
-        return cls(names, cells, modules) if names or cells or modules else None
+        guards = cls(names, cells, modules)
+        if opaque:
+            guards.opaque = (f"it reads {opaque[0]!r}, an object whose changes cleave cannot tell (a capture "
+                             f"would keep the value it read)")
+        return guards if names or cells or modules or opaque else None
+
+    @property
+    def needs_dynamo(self) -> str | None:
+        """Why a capture cannot serve fn (an object it reads, a hook, ...), or None."""
+        return self.opaque or (self.modules.needs_dynamo if self.modules is not None else None)
 
     def hold(self) -> bool:
         if self.modules is not None and not self.modules.hold():
@@ -278,6 +324,33 @@ def _guardable(value) -> bool:
     return isinstance(value, (torch.Tensor, torch.nn.Module, *_SCALARS))
 
 
+class _Snapshot(NamedTuple):
+    """A global or cell holding a container or a plain object (a config): the object,
+    and what it held when captured (its items, or its attributes), compared at each
+    call (`x * CONFIG["scale"]` kept the first value after the dict changed)."""
+    obj: object
+    held: object
+
+
+def _global_guard(value):
+    """How a global or cell fn's code reads is guarded: the value itself (_guardable, a
+    function, another immutable _VALUES value), a _Snapshot, None where it needs no
+    guard (a Python module or a class), or _OPAQUE where cleave cannot tell its changes."""
+    if isinstance(value, (types.ModuleType, type)):
+        return None
+    if value is _MISSING or _guardable(value) or isinstance(value, _VALUES):  # _MISSING: an empty cell
+        return value
+    if isinstance(value, (list, tuple, dict, set, frozenset)):
+        return _Snapshot(value, _copied(value)) if _comparable(value) else _OPAQUE
+    held = getattr(value, "__dict__", None)
+    if isinstance(held, dict) and not callable(value) and _comparable(held):
+        return _Snapshot(value, _copied(held))
+    return _OPAQUE
+
+
+_OPAQUE = object()
+
+
 def _guarded(value, versioned: bool = True) -> tuple:
     """value, and for a tensor its version (None where an in-place change needs no new
     capture) and data pointer."""
@@ -289,6 +362,11 @@ def _guarded(value, versioned: bool = True) -> tuple:
 def _same(now, value, version, pointer) -> bool:
     if isinstance(value, torch.Tensor):
         return now is value and (version is None or now._version == version) and _data_pointer(now) == pointer
+    if isinstance(value, _Snapshot):
+        if now is not value.obj:
+            return False
+        held = now if isinstance(now, (list, tuple, dict, set, frozenset)) else vars(now)
+        return _alike(_copied(held), value.held)
     return type(now) is type(value) and now == value
 
 
@@ -315,6 +393,63 @@ def _python_function(fn):
         fn = getattr(type(fn), "__call__", None)
     fn = getattr(fn, "__func__", fn)
     return fn if isinstance(fn, types.FunctionType) else None
+
+
+# Packages whose functions a capture's guards do not look into: what they read is theirs.
+_LIBRARIES = frozenset({"torch", "cleave", "numpy", "triton", "functools", "typing", "math", "operator",
+                        "builtins", "einops", "transformers"})
+# Functions looked into at most, per capture: a guard is checked at every call.
+_MAX_FUNCTIONS = 64
+
+
+def _reached(func: types.FunctionType, classes: list, helpers: list) -> list[types.FunctionType]:
+    """func and the user functions it may call, breadth first: those its code names in
+    its globals or holds in its cells, the methods of `classes` (the modules fn reaches)
+    it names, those classes' forwards (a submodule's forward is traced too), and
+    `helpers`, functions those modules hold (`self.act = my_gelu`)."""
+    def user(f) -> bool:
+        f = getattr(f, "__func__", f)
+        return isinstance(f, types.FunctionType) and not _library(f)
+
+    found = [func]
+    for g in [inspect.getattr_static(klass, "forward", None) for klass in classes] + helpers:
+        if user(g) and g not in found:
+            found.append(g)
+    i = 0
+    while i < len(found) and len(found) < _MAX_FUNCTIONS:
+        f = found[i]
+        i += 1
+        names = _names_read(f.__code__)
+        called = [f.__globals__.get(n) for n in names] + [_cell_value(c) for c in f.__closure__ or ()]
+        called += [inspect.getattr_static(klass, n, None) for klass in classes for n in names]
+        for g in called:
+            g = getattr(g, "__func__", g)  # a staticmethod's or classmethod's function
+            if user(g) and g not in found:
+                found.append(g)
+    return found[:_MAX_FUNCTIONS]
+
+
+def _library(obj) -> bool:
+    """Whether a function or class is _LIBRARIES' code."""
+    return (getattr(obj, "__module__", None) or "").split(".")[0] in _LIBRARIES
+
+
+def _defining_dict(klass: type, name: str):
+    """The __dict__ of the class in klass's MRO that defines name, where a user class
+    does (nn.Module's own attributes are its business), else None."""
+    for base in klass.__mro__:
+        if name in vars(base):
+            return None if _library(base) else vars(base)
+    return None
+
+
+def _globals_read(code: types.CodeType) -> set[str]:
+    """The global names code and the code nested in it loads."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _globals_read(const)
+    return names
 
 
 def _names_read(code: types.CodeType) -> set[str]:
