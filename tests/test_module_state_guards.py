@@ -420,3 +420,21 @@ def test_containers_and_plain_objects_in_globals_are_guarded_by_content(monkeypa
     monkeypatch.setattr(OPAQUE.inner, "scale", 6.0)
     _close(g(x), _reads_an_opaque_object(x))
     assert "OPAQUE" in g.capture_error
+
+
+def test_attributes_of_a_users_python_module_are_guarded(tmp_path, monkeypatch):
+    """`x * settings.SCALE` with `settings` a module of the user's kept its first value
+    after `settings.SCALE = 5.0`."""
+    (tmp_path / "cleave_probe_settings.py").write_text("SCALE = 2.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import cleave_probe_settings as settings
+
+    def scaled(x):
+        return (x * settings.SCALE).sum(-1)
+
+    x = torch.randn(4, 8)
+    f = cleave.compile(scaled, verbose=False)
+    _close(f(x), scaled(x))
+    monkeypatch.setattr(settings, "SCALE", 5.0)
+    _close(f(x), scaled(x))
+    assert f.stats["recaptures"] == 1

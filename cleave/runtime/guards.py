@@ -16,6 +16,7 @@ import enum
 import functools
 import inspect
 import operator
+import sys
 import threading
 import types
 from typing import NamedTuple
@@ -81,10 +82,16 @@ class Guards:
 
         for f in _reached(func, classes, helpers):
             own = [vars(fn)] if f is func and func is not fn and hasattr(fn, "__dict__") else []
-            for n in sorted(_globals_read(f.__code__)):
-                if n in f.__globals__:
-                    guard(f.__globals__, n, _global_guard(f.__globals__[n]))
-            for n in sorted(_names_read(f.__code__)):
+            attributes = sorted(_names_read(f.__code__))
+            # and the user Python modules it reads, through a global or a cell (`config.SCALE`)
+            namespaces = [f.__globals__] + [vars(m) for m in map(_cell_value, f.__closure__ or ()) if _user_module(m)]
+            for scope in namespaces:
+                for n in (sorted(_globals_read(f.__code__)) if scope is f.__globals__ else attributes):
+                    if n in scope:
+                        guard(scope, n, _global_guard(scope[n]))
+                        if _user_module(scope[n]) and all(vars(scope[n]) is not d for d in namespaces):
+                            namespaces.append(vars(scope[n]))
+            for n in attributes:
                 for scope in own:  # attributes of the callable object fn itself
                     if n in scope and _guardable(scope[n]):
                         guard(scope, n, scope[n])
@@ -432,6 +439,15 @@ def _reached(func: types.FunctionType, classes: list, helpers: list) -> list[typ
 def _library(obj) -> bool:
     """Whether a function or class is _LIBRARIES' code."""
     return (getattr(obj, "__module__", None) or "").split(".")[0] in _LIBRARIES
+
+
+def _user_module(value) -> bool:
+    """A Python module of the user's (a config module whose attributes fn reads), not a
+    library's or the standard library's."""
+    if not isinstance(value, types.ModuleType):
+        return False
+    top = (getattr(value, "__name__", None) or "").split(".")[0]
+    return top not in _LIBRARIES and top not in sys.stdlib_module_names
 
 
 def _defining_dict(klass: type, name: str):
