@@ -438,3 +438,28 @@ def test_attributes_of_a_users_python_module_are_guarded(tmp_path, monkeypatch):
     monkeypatch.setattr(settings, "SCALE", 5.0)
     _close(f(x), scaled(x))
     assert f.stats["recaptures"] == 1
+
+
+FEATURES = []
+
+
+def _collects(x):
+    y = (x * 2).sum(-1)
+    FEATURES.append(y)
+    return y + 1
+
+
+def test_a_function_appending_to_a_global_list_runs_through_dynamo():
+    """The capture's trace appended a fake tensor to the user's list, and later calls
+    appended nothing; the list now gets each call's tensor, as in eager."""
+    x = torch.randn(4, 8)
+    f = cleave.compile(_collects, verbose=False)
+    try:
+        _close(f(x), _collects(x))
+        _close(f(x + 1), _collects(x + 1))
+        assert [type(t) for t in FEATURES] == [torch.Tensor] * 4
+        _close(FEATURES[0], FEATURES[1])
+        _close(FEATURES[2], FEATURES[3])
+        assert "FEATURES" in f.capture_error
+    finally:
+        FEATURES.clear()

@@ -208,9 +208,14 @@ class CompiledFunction:
             self.capture_error = str(err)
         finally:
             watch.restore()  # the trace's assignments undone: eager and dynamo make them, once a call
+            changed = guards is not None and guards.put_back()  # a global list the trace appended to
         if watch.changed:
             self._through_dynamo("its forward changes its modules' state (assigns an attribute or a buffer, or "
                                  "changes a list or dict attribute), which a capture would drop")
+            return None
+        if changed:
+            self._through_dynamo(f"it changes {changed!r}, a global or closure container or object, which a "
+                                 f"capture would drop")
             return None
         if captured is not None and not captured.graph.output_names:  # fn returns no tensor: nothing to fuse
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)

@@ -117,6 +117,18 @@ class Guards:
                              f"would keep the value it read)")
         return guards if names or cells or modules or opaque else None
 
+    def put_back(self) -> str | None:
+        """The name of a global or cell container or object the capture's trace changed
+        (`LOG.append(y)`: it got a fake tensor), each such one given its contents back;
+        None when the trace changed none."""
+        changed = None
+        for name, now, snapshot in [(n, scope.get(n, _MISSING), v) for scope, n, v, _, _ in self.names] + \
+                [("a closure variable", _cell_value(c), v) for c, v, _, _ in self.cells]:
+            if isinstance(snapshot, _Snapshot) and now is snapshot.obj and not _same(now, snapshot, None, None):
+                changed = changed or name
+                _refill(now if isinstance(now, (list, dict, set)) else vars(now), _copied(snapshot.held))
+        return changed
+
     @property
     def needs_dynamo(self) -> str | None:
         """Why a capture cannot serve fn (an object it reads, a hook, ...), or None."""
