@@ -1133,10 +1133,10 @@ class Emitter:
             return any(len(c) > len(chain) and c[:len(chain)] == chain for c in self.loop_chains)
         # the longest body: a loop split in segments (bounds.py) runs most steps in its
         # full one, a tile or so in each edge
-        steps = max((trips for chain, trips, _ in self.load_steps if outer(chain)), default=0.0)
-        per_step = {}
-        for chain, _, nbytes in self.load_steps:
+        steps, per_step = 0.0, {}
+        for chain, trips, nbytes in self.load_steps:
             if outer(chain):
+                steps = max(steps, trips)
                 per_step[chain] = per_step.get(chain, 0) + nbytes
         return steps, max(per_step.values(), default=0)
 

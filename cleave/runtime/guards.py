@@ -384,8 +384,8 @@ def _same(now, value, version, pointer) -> bool:
     if isinstance(value, _Snapshot):
         if now is not value.obj:
             return False
-        held = now if isinstance(now, (list, tuple, dict, set, frozenset)) else vars(now)
-        return _alike(_copied(held), value.held)
+        # compared as they stand: _alike reads both sides, so nothing is copied per call
+        return _alike(now if isinstance(now, (list, tuple, dict, set, frozenset)) else vars(now), value.held)
     return type(now) is type(value) and now == value
 
 
@@ -414,9 +414,9 @@ def _python_function(fn):
     return fn if isinstance(fn, types.FunctionType) else None
 
 
-# Packages whose functions a capture's guards do not look into: what they read is theirs.
-_LIBRARIES = frozenset({"torch", "cleave", "numpy", "triton", "functools", "typing", "math", "operator",
-                        "builtins", "einops", "transformers"})
+# Packages whose functions a capture's guards do not look into, besides the standard
+# library's: what they read is theirs.
+_LIBRARIES = frozenset({"torch", "cleave", "numpy", "triton", "einops", "transformers"}) | sys.stdlib_module_names
 # Functions looked into at most, per capture: a guard is checked at every call.
 _MAX_FUNCTIONS = 64
 
@@ -438,9 +438,9 @@ def _reached(func: types.FunctionType, classes: list, helpers: list) -> list[typ
     while i < len(found) and len(found) < _MAX_FUNCTIONS:
         f = found[i]
         i += 1
-        names = _names_read(f.__code__)
-        called = [f.__globals__.get(n) for n in names] + [_cell_value(c) for c in f.__closure__ or ()]
-        called += [inspect.getattr_static(klass, n, None) for klass in classes for n in names]
+        called = [f.__globals__.get(n) for n in _globals_read(f.__code__)] + \
+            [_cell_value(c) for c in f.__closure__ or ()]
+        called += [inspect.getattr_static(klass, n, None) for klass in classes for n in _names_read(f.__code__)]
         for g in called:
             g = getattr(g, "__func__", g)  # a staticmethod's or classmethod's function
             if user(g) and g not in found:
@@ -454,12 +454,9 @@ def _library(obj) -> bool:
 
 
 def _user_module(value) -> bool:
-    """A Python module of the user's (a config module whose attributes fn reads), not a
-    library's or the standard library's."""
-    if not isinstance(value, types.ModuleType):
-        return False
-    top = (getattr(value, "__name__", None) or "").split(".")[0]
-    return top not in _LIBRARIES and top not in sys.stdlib_module_names
+    """A Python module of the user's (a config module whose attributes fn reads), not
+    one of _LIBRARIES."""
+    return isinstance(value, types.ModuleType) and (value.__name__ or "").split(".")[0] not in _LIBRARIES
 
 
 def _defining_dict(klass: type, name: str):
