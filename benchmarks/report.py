@@ -31,8 +31,9 @@ def _timed(row: dict, name: str):
 
 def table(rows: list[dict]) -> str:
     lines = ["| workload | preset | cleave ms | best timed ms | strongest baseline | its ms | ×strongest "
-             "| eager ms | ×eager | torch.compile ms | ×torch.compile | err | copy ceiling |",
-             "|" + "---|" * 13]
+             "| eager ms | ×eager | torch.compile ms | ×torch.compile | err | copy ceiling "
+             "| in CUDA graphs: cleave ms | strongest (its ms) | ×strongest |",
+             "|" + "---|" * 16]
     for r in rows:
         c = r["cleave_ms"]
         strongest = r["strongest"]
@@ -42,9 +43,18 @@ def table(rows: list[dict]) -> str:
                  strongest["name"] if strongest else "none ran", _ms(strongest and strongest["ms"]),
                  _ratio(strongest and strongest["ms"], c),
                  _ms(eager), _ratio(eager, c), _ms(compiled), _ratio(compiled, c),
-                 f"{min(errs):.1e}" if errs else "—", _ceiling(r)]
+                 f"{min(errs):.1e}" if errs else "—", _ceiling(r)] + _graph_cells(r)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _graph_cells(r: dict) -> list[str]:
+    """cleave's served plan and the strongest baseline, both replayed from CUDA graphs."""
+    c, strongest = r.get("cleave_graph_ms"), r.get("strongest_graph")
+    ms = strongest and strongest["graph_ms"]
+    share = r.get("decode_bytes") and c and copy_ceiling_fraction(r["decode_bytes"], c)
+    cleave = _ms(c) + (f" ({share:.0%} of the copy ceiling)" if share else "")
+    return [cleave, f"{strongest['name']} ({_ms(ms)})" if strongest else "none captured", _ratio(ms, c)]
 
 
 def secondary(rows: list[dict]) -> str:

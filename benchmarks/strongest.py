@@ -52,6 +52,7 @@ class Outcome:
     first_call_s: float | None = None
     warnings: list[str] = field(default_factory=list)
     secondary: bool = False
+    graph_ms: float | None = None  # replayed from a CUDA graph (`measure`'s graph_timer)
 
 
 def error(outputs, reference: list[torch.Tensor]) -> float:
@@ -94,7 +95,8 @@ def _reason(exc: BaseException, caught: list[str]) -> str:
     return "; ".join([f"{type(exc).__name__}: {first_line}"] + _informative(caught)[:3])
 
 
-def _try(baseline: Baseline, inputs: dict, reference: list, timer: Callable, sync: Callable) -> Outcome:
+def _try(baseline: Baseline, inputs: dict, reference: list, timer: Callable, sync: Callable,
+         graph_timer: Callable | None) -> Outcome:
     outcome = Outcome(baseline.name, secondary=baseline.secondary)
     if baseline.preflight is not None:
         outcome.skipped = baseline.preflight(inputs)
@@ -124,29 +126,34 @@ def _try(baseline: Baseline, inputs: dict, reference: list, timer: Callable, syn
             outcome.skipped = f"disagrees with the reference: rel err {outcome.rel_err:.2e} > {TOLERANCE:.0e}"
             return outcome
         outcome.ms = timer(lambda: baseline.fn(**inputs))
+        if graph_timer is not None:
+            outcome.graph_ms = graph_timer(lambda: baseline.fn(**inputs))
     return outcome
 
 
 def measure(baselines: list[Baseline], inputs: dict, reference: list[torch.Tensor],
             timer: Callable[[Callable], float], sync: Callable[[], None] = lambda: None,
-            log: Callable[[str], None] = lambda msg: None) -> list[Outcome]:
-    """One outcome per baseline, in order: timed (ms) or skipped with the reason."""
+            log: Callable[[str], None] = lambda msg: None,
+            graph_timer: Callable[[Callable], float | None] | None = None) -> list[Outcome]:
+    """One outcome per baseline, in order: timed (ms) or skipped with the reason; with
+    `graph_timer`, each timed one also replayed from a CUDA graph (None: it cannot be)."""
     outcomes = {}
     for group in ([b for b in baselines if not b.fallback], [b for b in baselines if b.fallback]):
         for baseline in group:
             if baseline.fallback and best(list(outcomes.values())) is not None:
                 outcomes[baseline.name] = Outcome(baseline.name, skipped=NOT_NEEDED)
                 continue
-            outcome = outcomes[baseline.name] = _try(baseline, inputs, reference, timer, sync)
+            outcome = outcomes[baseline.name] = _try(baseline, inputs, reference, timer, sync, graph_timer)
             log(f"  {baseline.name}: {outcome.ms:.4f} ms" if outcome.ms is not None
                 else f"  {baseline.name}: skipped: {outcome.skipped}")
     return [outcomes[b.name] for b in baselines]
 
 
-def best(outcomes: list[Outcome]) -> Outcome | None:
-    """The fastest timed outcome that is not secondary; None when none was timed."""
-    timed = [o for o in outcomes if o.ms is not None and not o.secondary]
-    return min(timed, key=lambda o: o.ms, default=None)
+def best(outcomes: list[Outcome], key: str = "ms") -> Outcome | None:
+    """The fastest outcome by `key` ("ms", or "graph_ms": replayed from CUDA graphs) that is
+    not secondary; None when none was timed that way."""
+    timed = [o for o in outcomes if getattr(o, key) is not None and not o.secondary]
+    return min(timed, key=lambda o: getattr(o, key), default=None)
 
 
 def compiles_within(workload: str, mode: str, budget_s: float, inputs: dict) -> str | None:

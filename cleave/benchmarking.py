@@ -132,7 +132,9 @@ def _serve(row: dict, plans: list, inputs: dict, reference) -> None:
     ranking of the plans that ran (CUDA-graph replays, the L2 flushed: profile.rank), then
     each kernel's fastest option within the fastest plan's partition (mix.fastest_kernels).
     The fastest of everything timed here (an oracle's pick among noisy timings) is
-    reported beside it as best_ms. A served plan past the tolerance leaves no time."""
+    reported beside it as best_ms. A served plan past the tolerance leaves no time. The
+    served plan is also replayed from a CUDA graph (`graph_time`): cleave_graph_ms."""
+    from cleave.runtime.launch import launch
     from cleave.runtime.mix import compose, fastest_kernels
     from cleave.runtime.profile import rank
 
@@ -151,9 +153,27 @@ def _serve(row: dict, plans: list, inputs: dict, reference) -> None:
     row["best_ms"] = min((p["ms"] for p in good), default=None)
     row["served"] = served and (f"mix of plans {served['picks']}" if served.get("picks") else f"plan {served['index']}")
     row["cleave_ms"] = served["ms"] if served in good else None
+    row["cleave_graph_ms"] = None
+    if row["cleave_ms"]:
+        plan = plans[served["index"]]
+        row["cleave_graph_ms"] = graph_time(lambda: launch(plan, inputs))
     if served is not None:
         _log(f"  served (the runtime's choice): {row['served']}, "
-             + (f"{row['cleave_ms']:.4f} ms" if row["cleave_ms"] else "failed or wrong"))
+             + (f"{row['cleave_ms']:.4f} ms" if row["cleave_ms"] else "failed or wrong")
+             + (f", {row['cleave_graph_ms']:.4f} ms in CUDA graphs" if row["cleave_graph_ms"] else ""))
+
+
+def graph_time(fn, calls: int = 10) -> float | None:
+    """Milliseconds per call of fn replayed from a CUDA graph, the L2 flushed before each
+    call (`profile.graph_timer`, cold): no launch gaps between an operator's kernels, as a
+    serving engine replays its decode steps. None where fn cannot be captured."""
+    from cleave.runtime.profile import graph_ms
+
+    try:
+        return graph_ms(fn, calls, cold=True)
+    except Exception as exc:  # a baseline that syncs or allocates on the host in its call
+        _log(f"  CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:200]}")
+        return None
 
 
 def _time_plan(row: dict, index: int, plan, inputs: dict, reference, picks=None) -> None:

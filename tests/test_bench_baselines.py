@@ -53,6 +53,26 @@ def test_best_is_the_fastest_that_ran_and_is_named():
     assert "| fast | 1.0000 | 2.00 |" in line
 
 
+def test_graph_replays_pick_their_own_strongest():
+    """Replayed from CUDA graphs, another baseline may be fastest (launch gaps gone); one
+    that cannot be captured has no graph time and is not the strongest there."""
+    calls = []
+
+    def make(name):
+        return lambda x: (calls.append(name), x * 2)[1]
+
+    def timer(costs):
+        return lambda fn: (fn(), costs[calls[-1]])[1]
+
+    per_call = timer({"one kernel": 1.0, "three kernels": 1.2, "host sync": 0.9})
+    in_graphs = timer({"one kernel": 0.95, "three kernels": 0.8, "host sync": None})
+    names = ["one kernel", "three kernels", "host sync"]
+    outcomes = measure([Baseline(n, make(n)) for n in names], {"x": X}, REFERENCE, per_call, graph_timer=in_graphs)
+    assert [o.graph_ms for o in outcomes] == [0.95, 0.8, None]
+    assert best(outcomes).name == "host sync" and best(outcomes, "graph_ms").name == "three kernels"
+    assert measure([Baseline("one kernel", make("one kernel"))], {"x": X}, REFERENCE, per_call)[0].graph_ms is None
+
+
 def test_refusals_and_disagreements_are_dropped_with_their_reason():
     make, timer = _fake({"wrong": 0.1, "ok": 1.0})
     outcomes = measure([Baseline("refuses", _refuse), Baseline("wrong", make("wrong", X * 3)),
@@ -313,7 +333,10 @@ def test_decode_bytes_count_the_pages_used_q_and_outputs():
     assert copy_ceiling_fraction(None, 1.0) is None
     row = {"workload": "w", "preset": "p", "plans": [{"ms": 2.0}], "cleave_ms": 2.0, "baselines": [],
            "strongest": {"name": "b", "ms": 4.0}, "decode_bytes": int(4.3e9)}
-    assert report.table([row]).splitlines()[-1].endswith("| 50% / 25% |")
+    assert report.table([row]).splitlines()[-1].endswith("| 50% / 25% | — | none captured | — |")
+    row.update(cleave_graph_ms=1.0, strongest_graph={"name": "b", "graph_ms": 3.0})
+    assert report.table([row]).splitlines()[-1].endswith(
+        "| 50% / 25% | 1.0000 (100% of the copy ceiling) | b (3.0000) | 3.00 |")
 
 
 def test_cleave_is_timed_as_the_runtime_serves_it(monkeypatch):
@@ -326,12 +349,13 @@ def test_cleave_is_timed_as_the_runtime_serves_it(monkeypatch):
 
     monkeypatch.setattr(profile, "rank", lambda plans, inputs: [1, 0, 2][:len(plans)])
     monkeypatch.setattr(mix, "fastest_kernels", lambda plans, order, inputs: None)
+    monkeypatch.setattr(profile, "graph_ms", lambda fn, calls, cold: 0.8 if cold else None)
     records = [{"index": 0, "ms": 0.9, "rel_err": 1e-3}, {"index": 1, "ms": 1.0, "rel_err": 1e-3},
                {"index": 2, "error": "OutOfResources"}]
     row = {"plans": [dict(r) for r in records]}
     _serve(row, [None, None, None], {}, [])
-    assert (row["served"], row["cleave_ms"], row["best_ms"]) == ("plan 1", 1.0, 0.9)
+    assert (row["served"], row["cleave_ms"], row["best_ms"], row["cleave_graph_ms"]) == ("plan 1", 1.0, 0.9, 0.8)
     row = {"plans": [dict(r) for r in records]}
     row["plans"][1]["rel_err"] = 0.5
     _serve(row, [None, None, None], {}, [])
-    assert (row["served"], row["cleave_ms"], row["best_ms"]) == ("plan 1", None, 0.9)
+    assert (row["served"], row["cleave_ms"], row["best_ms"], row["cleave_graph_ms"]) == ("plan 1", None, 0.9, None)
