@@ -24,7 +24,17 @@ def _unary(t, node, a):
     return t.add(_UNARY[node.target._schema.name.split("::")[-1]], a["self"])
 
 
-_UNARY_CHECKS = {"round": lambda a, n: "decimals other than 0 are not supported" if a.get("decimals", 0) else None}
+def floats_only(a, n):
+    """A function torch computes on floating-point tensors only (softmax, gelu, silu): given
+    integers or bools it types the result as them and its kernel raises, where the
+    kernels would compute it in the integer type. Left to torch, the call raises eager's error."""
+    val = n.meta["val"]
+    dtype = (val[0] if isinstance(val, (tuple, list)) else val).dtype
+    return None if dtype.is_floating_point else f"torch computes it on floating-point tensors only, not {dtype}"
+
+
+_UNARY_CHECKS = {"round": lambda a, n: "decimals other than 0 are not supported" if a.get("decimals", 0) else None,
+                 "silu": floats_only}  # the other float functions of integers give floats (exp, tanh)
 for _name in _UNARY:
     # prims ops of the same name are what PyTorch's decompositions leave (round, sign...)
     _prims = [f"prims.{_name}"] if hasattr(torch.ops.prims, _name) else []
@@ -254,7 +264,7 @@ def _relu(t, node, a):
     return binary(t, "max", a["self"], 0)
 
 
-@rule("gelu")
+@rule("gelu", check=floats_only)
 def _gelu(t, node, a):
     """0.5 x (1 + erf(x / sqrt(2))), or with approximate='tanh'
     0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"""
@@ -267,7 +277,40 @@ def _gelu(t, node, a):
                   0.5)
 
 
-@rule("clamp", "clamp_min", "clamp_max")
+def _overflows(value, dtype: torch.dtype) -> bool:
+    """Whether torch's checked conversion of a Python number to `dtype` fails (c10's
+    `overflows`, "value cannot be converted to type uint8_t without overflow"): past a
+    float type's finite range (inf and NaN convert), or past an integer type's, where an
+    unsigned one also takes a negative int down to -max (u8.masked_fill(m, -1) holds 255)."""
+    if dtype == torch.bool or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if dtype.is_floating_point:
+        info = torch.finfo(dtype)
+        return math.isfinite(value) and not info.min <= value <= info.max
+    info = torch.iinfo(dtype)
+    if not math.isfinite(value):
+        return True
+    low = -info.max if info.min == 0 and isinstance(value, int) else info.min
+    return not low <= value <= info.max
+
+
+def _scalars_fit(*names, in_op_math=False):
+    """A check for ops that convert their Python-number arguments `names` to the result
+    dtype with torch's overflow check (clamp, masked_fill, full, where), where `+` and `==`
+    wrap them: out of range, torch raises, and the op is left to it. `where` converts a
+    half's scalar in f32 (torch.where(m, x_f16, 1e6) is inf)."""
+    def check(a, n):
+        dtype = n.meta["val"].dtype
+        if in_op_math and dtype in (torch.float16, torch.bfloat16):
+            dtype = torch.float32
+        for name in names:
+            if _overflows(a.get(name), dtype):
+                return f"{name}={a[name]!r} is out of the range of {dtype} (torch raises)"
+        return None
+    return check
+
+
+@rule("clamp", "clamp_min", "clamp_max", check=_scalars_fit("min", "max"))
 def _clamp(t, node, a):
     x, low, high = a["self"], a.get("min"), a.get("max")
     if low is not None:
@@ -277,14 +320,14 @@ def _clamp(t, node, a):
     return x
 
 
-@rule("where")
+@rule("where", check=_scalars_fit("self", "other", in_op_math=True))
 def _where(t, node, a):
     x, y = a["self"], a["other"]
     like = x if hasattr(x, "graph") else y if hasattr(y, "graph") else t.out_dtype(node)
     return t.add("where", a["condition"], t.lift(x, like), t.lift(y, like))
 
 
-@rule("masked_fill")
+@rule("masked_fill", check=_scalars_fit("value"))
 def _masked_fill(t, node, a):
     x = a["self"]
     return t.add("where", a["mask"], t.lift(a["value"], x), x)
@@ -387,8 +430,9 @@ def fill(t, node, value):
 
 rule("ones", "ones_like", "new_ones")(lambda t, n, a: fill(t, n, 1))
 rule("zeros", "zeros_like", "new_zeros")(lambda t, n, a: fill(t, n, 0))
-rule("full", "full_like", "new_full")(lambda t, n, a: fill(t, n, a["fill_value"]))
-rule("scalar_tensor")(lambda t, n, a: fill(t, n, a["s"]))
+rule("full", "full_like", "new_full", check=_scalars_fit("fill_value"))(
+    lambda t, n, a: fill(t, n, a["fill_value"]))
+rule("scalar_tensor", check=_scalars_fit("s"))(lambda t, n, a: fill(t, n, a["s"]))
 
 
 def _arange_check(a, n):

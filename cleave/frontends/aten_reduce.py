@@ -11,6 +11,7 @@ import torch
 from ..interpreter import TORCH_DTYPES
 from ..ir import dims as D
 
+from .aten_elementwise import floats_only
 from .aten_map import rule
 
 
@@ -230,13 +231,25 @@ def _softmax_input(t, a):
     return _cast_arg(t, x, a.get("dtype"))
 
 
-@rule("softmax", "_softmax")
+def _dim_in_range(a, n):
+    """torch's softmax takes a dim in [-rank, rank) (a 0-d tensor's: -1 or 0) and raises
+    IndexError past it; its meta function does not check, and dim % rank is another axis."""
+    rank = max(a.get("self", a.get("input")).dim(), 1)
+    dim = a["dim"]
+    return None if -rank <= dim < rank else f"dim {dim} is out of range for a tensor of rank {rank} (torch raises)"
+
+
+def _softmax_check(a, n):
+    return _dim_in_range(a, n) or floats_only(a, n)
+
+
+@rule("softmax", "_softmax", check=_softmax_check)
 def _softmax(t, node, a):
     x = _softmax_input(t, a)
     return _on_a_vector(t, x, lambda v, axis: safe_softmax(t, v, axis), a["dim"])
 
 
-@rule("_safe_softmax")
+@rule("_safe_softmax", check=_softmax_check)
 def _safe_softmax_rule(t, node, a):
     """torch's _safe_softmax (SDPA's math path): a row that is all -inf gives 0, where
     softmax gives NaN (exp(-inf - -inf)). A select on the row max after the softmax
@@ -250,7 +263,7 @@ def _safe_softmax_rule(t, node, a):
     return _on_a_vector(t, x, guarded, a["dim"])
 
 
-@rule("log_softmax", "_log_softmax")
+@rule("log_softmax", "_log_softmax", check=_softmax_check)
 def _log_softmax(t, node, a):
     """(x - max) - log(sum(exp(x - max))), as torch computes it: x - (max + log(sum))
     rounds the sum of a large max and a small log to f32 first (logits around 1e4 came
@@ -274,6 +287,8 @@ def _on_a_vector(t, x, fn, dim):
 @rule("logsumexp")
 def _logsumexp(t, node, a):
     x = a["self"]
+    if not x.dtype.is_float:  # torch takes integers and bools in the default float type
+        x = _cast_arg(t, x, t.out_dtype(node))
     return log_sum_exp(t, x, axes(a["dim"], x.rank), a.get("keepdim", False))
 
 
@@ -334,7 +349,7 @@ rule("cumsum")(_prefix_reduction("sum", 0))
 rule("cumprod", check=_float_result)(_prefix_reduction("prod", 1))
 
 
-@rule("logcumsumexp")
+@rule("logcumsumexp", check=floats_only)
 def _logcumsumexp(t, node, a):
     x = a["self"]
     axis = a["dim"] % x.rank
@@ -385,10 +400,14 @@ def _arg(largest):
     return fn
 
 
+def _no_bool(a, n):
+    return "argmax and argmin of bool (torch raises)" if a["self"].dtype == torch.bool else None
+
+
 rule("max.dim")(_extreme_dim("max"))
 rule("min.dim")(_extreme_dim("min"))
-rule("argmax")(_arg(True))
-rule("argmin")(_arg(False))
+rule("argmax", check=_no_bool)(_arg(True))
+rule("argmin", check=_no_bool)(_arg(False))
 
 
 @rule("topk", check=lambda a, n: None if isinstance(a["k"], int) else "k must be a Python int")

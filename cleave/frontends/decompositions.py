@@ -25,7 +25,7 @@ def table() -> dict:
     from .fused_layers import TABLE as FUSED_LAYERS
 
     merged = {**decomposition_table, **core_aten_decompositions(), **FUSED_LAYERS}
-    return {op: fn for op, fn in merged.items() if not _mapped(op) and not _lifts_a_constant(op)}
+    return {op: _as_eager_types_it(op, fn) for op, fn in merged.items() if not _mapped(op) and not _lifts_a_constant(op)}
 
 
 # The tracer turns a tensor constant of the user's code (`torch.tensor([1, 3])`, the
@@ -45,3 +45,41 @@ def _mapped(op) -> bool:
         return False
     packet = op._schema.name.split("::")[-1]
     return f"{packet}.{op._overloadname}" in aten_map.RULES or packet in aten_map.RULES
+
+
+def _as_eager_types_it(op, decompose):
+    """A pointwise op's decomposition that raises torch's own error where torch's kernel
+    refuses the integer or bool dtypes it is given: softplus, mish and hardswish of
+    integers decompose into integer arithmetic that runs, where eager raises "not
+    implemented for 'Long'". The trace fails, and the frame runs eagerly, raising there."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return decompose
+
+    @functools.wraps(decompose)
+    def checked(*args, **kwargs):
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if tensors and all(not t.dtype.is_floating_point and not t.dtype.is_complex for t in tensors):
+            refusal = _eager_refusal(op, tuple(t.dtype for t in tensors))
+            if refusal is not None:
+                raise refusal
+        return decompose(*args, **kwargs)
+    return checked
+
+
+@functools.cache
+def _eager_refusal(op, dtypes: tuple) -> Exception | None:
+    """The error torch's kernel for `op` raises on one-element tensors of these dtypes
+    (its other arguments at their defaults) when it names a dtype it does not implement;
+    None where it runs, or fails for any other reason (an op that needs more arguments).
+    Run with the tracer's modes set aside: under fake tensors only the meta function,
+    which checks no dtype, would run."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    try:
+        with _disable_current_modes():
+            op(*[torch.ones(1, dtype=d) for d in dtypes])
+    except (RuntimeError, NotImplementedError) as err:
+        return err if "not implemented for" in str(err) else None
+    except TypeError:
+        return None
+    return None

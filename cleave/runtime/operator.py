@@ -27,7 +27,7 @@ import sympy
 import torch
 
 from .. import passes, progress
-from ..interpreter import TORCH_DTYPES
+from ..interpreter import TORCH_DTYPES, interpret
 from ..ir import BindingError, Candidate, CleaveError, Graph, Separable, parse_graph
 from ..ir.contracts import then_as_written
 from ..ir.dtypes import dtype as ir_dtype
@@ -372,6 +372,7 @@ class CompiledOperator:
         return cands
 
     def _search(self) -> list[Candidate]:
+        refuse_what_eager_refuses(self.graph)
         start = time.perf_counter()
         with passes.timed("search"):
             # at least the candidates _build_spec ranks, whatever number of plans is kept
@@ -402,6 +403,35 @@ def search(graph: Graph, top_k: int, rules=None):
     from ..search.api import search as run
 
     return run(graph, top_k=top_k, rules=rules)
+
+
+def refuse_what_eager_refuses(graph: Graph) -> None:
+    """CompileFailure where the graph as written fails in the reference interpreter at
+    the candidate check's small binding whatever its integer inputs hold: a bool
+    subtraction or an integer silu that torch's meta functions let through and its
+    kernels refuse. Compiled, it would return values where eager raises; run eagerly,
+    the call raises eager's error. Integer inputs all 0, then all 1: an error that
+    depends on them (a division by 0, an index past a short axis) is the data's, and
+    the program compiles. Imported with the search, on a cache miss only."""
+    from ..search.validate import CHECK_BUDGET, NoSmallBinding, inputs_for, interpretation_cost, small_binding
+
+    try:
+        env = small_binding(graph, graph)
+    except NoSmallBinding:  # the search says why, and checks at the user's shapes
+        return
+    if interpretation_cost(graph, env) > CHECK_BUDGET:
+        return
+    inputs = inputs_for(graph, env, seed=0)
+    errors = []
+    for fill in (0, 1):
+        try:
+            interpret(graph, {k: v if v.is_floating_point() else torch.full_like(v, fill) for k, v in inputs.items()},
+                      env=env)
+            return
+        except (RuntimeError, IndexError, NotImplementedError) as err:
+            errors.append(err)
+    raise CompileFailure(f"the graph as written fails in the reference interpreter ({_reason(errors[0])})") \
+        from errors[0]
 
 
 def _picks_key(key: str) -> str:

@@ -1,0 +1,106 @@
+"""Calls that eager PyTorch rejects raise eager's error, never values. torch's meta
+functions let several through that its kernels refuse (a bool subtraction under
+dynamic shapes, softmax or gelu of integers, argmax of bools, softmax over a dim past
+the rank, an int past a narrow type's range in clamp or masked_fill): cleave compiled
+them and returned values computed in the integer type, over another axis, or with the
+number wrapped into the type."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cleave
+from cleave.ir import Graph
+from cleave.runtime.operator import CompiledOperator, CompileFailure
+
+from backend_case import ctx  # noqa: F401 (a fixture)
+
+INTS = torch.tensor([[1, 2, -3], [3, 4, 0]])
+BYTES = torch.tensor([1, 50, 250], dtype=torch.uint8)
+
+
+def _eager_error(fn, *args):
+    with pytest.raises(Exception) as caught:
+        fn(*args)
+    return type(caught.value)
+
+
+def _raises_as_eager(fn, *args):
+    """cleave.compile and torch.compile(dynamic=True) both raise the error eager raises."""
+    error = _eager_error(fn, *args)
+    for compiled in (cleave.compile(fn), torch.compile(fn, backend="cleave", dynamic=True)):
+        with pytest.raises(error):
+            compiled(*args)
+
+
+def test_a_bool_subtraction_under_dynamic_shapes_raises_eagers_error(ctx):
+    f = torch.compile(lambda a, b: a - b, backend="cleave", dynamic=True)
+    with pytest.warns(UserWarning, match="fails in the reference interpreter"), \
+            pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with two bool tensors"):
+        f(torch.tensor([True, False, True]), torch.tensor([True, True, False]))
+
+
+def test_an_operator_whose_graph_fails_in_the_interpreter_is_not_built():
+    g = Graph("bool_sub")
+    a, b = g.input("a", ("n",), "bool"), g.input("b", ("n",), "bool")
+    g.output(g.add("sub", a, b), names=["out"])
+    op = CompiledOperator(g, {"n"})
+    with pytest.raises(CompileFailure, match="with two bool tensors is not supported"):
+        op({"a": torch.tensor([True, False]), "b": torch.tensor([True, True])})
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.softmax(x, -1), lambda x: torch.log_softmax(x, 0),
+                                lambda x: torch.logcumsumexp(x, 1), F.gelu, F.silu,
+                                lambda x: (x > 0).argmax(-1), lambda x: (x > 0).argmin(),
+                                F.softplus, F.mish, F.hardswish, F.hardsigmoid],
+                         ids=["softmax", "log_softmax", "logcumsumexp", "gelu", "silu", "argmax_bool", "argmin_bool",
+                              "softplus", "mish", "hardswish", "hardsigmoid"])
+def test_float_only_functions_of_integers_raise_eagers_error(ctx, fn):
+    _raises_as_eager(fn, INTS)
+
+
+def test_softmax_of_integers_cast_by_its_dtype_argument_still_compiles(ctx):
+    fn = lambda x: torch.softmax(x, -1, dtype=torch.float32)  # noqa: E731
+    torch.testing.assert_close(cleave.compile(fn)(INTS), fn(INTS))
+
+
+@pytest.mark.parametrize("x", [INTS, INTS.to(torch.uint8), INTS > 0], ids=["int64", "uint8", "bool"])
+def test_logsumexp_of_integers_and_bools_computes_in_floats(ctx, x):
+    fn = lambda x: torch.logsumexp(x, 1)  # noqa: E731
+    want = fn(x)
+    for compiled in (cleave.compile(fn), torch.compile(fn, backend="cleave", dynamic=True)):
+        got = compiled(x)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("fn", [lambda a: a.clamp(max=300), lambda a: a.to(torch.int8).clamp(min=-129),
+                                lambda a: a.masked_fill(a > 3, 300), lambda a: a.masked_fill(a > 3, -256),
+                                lambda a: torch.full_like(a, 300), lambda a: torch.where(a > 3, a, 300),
+                                lambda a: a.half().masked_fill(a > 3, -1e9)],
+                         ids=["clamp", "clamp_i8", "masked_fill", "masked_fill_neg", "full_like", "where",
+                              "masked_fill_f16"])
+def test_a_number_past_the_tensors_range_raises_eagers_error(ctx, fn):
+    _raises_as_eager(fn, BYTES)
+
+
+def test_numbers_torch_wraps_or_converts_still_compile(ctx):
+    """+ and == wrap an int into the type, masked_fill takes -1 as 255 in uint8 and
+    truncates 2.5, clamp by a float promotes: as torch computes them."""
+    def fn(a):
+        return a + 300, a == 300, a.masked_fill(a > 3, -1), a.masked_fill(a > 3, 2.5), a.clamp(max=300.0)
+
+    for got, want in zip(cleave.compile(fn)(BYTES), fn(BYTES)):
+        assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.softmax(5), lambda x: torch.softmax(x, 2), lambda x: x.log_softmax(-3)],
+                         ids=["softmax_5", "softmax_2", "log_softmax_-3"])
+def test_softmax_over_a_dim_past_the_rank_raises_index_error(ctx, fn):
+    _raises_as_eager(fn, torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+
+
+def test_softmax_over_a_negative_dim_in_range_still_compiles(ctx):
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(cleave.compile(lambda x: x.softmax(-2))(x), x.softmax(-2))
