@@ -352,9 +352,10 @@ def _check_contractions(graph: Graph) -> None:
     """Kernels compute floats in f32 and contract in f32 (a tl.dot, or products summed
     in f32): a value computed in f64 would come back at f32's 1e-7, a MatMul on
     integers rounded past 2**24."""
+    cast_up = _cast_up_from_inputs(graph)
     for n in graph.live_nodes():
         if n.op != "matmul":
-            if n.dtype == DType.f64 and n.op != "input" and (n.rank or any(x.rank for x in n.inputs)):
+            if _rounds_f64(n, cast_up):
                 raise ShapeError(f"scheduler: {n.op} %{n.id} computes in float64" + (f" (at {n.loc})" if n.loc else "")
                                  + ": the kernels compute floats in f32, which would round it; compute it eagerly")
             continue
@@ -362,6 +363,31 @@ def _check_contractions(graph: Graph) -> None:
         if inexact:
             raise ShapeError(f"scheduler: matmul %{n.id} on {inexact[0]}" + (f" (at {n.loc})" if n.loc else "")
                              + ": the kernels contract in f32, which would round it; compute it eagerly")
+
+
+def _rounds_f64(n, cast_up: set[int]) -> bool:
+    """Whether the kernels' f32 would round what n computes in float64. An input is read
+    and a 0-d cast widens exactly. 0-d arithmetic of sizes, constants and 0-d f64 inputs
+    (a float argument under dynamic=True) is taken as a Python number's; that of an
+    input's value cast up (`x.sum().double() * 1.1`) is not."""
+    if n.dtype != DType.f64 or n.op == "input":
+        return False
+    if n.rank or any(x.rank for x in n.inputs):
+        return True
+    return n.op != "cast" and n.id in cast_up
+
+
+def _cast_up_from_inputs(graph: Graph) -> set[int]:
+    """Ids of the nodes computed from a cast to f64 of a value read from the inputs."""
+    reads: set[int] = set()
+    out: set[int] = set()
+    for n in graph.live_nodes():
+        if n.op == "input" or any(x.id in reads for x in n.inputs):
+            reads.add(n.id)
+        widened = n.op == "cast" and n.dtype == DType.f64 and n.inputs[0].dtype != DType.f64
+        if (widened and n.inputs[0].id in reads) or any(x.id in out for x in n.inputs):
+            out.add(n.id)
+    return out
 
 
 def _interleave(rankings: list[list[Plan]], top_k: int) -> list[Plan]:

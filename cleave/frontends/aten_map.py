@@ -95,11 +95,31 @@ def unsupported_reason(fx_node) -> str | None:
         return f"on {', '.join(dtypes)}"
     args = meta_args(fx_node)
     reason = found.unsupported_in_kernels(args, fx_node)
-    tensors = [*vals, *(v for a in args.values() for v in (a if isinstance(a, (list, tuple)) else [a]))]
-    if reason is None and any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 and v.dim() for v in tensors):
-        # (a 0-d float64, a decomposition's scalar such as 1/sqrt(d), stays: as before)
+    operands = [v for a in args.values() for v in (a if isinstance(a, (list, tuple)) else [a])]
+    shaped = [v for v in (*vals, *operands) if isinstance(v, torch.Tensor) and v.dim()]
+    if reason is None and (any(map(_is_f64, shaped)) or _f64_of_tensors(fx_node)):
         return "on float64 (cleave's kernels compute floats in f32, which would round it)"
     return reason
+
+
+def _is_f64(v) -> bool:
+    return isinstance(v, torch.Tensor) and v.dtype == torch.float64
+
+
+def _values(fx_node) -> list:
+    val = fx_node.meta.get("val")
+    return list(val) if isinstance(val, (tuple, list)) else [val]
+
+
+def _f64_of_tensors(fx_node) -> bool:
+    """Whether the node's float64 value is computed from tensors' values: one of rank > 0
+    (`x.sum(dtype=torch.float64)`), or such a value (its `+ 1`, after the sum ran
+    eagerly). One of sizes or of a float argument (a placeholder under dynamic=True),
+    such as a decomposition's 1/sqrt(d), is taken as a Python number is."""
+    if not any(map(_is_f64, _values(fx_node))):
+        return False
+    return any(any(isinstance(v, torch.Tensor) and v.dim() for v in _values(x)) or _f64_of_tensors(x)
+               for x in fx_node.all_input_nodes)
 
 
 def supported_ops() -> list[str]:

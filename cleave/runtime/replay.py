@@ -99,6 +99,19 @@ def _inputs(definition, line, values, device, gen):
     return out
 
 
+def _check_replayable(lines) -> None:
+    """Refuses an input that replay cannot build, before anything is compiled: a
+    "safetensors" one (recorded tensors; cleave does not depend on that package) would
+    otherwise be drawn at random."""
+    for line in lines:
+        w = line["workload"]
+        for name, how in w.get("inputs", {}).items():
+            if how.get("type", "random") not in ("random", "scalar", "inline"):
+                raise CleaveError(f"workload {w.get('uuid')}: input {name!r} has type {how['type']!r}"
+                                  + (f" ({how['path']})" if "path" in how else "")
+                                  + "; replay takes \"random\", \"scalar\" and \"inline\" inputs only")
+
+
 def _max_error(got, want) -> float:
     """Largest difference over the outputs where the reference is finite; inf if an
     output is infinite (an empty request's lse) where the reference is not, or back."""
@@ -246,6 +259,7 @@ def replay(path, device: str = "cuda", scale: float = 1.0, limit: int | None = N
     if artifact is not None and not Path(artifact).is_dir():
         raise CleaveError(f"--artifact: no directory {artifact} (build one with `cleave trace build`)")
     definition, lines, workload = _setup(path, const)
+    _check_replayable(lines)
     compiled = cleave_compile(workload.reference, dynamic=workload.dynamic, device=device, artifact=artifact)
     baseline = reference_fn(definition)
     gen = torch.Generator(device=device).manual_seed(seed)

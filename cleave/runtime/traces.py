@@ -46,6 +46,7 @@ def validate_workload(line: dict, definition: dict) -> None:
     if line.get("definition") != definition["name"]:
         raise TraceError(f"workload names definition {line.get('definition')!r}, not {definition['name']!r}")
     w = line.get("workload") or {}
+    _check_objects(w)
     axes = w.get("axes", {})
     var = {a for a, s in definition["axes"].items() if s["type"] == "var"}
     if set(axes) != var:
@@ -55,6 +56,18 @@ def validate_workload(line: dict, definition: dict) -> None:
         raise TraceError(f"workload {w.get('uuid')}: axes {bad} are not positive ints")
     if set(w.get("inputs", {})) != set(definition["inputs"]):
         raise TraceError(f"workload {w.get('uuid')}: inputs {sorted(w.get('inputs', {}))} do not match the definition")
+
+
+def _check_objects(w) -> None:
+    """The parts of a workload that the checks read by key are JSON objects."""
+    if not isinstance(w, dict):
+        raise TraceError(f"\"workload\" is not a JSON object but {type(w).__name__}")
+    for key in ("axes", "inputs"):
+        if not isinstance(w.get(key, {}), dict):
+            raise TraceError(f"workload {w.get('uuid')}: {key!r} is not a JSON object")
+    bad = [name for name, spec in w.get("inputs", {}).items() if not isinstance(spec, dict)]
+    if bad:
+        raise TraceError(f"workload {w.get('uuid')}: inputs {bad} are not JSON objects")
 
 
 def load_definition(path: Path) -> dict:
@@ -71,18 +84,30 @@ def load_trace(path: str | Path) -> tuple[dict, list[dict]]:
     ../definitions/NAME.json relative to the JSONL file."""
     path = Path(path)
     try:
-        lines = [json.loads(t) for t in path.read_text().splitlines() if t.strip()]
+        numbered = [(i, json.loads(t)) for i, t in enumerate(path.read_text().splitlines(), 1) if t.strip()]
     except FileNotFoundError:
         raise TraceError(f"no trace file {path}") from None
     except ValueError as err:
         raise TraceError(f"{path} is not JSONL: {err}") from None
-    if not lines:
+    if not numbered:
         raise TraceError(f"{path} holds no workloads")
-    name = lines[0].get("definition")
-    definition = load_definition(path.parent.parent / "definitions" / f"{name}.json")
+    for i, line in numbered:
+        _check_line(line, f"{path}:{i}")
+    lines = [line for _, line in numbered]
+    definition = load_definition(path.parent.parent / "definitions" / f"{lines[0]['definition']}.json")
     for line in lines:
         validate_workload(line, definition)
     return definition, lines
+
+
+def _check_line(line, where: str) -> None:
+    """A workload line is an object naming its definition (the name finds the file)."""
+    if not isinstance(line, dict):
+        raise TraceError(f"{where}: the line is not a JSON object but {type(line).__name__} {line!r:.40}")
+    if "definition" not in line:
+        raise TraceError(f"{where}: the line has no \"definition\" key")
+    if not isinstance(line["definition"], str):
+        raise TraceError(f"{where}: \"definition\" is {line['definition']!r:.40}, not a definition's name")
 
 
 def axis_values(definition: dict, binding: dict[str, int]) -> dict[str, int]:

@@ -1,7 +1,10 @@
 """IR graph -> search terms (and the facts only dims can decide), and back.
 
 Widening float casts are value identities and are dropped; decoding re-applies
-the graph's precision policy (rules/lower.py). A cast that rounds (to bf16, say)
+the graph's precision policy (rules/lower.py), which computes in f32. So a cast to
+f64 that an op computes with is kept (a sum of f32 values in f64 rounds otherwise
+than in f32), as an opaque leaf, for the scheduler to refuse; one that is only an
+output is dropped, re-applied to the output. A cast that rounds (to bf16, say)
 is kept: as an opaque leaf, so no rule can move or delete it, except where it is
 a MatMul's operand precision (every consumer a MatMul, every MatMul of the graph
 in that precision), which the policy re-applies to each MatMul operand only: the
@@ -106,12 +109,20 @@ def operand_roundings(graph: Graph, source: Graph | None = None) -> set[int]:
             and users.get(n.id) == {"matmul"} and n.id not in outputs}
 
 
+def _widenings_to_f64_used(graph: Graph) -> set[int]:
+    """Ids of the casts to f64 that some op takes as its operand: the op computes in f64,
+    which the policy's f32 would round otherwise."""
+    used = {x.id for n in graph.live_nodes() for x in n.inputs}
+    return {n.id for n in graph.live_nodes() if _is_float_cast(n) and n.dtype == DType.f64 and n.id in used}
+
+
 def encode(graph: Graph) -> Encoded:
     terms: dict[int, object] = {}
     identities = operand_roundings(graph)
+    kept = _widenings_to_f64_used(graph)
     for n in graph.live_nodes():
         args = [terms[x.id] for x in n.inputs]
-        terms[n.id] = args[0] if n.id in identities else _term(n, args)
+        terms[n.id] = args[0] if n.id in identities else _term(n, args, kept)
     out_syms = set()
     for o in graph.outputs:
         out_syms |= D.free_symbols(o.shape)
@@ -120,9 +131,9 @@ def encode(graph: Graph) -> Encoded:
                    lowp=matmul_precision(graph), reducible=all_syms - out_syms)
 
 
-def _term(n: Node, args: list):
+def _term(n: Node, args: list, kept: set[int]):
     op, a = n.op, n.attrs
-    if _is_float_cast(n) and not rounds(n.inputs[0].dtype, n.dtype):
+    if _is_float_cast(n) and not rounds(n.inputs[0].dtype, n.dtype) and n.id not in kept:
         return args[0]
     if op == "const" and n.dtype is DType.f32:
         return Term("const", (const_value(a["value"]),))
