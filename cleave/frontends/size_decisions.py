@@ -12,11 +12,21 @@ puts each comparison of sizes in the traced FX graph as it is made, and removes 
 as dead code. Each becomes a fact (`n != 1`) that the binding checks at each new shape,
 so a call where one comes out otherwise runs eagerly; `tests/test_capture_size_guards.py`
 fails if a torch stops recording them.
+
+The FX graph also takes in comparisons torch makes inside a layout op the code calls:
+`.contiguous()` of a transposed tensor asks whether it is contiguous already (`b == 1`,
+`8*T == 8`, `numel == 0`) to choose between returning it and copying it. Those decide
+strides and aliasing, which the IR does not have (its values are the same either way),
+so they are left out (_layout_decision): nanoGPT's head merge served b = 1 and T = 1
+eagerly, for good. A comparison the code makes itself, or that torch makes inside any
+other op, is kept; `tests/test_size_one_views.py` fails if layout ops' are kept again.
 """
 from __future__ import annotations
 
 import contextlib
 import operator
+import os
+import sys
 import threading
 
 import sympy
@@ -76,9 +86,34 @@ def _stop_recording() -> None:
 def _recording_create_node(graph, *args, **kwargs):
     node = _create_node(graph, *args, **kwargs)
     made = getattr(_recording, "made", None)
-    if made is not None and node.op == "call_function" and _is_comparison(node.target):
+    if made is not None and node.op == "call_function" and _is_comparison(node.target) and not _layout_decision():
         made.append((node, tuple(node.args)))
     return node
+
+
+# Ops whose result holds their input's values in a given shape: what they decide on sizes
+# (already contiguous? viewable?) is only the result's strides and whether it copies.
+# Not is_contiguous: its answer is the decision, and code may branch on it.
+_LAYOUT_OPS = frozenset({"contiguous", "clone", "view", "view_as", "reshape", "reshape_as",
+                         "flatten", "unflatten", "transpose", "permute", "t", "movedim", "moveaxis",
+                         "swapaxes", "swapdims"})
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _layout_decision() -> bool:
+    """Whether the comparison the trace is taking in now is torch's own, made inside a
+    layout op (_LAYOUT_OPS) that code outside torch called. The stack from here out runs
+    through torch down to that code: a comparison the code makes itself (`n == 1`) enters
+    torch at SymInt's operator, one made inside an op at that op's __torch_function__
+    handler (the tracer's modes), whose `func` names the op the code called."""
+    frame, called = sys._getframe(2), None  # past this and _recording_create_node
+    while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
+        if frame.f_code.co_name == "__torch_function__":
+            func = frame.f_locals.get("func")
+            if func is not None:
+                called = func  # the outermost handler's: the op the code outside torch called
+        frame = frame.f_back
+    return frame is not None and getattr(called, "__name__", None) in _LAYOUT_OPS
 
 
 def _is_comparison(target) -> bool:
