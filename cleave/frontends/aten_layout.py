@@ -60,9 +60,23 @@ def repeat_interleave(t, x, repeats, axis):
 
 
 # Pure views: the output shape torch computed is the reshape target.
-rule("view", "_unsafe_view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze",
+rule("view", "_unsafe_view", "reshape", "flatten", "unflatten", "unsqueeze",
      check=lambda a, n: "view as another dtype is not supported" if "dtype" in a and "size" not in a else None
      )(lambda t, n, a: reshape(t, a["self"], t.out_shape(n)))
+
+
+@rule("squeeze")
+def _squeeze(t, n, a):
+    """A view; a dynamic axis it may drop was traced at an extent other than 1 and kept,
+    so the graph holds where it is not 1: at 1 eager drops it (x.squeeze(0) of (n, 3) is
+    (3,) at n = 1), and such a binding runs eagerly. Guarded as 2 <= n, which also sends
+    n = 0 to eager, where squeeze keeps the axis too."""
+    x = a["self"]
+    dims = a.get("dim", range(x.rank))
+    for axis in ([dims] if isinstance(dims, int) else dims):
+        if sympy.sympify(x.shape[axis]).free_symbols:
+            _guard(t, 2, x.shape[axis])
+    return reshape(t, x, t.out_shape(n))
 rule("transpose.int", "swapaxes")(lambda t, n, a: swap(t, a["self"], a.get("dim0", a.get("axis0")),
                                                        a.get("dim1", a.get("axis1"))))
 rule("t", "numpy_T", "mT")(lambda t, n, a: swap(t, a["self"], -2, -1) if a["self"].rank >= 2 else a["self"])
