@@ -292,6 +292,7 @@ class Emitter:
         self.load_steps: list = []
         self.loop_chains: set = set()  # the loop chain of each loop body emitted
         self.loop_runs: dict = {}  # id(instance) -> whether computing it runs a loop (runs_loop)
+        self.emitting: set = set()  # the loops whose bodies are being emitted (emit_loop)
 
     # -- small helpers ----------------------------------------------------
     def within_numel(self, dims) -> None:
@@ -953,6 +954,12 @@ class Emitter:
     # -- loops ------------------------------------------------------------
     def emit_loop(self, h: Block, loop: Loop):
         """Loop `loop` (decided by loops.py) rendered in block h, its accumulators cached there."""
+        if loop in self.emitting:
+            # its body reads a value that waits for the loop itself: this tiling's nest has a
+            # cycle, and a ShapeError lets the scheduler try another tiling
+            raise ShapeError(f"scheduler: the loop over X{loop.label} reads its own result "
+                             f"(accumulators {[f'%{a.node.id}' for a in loop.accs]})")
+        self.emitting.add(loop)
         x = loop.label
         dot_fed = [a.op == "matmul" or _computes_matmul(a.inputs[0]) for a in loop.accs]
         self.stats.side_reduction |= any(dot_fed) and not all(dot_fed)
@@ -987,6 +994,7 @@ class Emitter:
             h.lines += ["    " + line for line in body.lines]
         for a in loop.accs:
             h.cache[id(a)] = accs[id(a)]
+        self.emitting.discard(loop)
 
     def loop_body(self, body: Block, loop: Loop, accs):
         x = loop.label
@@ -1222,9 +1230,15 @@ class Emitter:
 # written into a kernel's module where its body calls it. NaN is propagated with
 # selects: tl.maximum/minimum drop it on the GPU.
 MATH = {
-    "negative": [  # the sign bit: true for -0.0 and a negative NaN too
+    # the sign bit: true for -0.0 and a negative NaN too. Through an integer of x's width:
+    # a 0-d f64 (a float argument, or a size's `d ** -0.5` under dynamic=True) stays f64.
+    "negative": [
         "def negative(x):",
-        "    return x.to(tl.int32, bitcast=True) < 0",
+        "    if x.dtype.primitive_bitwidth == 64:  # if/else: compiled, code after an early return is built too",
+        "        sign = x.to(tl.int64, bitcast=True) < 0",
+        "    else:",
+        "        sign = x.to(tl.int32, bitcast=True) < 0",
+        "    return sign",
     ],
     # C's pow, as torch's: |a|^b through exp and log, negated where a's sign bit is set
     # and b is an odd integer (pow(-0., -1) = -inf), NaN for a negative finite base and

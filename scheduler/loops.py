@@ -8,10 +8,12 @@ every loop label its value varies over, the innermost of them last: codegen emit
 each value in that block (its home), so that what does not vary over a loop is
 computed before it.
 
-Within one block, the accumulators over one label share loops in waves. One that
-reads another's result runs in a later loop (another pass over the tiles), unless it
+Within one block, the accumulators share loops in waves, a loop per label and wave.
+One that reads another's result runs in a later wave (another pass over the tiles,
+even where the two reduce different labels), unless it reduces the same label,
 is sum-like and reads that result only through a node the search proved Separable,
-F(x, y) = G(x)·H(y), with the result as its factor y: it then joins y's loop, the
+F(x, y) = G(x)·H(y), with the result as its factor y, and is linear in that node (a
+product, a float cast, a view of it; not a compare): it then joins y's loop, the
 running y is kept, and what reads it is rescaled by H(y_new)/H(y_old) each step
 (RedFuser's incremental form; online softmax's max and sum are one instance).
 Accumulators that do not feed each other share a loop (horizontal fusion).
@@ -79,10 +81,8 @@ def loop_nest(accs, role: dict, facts: dict) -> LoopNest:
         if chain in loops:
             continue
         pool = [a for a in accs if _lives_in(a, chain, role)]
-        loops[chain] = []
+        loops[chain] = [_loop(x, chain, wave, facts) for x, wave in _waves(pool, facts)]
         for x in dict.fromkeys(a.reduced.id for a in pool):
-            same = [a for a in pool if a.reduced.id == x]
-            loops[chain] += [_loop(x, chain, wave, facts) for wave in _waves(same, facts)]
             if x not in chain:
                 chains.append(chain + (x,))
     return LoopNest(tuple(accs), loops)
@@ -95,33 +95,45 @@ def _lives_in(acc, chain: tuple, role: dict) -> bool:
     return looped <= set(chain) and (not chain or chain[-1] in looped)
 
 
-def _waves(pool: list, facts: dict) -> list[list]:
-    """pool (accumulators over one label, in one block) cut into the loops that run one
-    after another: an accumulator's wave is one more than that of each accumulator it
-    reads, or the same where it reads it only through a Separable factor."""
+def _waves(pool: list, facts: dict) -> list[tuple[int, list]]:
+    """pool (the accumulators of one block) cut into the loops that run one after
+    another, each as (label, its accumulators): an accumulator's wave is one more than
+    that of each accumulator it reads, or the same where that one reduces the same
+    label and is read only through a Separable factor. Waves span the labels: an
+    accumulator reading a loop over another label that reads its own loop's factor
+    (an int sum of softmax > t reads the sum over another label, which reads the max)
+    would otherwise share the max's loop and need its own result."""
     wave: dict = {}
 
     def w(a):
         if a not in wave:
             wave[a] = 0  # a guard: instances form a DAG
-            wave[a] = max([w(c) + (0 if _covered(a, c, facts) else 1) for c in pool
-                           if c is not a and depends(a, c, facts, False)], default=0)
+            wave[a] = max([w(c) + (0 if _joins(a, c, facts) else 1) for c in pool
+                           if c is not a and depends(a, c)], default=0)
         return wave[a]
 
-    return [[a for a in pool if w(a) == k] for k in sorted({w(a) for a in pool})]
+    labels = dict.fromkeys(a.reduced.id for a in pool)
+    return [(x, [a for a in pool if a.reduced.id == x and w(a) == k])
+            for k in sorted({w(a) for a in pool}) for x in labels
+            if any(a.reduced.id == x and w(a) == k for a in pool)]
+
+
+def _joins(a, b, facts: dict) -> bool:
+    """Whether a may run in b's loop: both reduce one label, and a is covered by b."""
+    return a.reduced.id == b.reduced.id and _covered(a, b, facts)
 
 
 def _loop(x: int, chain: tuple, members: list, facts: dict) -> Loop:
     """The loop over label x of one wave: factors update first (they read fewer of the
     others), and each accumulator is rescaled by the factors before it that it reads."""
-    order = sorted(members, key=lambda a: sum(depends(a, c, facts, False) for c in members))
-    factors = frozenset(c for a in order for c in order if c is not a and depends(a, c, facts, False))
+    order = sorted(members, key=lambda a: sum(depends(a, c) for c in members))
+    factors = frozenset(c for a in order for c in order if c is not a and depends(a, c))
     rescale = {}
     for c in order:
         expr = _rescale(c, facts)
         if c in factors and c.op == "reduce" and expr is not None:
             rescale[c] = expr
-    scaled = {a: tuple(c for c in order[:k] if c in rescale and depends(a, c, facts, False))
+    scaled = {a: tuple(c for c in order[:k] if c in rescale and depends(a, c))
               for k, a in enumerate(order)}
     return Loop(x, chain, tuple(order), factors, rescale, scaled)
 
@@ -134,9 +146,8 @@ def _rescale(factor, facts: dict):
     return None
 
 
-def depends(a, b, facts: dict, stop_factor: bool) -> bool:
-    """Whether a's inputs reach instance b; with stop_factor, paths through a Separable
-    node whose factor is b's node do not count."""
+def depends(a, b) -> bool:
+    """Whether a's inputs reach instance b."""
     seen, stack = set(), list(a.inputs)
     while stack:
         i = stack.pop()
@@ -145,14 +156,57 @@ def depends(a, b, facts: dict, stop_factor: bool) -> bool:
         seen.add(id(i))
         if i is b:
             return True
-        if stop_factor and facts.get(i.node.id, (None,))[0] == b.node.id:
-            continue
         stack.extend(i.inputs)
     return False
 
 
 def _covered(a, b, facts: dict) -> bool:
-    """Whether a may share b's loop: a sums, b reduces, and a reads b only through
-    Separable nodes whose factor is b."""
+    """Whether a may share b's loop: a sums, b reduces, and a is linear in the Separable
+    nodes whose factor is b, through which alone it reads b: the running sum is then
+    rescaled as b moves."""
     sum_like = a.op == "matmul" or (a.op == "reduce" and a.node.attrs["op"] == "sum")
-    return sum_like and b.op == "reduce" and not depends(a, b, facts, stop_factor=True)
+    return sum_like and b.op == "reduce" and _scales(a, b, facts, {})
+
+
+# Ops that pass a factor H(y) of their operands on (views move values, take/gather by
+# their data operand): a compare, an integer cast or an exp of exp(x - m) does not, and
+# a count of `softmax > t` rescaled by the running max's exp(m_old - m_new) is wrong.
+_VIEWS = ("broadcast", "permute", "reshape", "slice", "split", "take", "gather")
+
+
+def _scales(i, b, facts: dict, memo: dict) -> bool:
+    """Whether i, which reads b, is H(b) times what does not read b: each op from i down
+    to a Separable node with factor b is linear in its operands that read b."""
+    if i is b:
+        return False
+    if facts.get(i.node.id, (None,))[0] == b.node.id:
+        return True
+    if id(i) not in memo:
+        reach = [k for k, x in enumerate(i.inputs) if x is b or depends(x, b)]
+        memo[id(i)] = _linear(i, reach) and all(_scales(i.inputs[k], b, facts, memo) for k in reach)
+    return memo[id(i)]
+
+
+def _linear(i, reach: list) -> bool:
+    """Whether i scales by H when its inputs at positions `reach` do, and the rest not."""
+    op = i.op
+    if op in ("mul", "matmul"):
+        return len(reach) == 1
+    if op in ("div", "neg", *_VIEWS):
+        return reach == [0]
+    if op in ("add", "sub"):
+        return len(reach) == 2
+    if op == "cast":
+        return i.node.dtype.is_float
+    if op == "reduce":
+        return i.node.attrs["op"] == "sum"
+    if op == "where":  # where(c, F, 0): the arms that do not read b must be zero
+        return 0 not in reach and all(_zero(i.inputs[k]) for k in (1, 2) if k not in reach)
+    return False
+
+
+def _zero(i) -> bool:
+    """Whether i is the constant 0, through views."""
+    while i.op in _VIEWS and i.inputs:
+        i = i.inputs[0]
+    return i.op == "const" and i.node.attrs["value"] == 0
