@@ -1,6 +1,7 @@
 """cleave.capture: a PyTorch function -> an IR graph with symbolic dims, via torch.export."""
 from __future__ import annotations
 
+import builtins
 import contextlib
 import inspect
 import keyword
@@ -126,8 +127,33 @@ def _dynamic_axes(params, inputs, dynamic) -> dict[str, dict[int, str]]:
                 raise CaptureError(f"capture: input {pname!r} has rank {rank}; dynamic axis {axis} is out of range")
             if not (isinstance(sym, str) and sym.isidentifier()):
                 raise CaptureError(f"capture: input {pname!r} axis {axis}: symbol {sym!r} is not an identifier")
+            why = symbol_clash(sym, set(params))
+            if why:
+                raise CaptureError(f"capture: input {pname!r} axis {axis}: symbol {sym!r} is {why}; choose another "
+                                   f"name")
             out[pname][axis % rank] = sym
     return out
+
+
+# Names the generated Triton modules use (scheduler/codegen.py, partition.py, tma.py):
+# a symbol is a kernel parameter, so one of these would shadow or clash with it.
+_KERNEL_NAMES = frozenset({
+    "tl", "triton", "os", "DOT_BF16", "INTERPRETED", "TMA", "AXIS", "to_bf16", "mul", "max_nan", "min_nan",
+    "reduce_max", "reduce_min", "first_at_least", "negative", "pow_f32", "atan2_f32", "hypot_f32", "erfinv_f32",
+    "pid", "tile", "pmn", "first", "rows", "arrived", "arrivals", "out"})
+# kernel locals and buffers (v3, tid0, idx1, acc0, start2, t4, out0), pointer and
+# descriptor parameters (x_ptr), and the split factors the search adds (s_n)
+_KERNEL_NAME_PATTERN = re.compile(r"(v|t|tid|idx|acc|start|out)\d+|.*_(ptr|desc)|s_.*")
+
+
+def symbol_clash(symbol: str, arguments: set[str]) -> str | None:
+    """Why a dynamic symbol (an identifier) cannot name a kernel parameter, or None: the
+    generated kernels would not parse (`if`), or would read another value (`pid`)."""
+    return ("a Python keyword" if keyword.iskeyword(symbol)
+            else "a Python builtin" if hasattr(builtins, symbol)
+            else "a name the generated kernels use" if symbol in _KERNEL_NAMES or _KERNEL_NAME_PATTERN.fullmatch(symbol)
+            else "also an argument's name (the kernels name both alike)" if symbol in arguments
+            else None)
 
 
 class _Wrap(torch.nn.Module):

@@ -9,19 +9,19 @@ a new shape along a static axis recaptures (cheap) and reuses the search.
 What the capture bakes in besides the arguments' shapes is guarded as well: the
 autocast state (part of each launch's key), the tensors, Python scalars and modules fn
 reads from its globals and closure cells, and the state of the modules it reaches
-(guards.py: a new object, an in-place change or a new value recaptures). A module with
-forward hooks, state that cannot be compared, or a forward that assigns to its state
-runs through dynamo instead, which keeps those effects. The compiled callable is opaque
+(guards.py: a new object, an in-place change or a new value recaptures), and fn's own
+code and defaults. A module with forward hooks, state that cannot be compared, a forward
+that assigns to its state, or a call made for its effect (`print`, `warnings.warn`) runs
+through dynamo instead, which keeps those effects. A tensor subclass argument runs eagerly:
+a capture would drop its type and its overrides. The compiled callable is opaque
 to dynamo: inside a model under torch.compile it runs as one black box.
 """
 from __future__ import annotations
 
-import builtins
 import contextlib
 import copy
 import functools
 import inspect
-import keyword
 import logging
 import os
 import re
@@ -36,7 +36,7 @@ from .. import passes
 from ..ir import BindingError, CleaveError
 from .context import Context
 from .graph_breaks import Launcher, constant_getters, exact_key
-from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch
+from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch, _python_function
 from .launch import remember
 
 _log = logging.getLogger("cleave.compile")
@@ -52,6 +52,7 @@ class CompiledFunction:
         self.calls = 0
         self.recaptures = 0  # captures redone because a global or closure value fn reads changed
         self._signature_of = _call_signature(fn)
+        self._signed_code = _code_of(fn)  # the code _signature_of was read from
         self._runners: dict[tuple, object] = {}
         self._seen: dict[tuple, object] = {}  # exact argument shapes -> runner: skips the signature
         self._guards: Guards | None = None  # what the runners baked in besides the arguments
@@ -75,6 +76,8 @@ class CompiledFunction:
         self.calls += 1
         if kwargs:
             args, kwargs = self._positional(args, kwargs)
+        if _tensor_subclass(args) is not None or kwargs and _tensor_subclass(kwargs.values()) is not None:
+            return self._call_subclass_eagerly(args, kwargs)
         if self._dynamo is not None or kwargs:
             return self._call_dynamo(args, kwargs)
         if self._guards is not None and not self._guards.hold():
@@ -127,6 +130,9 @@ class CompiledFunction:
     def _positional(self, args, kwargs) -> tuple[tuple, dict]:
         """Keyword arguments moved to their positions where the signature allows; the
         rest (keyword-only ones) stay keywords, which whole-function capture cannot take."""
+        code = _code_of(self.fn)
+        if code is not self._signed_code:  # fn's code replaced (autoreload): its parameters may differ
+            self._signature_of, self._signed_code = _call_signature(self.fn), code
         if self._signature_of is None:
             return args, kwargs
         try:
@@ -134,6 +140,15 @@ class CompiledFunction:
         except TypeError:
             return args, kwargs  # the call itself is wrong: eager raises Python's own error
         return tuple(bound.args), dict(bound.kwargs)
+
+    def _call_subclass_eagerly(self, args, kwargs):
+        """A tensor subclass argument: a capture, and dynamo's graphs under cleave's backend,
+        would drop its type and its __torch_function__ / __torch_dispatch__; eager keeps them."""
+        named = {**dict(zip(self._params(len(args)), args)), **kwargs}
+        name, value = next((n, a) for n, a in named.items() if _tensor_subclass([a]) is not None)
+        self.ctx.warn_eager(self.name, f"argument {name!r} is a {type(value).__name__}, a torch.Tensor subclass, "
+                                       f"whose type and overrides a capture would drop")
+        return self.fn(*args, **kwargs)
 
     # -- whole-function capture -------------------------------------------
     def _runner_for(self, args):
@@ -290,6 +305,20 @@ _dynamo_frame_hook = torch._C._dynamo.eval_frame.get_eval_frame_callback
 @torch.compiler.disable
 def _with_dynamo_off(compiled, args, kwargs):
     return compiled(*args, **kwargs)
+
+
+# Argument types no capture changes: plain tensors, and the Python scalars checked
+# here only to skip an isinstance per call
+_PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, type(None)})
+
+
+def _tensor_subclass(values):
+    """The first of values that is a tensor of a subclass of torch.Tensor (other than
+    nn.Parameter), or None."""
+    for a in values:
+        if type(a) not in _PLAIN_TYPES and isinstance(a, torch.Tensor):
+            return a
+    return None
 
 
 class _Ran:
@@ -507,6 +536,10 @@ def _call_signature(fn):
         return None
 
 
+def _code_of(fn):
+    return getattr(_python_function(fn), "__code__", None)
+
+
 def _function_name(fn) -> str:
     if isinstance(fn, torch.nn.Module):
         return type(fn).__name__
@@ -514,17 +547,6 @@ def _function_name(fn) -> str:
 
 
 # -- the dynamic spec ----------------------------------------------------------
-# Names the generated Triton modules use (scheduler/codegen.py, partition.py, tma.py):
-# a symbol is a kernel parameter, so one of these would shadow or clash with it.
-_KERNEL_NAMES = frozenset({
-    "tl", "triton", "os", "DOT_BF16", "INTERPRETED", "TMA", "AXIS", "to_bf16", "mul", "max_nan", "min_nan",
-    "reduce_max", "reduce_min", "first_at_least", "negative", "pow_f32", "atan2_f32", "hypot_f32", "erfinv_f32",
-    "pid", "tile", "pmn", "first", "rows", "arrived", "arrivals", "out"})
-# kernel locals and buffers (v3, tid0, idx1, acc0, start2, t4, out0), pointer and
-# descriptor parameters (x_ptr), and the split factors the search adds (s_n)
-_KERNEL_NAME_PATTERN = re.compile(r"(v|t|tid|idx|acc|start|out)\d+|.*_(ptr|desc)|s_.*")
-
-
 def _checked_dynamic(fn, dynamic):
     """`dynamic` as compile() takes it, or a TypeError / ValueError saying what is wrong."""
     if dynamic is None or dynamic == "all":
@@ -547,13 +569,11 @@ def _checked_dynamic(fn, dynamic):
 
 
 def _check_symbol(symbol, where: str, arguments: set[str]) -> None:
+    from ..frontends.capture import symbol_clash
+
     if not (isinstance(symbol, str) and symbol.isidentifier()):
         raise TypeError(f"cleave.compile: {where}: symbol {symbol!r} is not an identifier")
-    why = ("a Python keyword" if keyword.iskeyword(symbol)
-           else "a Python builtin" if hasattr(builtins, symbol)
-           else "a name the generated kernels use" if symbol in _KERNEL_NAMES or _KERNEL_NAME_PATTERN.fullmatch(symbol)
-           else "also an argument's name (the kernels name both alike)" if symbol in arguments
-           else None)
+    why = symbol_clash(symbol, arguments)
     if why:
         raise ValueError(f"cleave.compile: {where}: symbol {symbol!r} is {why}; choose another name")
 

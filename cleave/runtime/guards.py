@@ -11,6 +11,7 @@ attribute writes and hooks.
 """
 from __future__ import annotations
 
+import builtins
 import dis
 import enum
 import functools
@@ -49,13 +50,17 @@ class Guards:
     container or plain object by content (`_Snapshot`). The same holds for what the functions fn calls
     read (a helper's global scale), wherever they are reached from: fn's globals and
     cells, and the methods and forwards of the modules it reaches (`_reached`); and for
-    the class attributes those read off a module (`self.factor` set on the class)."""
+    the class attributes those read off a module (`self.factor` set on the class). Those
+    functions' code and defaults are guarded too, by identity (autoreload replaces
+    `__code__`), and their defaults' contents as globals are (`_defaults_read`)."""
 
-    def __init__(self, names: list, cells: list, modules: _ModuleTree | None):
+    def __init__(self, names: list, cells: list, modules: _ModuleTree | None, functions: list):
         self.names = names  # (globals or attribute dict, name, value or _Snapshot, version, data pointer)
         self.cells = cells  # (cell, value or _Snapshot, version, data pointer)
         self.modules = modules
+        self.functions = functions  # (function, its __code__, __defaults__, __kwdefaults__)
         self.opaque: str | None = None  # a global or cell read whose changes cannot be compared
+        self.effect: str | None = None  # a call whose effect a capture drops (`_dropped_call`)
 
     @classmethod
     def read_by(cls, fn) -> Guards | None:
@@ -80,7 +85,8 @@ class Guards:
             elif how is not None:
                 names.append((scope, n, *_guarded(how)))
 
-        for f in _reached(func, classes, helpers):
+        functions = _reached(func, classes, helpers)
+        for f in functions:
             own = [vars(fn)] if f is func and func is not fn and hasattr(fn, "__dict__") else []
             attributes = sorted(_names_read(f.__code__))
             # and the user Python modules it reads, through a global or a cell (`config.SCALE`)
@@ -91,6 +97,8 @@ class Guards:
                         guard(scope, n, _global_guard(scope[n]))
                         if _user_module(scope[n]) and all(vars(scope[n]) is not d for d in namespaces):
                             namespaces.append(vars(scope[n]))
+            for scope, n in _defaults_read(f):
+                guard(scope, n, _global_guard(scope[n]))
             for n in attributes:
                 for scope in own:  # attributes of the callable object fn itself
                     if n in scope and _guardable(scope[n]):
@@ -111,11 +119,14 @@ class Guards:
             reached.append(owner)
         compiled = fn if isinstance(fn, torch.nn.Module) else None
         modules = _ModuleTree(compiled, reached) if compiled is not None or reached else None
-        guards = cls(names, cells, modules)
+        guards = cls(names, cells, modules, [(f, f.__code__, f.__defaults__, f.__kwdefaults__) for f in functions])
         if opaque:
             guards.opaque = (f"it reads {opaque[0]!r}, an object whose changes cleave cannot tell (a capture "
                              f"would keep the value it read)")
-        return guards if names or cells or modules or opaque else None
+        effect = _dropped_call(functions)
+        if effect:
+            guards.effect = f"it calls {effect}, whose effect a capture would drop (its trace makes it, once)"
+        return guards
 
     def put_back(self) -> str | None:
         """The name of a global or cell container or object the capture's trace changed
@@ -131,10 +142,14 @@ class Guards:
 
     @property
     def needs_dynamo(self) -> str | None:
-        """Why a capture cannot serve fn (an object it reads, a hook, ...), or None."""
-        return self.opaque or (self.modules.needs_dynamo if self.modules is not None else None)
+        """Why a capture cannot serve fn (an object it reads, a call made for its effect, a
+        hook, ...), or None."""
+        return self.opaque or self.effect or (self.modules.needs_dynamo if self.modules is not None else None)
 
     def hold(self) -> bool:
+        for f, code, defaults, kwdefaults in self.functions:
+            if f.__code__ is not code or f.__defaults__ is not defaults or f.__kwdefaults__ is not kwdefaults:
+                return False
         if self.modules is not None and not self.modules.hold():
             return False
         for scope, name, value, version, pointer in self.names:
@@ -484,6 +499,113 @@ def _names_read(code: types.CodeType) -> set[str]:
         if isinstance(const, types.CodeType):
             names |= _names_read(const)
     return names
+
+
+def _defaults_read(f: types.FunctionType) -> list[tuple[dict, str]]:
+    """(scope, name) of the defaults of f whose contents a call can change while f keeps
+    its defaults tuple and dict (Guards.functions holds those by identity): each
+    keyword-only default (`f.__kwdefaults__["k"] = 7` changes the dict in place), and each
+    positional one that is not an immutable _VALUES value (a tensor, a list, a config)."""
+    code, defaults = f.__code__, f.__defaults__ or ()
+    names = code.co_varnames[code.co_argcount - len(defaults):code.co_argcount]
+    positional = dict(zip(names, defaults))
+    keyword_only = f.__kwdefaults__ or {}
+    return [(keyword_only, n) for n in keyword_only] + \
+        [(positional, n) for n, v in positional.items() if not isinstance(v, _VALUES)]
+
+
+def _dropped_call(functions: list) -> str | None:
+    """A call of `functions` whose effect a capture would drop, as `print in fn`; None if
+    there is none. A call whose result the code throws away (`print(x)`, `warnings.warn(w)`,
+    `log.info(m)` as statements) is made for its effect. Where the code names what it calls
+    (through a global, a cell or a builtin, and their attributes) and that is neither
+    torch's (the trace records it) nor a user function (its own calls are looked into),
+    only the capture's trace makes the effect: eager and dynamo make it at every call."""
+    functions = list(functions)
+    for f in functions:  # grows with the user functions called for their effect
+        for code in _codes(f.__code__):
+            for name, callee in _discarded_calls(f, code):
+                if isinstance(callee, types.FunctionType) and not _library(callee):
+                    if callee not in functions and len(functions) < _MAX_FUNCTIONS:
+                        functions.append(callee)
+                elif not _traced(callee):
+                    return f"{name} in {f.__name__}"
+    return None
+
+
+def _codes(code: types.CodeType) -> list[types.CodeType]:
+    """code and the code nested in it (inner functions, lambdas, comprehensions)."""
+    return [code] + [c for const in code.co_consts if isinstance(const, types.CodeType) for c in _codes(const)]
+
+
+_ROOT_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF"})
+_ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+
+
+def _discarded_calls(f: types.FunctionType, code: types.CodeType):
+    """(dotted name, callee) of each call in code whose result is popped unused and whose
+    callee the code names: a global, builtin or (in f's own code) free variable, then
+    attributes. The callee's instructions are those before the call that start where the
+    call's source starts and end before it does (`warnings` then `warnings.warn` in
+    `warnings.warn(m)`)."""
+    instructions = list(dis.get_instructions(code))
+    cells = dict(zip(code.co_freevars, f.__closure__ or ())) if code is f.__code__ else {}
+    for i in range(len(instructions) - 1):
+        call = instructions[i]
+        if call.opname != "CALL" or instructions[i + 1].opname != "POP_TOP":
+            continue
+        chain = _callee_chain(instructions, i)
+        if not chain or chain[0].opname not in _ROOT_LOADS or any(c.opname not in _ATTRIBUTE_LOADS
+                                                                    for c in chain[1:]):
+            continue  # a local's method (`parts.append(y)`, `x.add_(1)`): the trace records it
+        value = _named_object(f, chain, cells)
+        if value is not _MISSING:
+            yield ".".join(c.argval for c in chain), value
+
+
+def _named_object(f: types.FunctionType, chain: list, cells: dict):
+    """What a chain of loads in f's code names (`warnings.warn`), read without running any
+    of it (no property, no __getattr__); _MISSING where it cannot be read."""
+    root = chain[0].argval
+    if chain[0].opname in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
+        value = _cell_value(cells[root]) if root in cells else _MISSING
+    else:
+        value = f.__globals__.get(root, vars(builtins).get(root, _MISSING))
+    for step in chain[1:]:
+        if value is _MISSING:
+            break
+        value = inspect.getattr_static(value, step.argval, _MISSING)
+    return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+
+
+def _callee_chain(instructions: list, call: int) -> list:
+    """The instructions that evaluate the callee of the call at index `call`: back from it
+    while inside its source span, those starting where it starts and ending before it
+    ends, in order; empty when they do not each extend the one before."""
+    span, chain = instructions[call].positions, []
+    if span is None or span.lineno is None:  # a call the compiler added (a with block's exit)
+        return chain
+    for k in range(call - 1, -1, -1):
+        at = instructions[k].positions
+        if at is None or at.lineno is None or (at.lineno, at.col_offset) < (span.lineno, span.col_offset) or \
+                (at.end_lineno, at.end_col_offset) > (span.end_lineno, span.end_col_offset):
+            break
+        if (at.lineno, at.col_offset) == (span.lineno, span.col_offset) and \
+                (at.end_lineno, at.end_col_offset) < (span.end_lineno, span.end_col_offset):
+            chain.append(instructions[k])
+    chain.reverse()
+    ends = [(c.positions.end_lineno, c.positions.end_col_offset) for c in chain]
+    return chain if all(a < b for a, b in zip(ends, ends[1:])) else []
+
+
+def _traced(callee) -> bool:
+    """Whether what a call does is in the trace: torch's functions and methods, and modules
+    (their forwards are traced, their state watched)."""
+    if isinstance(callee, torch.nn.Module):
+        return True
+    owner = getattr(callee, "__objclass__", callee)  # a method of a builtin type: its class's
+    module = getattr(owner, "__module__", None) or type(owner).__module__ or ""
+    return module.split(".")[0] == "torch"
 
 
 class _DynamoHookGuards:
