@@ -169,3 +169,28 @@ def test_capture_refuses_symbols_the_kernels_cannot_take(symbol, why):
     with pytest.raises(CaptureError, match=f"symbol {symbol!r} is {why}"):
         cleave.capture(lambda x: x.sum(), torch.randn(3), dynamic={"x": {0: symbol}})
     assert cleave.capture(lambda x: x.sum(), torch.randn(3), dynamic={"x": {0: "n"}}).inputs["x"].rank == 1
+
+
+class _TupleScaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x, scales=None):
+        h = self.lin(x)
+        return h if scales is None else h * scales[0]
+
+
+def test_a_rejected_call_through_dynamo_raises_eagers_error_without_torchs_log(capfd):
+    """A tuple argument sends the module through dynamo's graphs; a call with a wrong
+    width then fails in the fake-tensor trace, which torch logged with its traceback
+    (19 lines) before eager's one-line error."""
+    compiled = cleave.compile(_TupleScaled().eval())
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled(torch.randn(5, 16))
+        compiled(torch.randn(5, 16), scales=(torch.tensor(2.0),))
+        capfd.readouterr()
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            compiled(torch.randn(5, 17))
+    assert "failed while attempting to run meta" not in capfd.readouterr().err

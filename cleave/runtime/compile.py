@@ -279,7 +279,8 @@ class CompiledFunction:
                 for axis in self._axes(name, a):
                     torch._dynamo.maybe_mark_dynamic(a, axis)
         try:
-            return self._dynamo(*args, **kwargs)
+            with _fake_tensor_logs_held():
+                return self._dynamo(*args, **kwargs)
         except torch._dynamo.exc.TorchRuntimeError as err:  # tracing with fake tensors failed
             failure = err
         finally:
@@ -293,6 +294,32 @@ class CompiledFunction:
         first = (str(failure).strip().splitlines() or [""])[0][:200]
         self.ctx.warn_eager(self.name, f"torch.compile could not trace this call ({first})")
         return result
+
+
+class _HeldInCalls(logging.Filter):
+    """Drops torch's fake-tensor log records while a call through dynamo runs in this
+    thread: a call eager rejects (a wrong width) failed there first, and torch logged the
+    meta kernel's failure with its traceback (19 lines) before eager's one-line error.
+    A filter, installed once: setting the logger's level per call clears every logger's
+    cache."""
+    held = threading.local()
+
+    def filter(self, record) -> bool:
+        return not getattr(self.held, "depth", 0)
+
+
+_FAKE_TENSOR_FILTER = _HeldInCalls()
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_FAKE_TENSOR_FILTER)
+
+
+@contextlib.contextmanager
+def _fake_tensor_logs_held():
+    held = _HeldInCalls.held
+    held.depth = getattr(held, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        held.depth -= 1
 
 
 # Dynamo inlines calls it traces, and compiles the frames run while its hook is set:
