@@ -21,14 +21,17 @@ def capture(fn, *example_inputs, dynamic=None, name=None):
     return _capture(fn, *example_inputs, dynamic=dynamic, name=name)
 
 
-def compile(fn, dynamic=None, device=None, top_k=4, verbose=None, rules=None, artifact=None):
-    """Compile `fn` once for every shape along its dynamic axes (see cleave.runtime.compile).
-    `artifact`: a directory its operators are written to (`compiled.prepare` on meta
-    tensors, where egglog and z3 are) and loaded from (on a GPU box with torch and triton)."""
+def compile(fn, dynamic=None, device=None, top_k=4, verbose=None, rules=None, artifact=None, candidates=1):
+    """Compile `fn` once for every shape along its dynamic axes (see cleave.runtime.compile,
+    whose parameters these are, with the same defaults: tests/test_artifacts_cli_logging.py
+    checks that they stay so). `artifact`: a directory its operators are written to
+    (`compiled.prepare` on meta tensors, where egglog and z3 are) and loaded from (on a GPU
+    box with torch and triton). `candidates`: how many of the search's first candidates
+    each operator ranks by its plans' cost."""
     from .runtime.compile import compile as _compile
 
     return _compile(fn, dynamic=dynamic, device=device, top_k=top_k, verbose=verbose, rules=rules,
-                    artifact=artifact)
+                    artifact=artifact, candidates=candidates)
 
 
 def explain(compiled, *args, **kwargs):

@@ -67,6 +67,53 @@ def _parse_const(text: str) -> dict[str, int]:
     return out
 
 
+def _const(args) -> dict[str, int]:
+    """--const, parsed and checked against the program before anything runs."""
+    const = _parse_const(args.const)
+    if const:
+        _check_const(args.trace, const)
+    return const
+
+
+def _check_const(trace: str, const: dict[str, int]) -> None:
+    """A --const the workload's program cannot take (q heads not a multiple of kv heads)
+    as one line naming the const axes, not a traceback from deep inside its reference.
+    The program's graph binds the input shapes of the trace's first step: where that
+    holds at the definition's const axes and not at these, the combination is wrong.
+    Anything else (an unknown axis, a trace cleave cannot read) is left to replay and
+    build, which say so themselves."""
+    from .. import workloads
+    from ..ir import BindingError, CleaveError
+    from ..runtime.traces import axis_values, load_trace
+
+    try:
+        definition, lines = load_trace(trace)
+        tag = next(t for t in definition.get("tags", []) if t.startswith("cleave_workload:"))
+        graph = workloads.get(tag.split(":", 1)[1]).graph
+    except (CleaveError, KeyError, StopIteration, OSError, ValueError):
+        return
+    if set(graph.inputs) != set(definition["inputs"]) or not set(const) <= set(definition["axes"]):
+        return
+
+    def bind(values: dict[str, int]) -> None:
+        graph.bind({name: tuple(values[a] for a in spec["shape"] or [])
+                    for name, spec in definition["inputs"].items()})
+
+    given = axis_values(definition, dict(lines[0]["workload"]["axes"]))
+    try:
+        bind(given)
+    except (BindingError, KeyError):
+        return  # not a question of the const axes
+    try:
+        bind({**given, **const})
+    except BindingError as err:
+        axes = definition["axes"]
+        named = ", ".join(f"{a}={v}" + (f" ({axes[a]['description']})" if axes[a].get("description") else "")
+                          for a, v in {**{a: s["value"] for a, s in axes.items() if s["type"] == "const"},
+                                       **const}.items())
+        raise CleaveError(f"--const: {definition['name']} cannot take the const axes {named}: {err}") from None
+
+
 def _replay(args) -> int:
     from ..plot import require_matplotlib, save_speedup_plot
     from ..runtime.replay import replay
@@ -82,7 +129,7 @@ def _replay(args) -> int:
 
     print(f"compiling and replaying {args.trace} on {args.device} ...", file=sys.stderr, flush=True)
     result = replay(args.trace, device=args.device, scale=args.scale, limit=args.limit,
-                    const=_parse_const(args.const), seed=args.seed, progress=progress, artifact=args.artifact)
+                    const=_const(args), seed=args.seed, progress=progress, artifact=args.artifact)
     print(f"{'shape':<24} {'cleave ms':>10} {'sdpa ms':>10} {'speedup':>8} {'graph cleave':>13} {'graph sdpa':>11} "
           f"{'speedup':>8}  plan")
     for s in result.shapes:
@@ -108,7 +155,7 @@ def _build(args) -> int:
     from ..runtime.replay import build
 
     print(f"searching and scheduling {args.trace} into {args.out} ...", file=sys.stderr, flush=True)
-    summary = build(args.trace, args.out, scale=args.scale, const=_parse_const(args.const), top_k=args.top_k)
+    summary = build(args.trace, args.out, scale=args.scale, const=_const(args), top_k=args.top_k)
     for entry in summary["entries"]:
         print(f"{summary['definition']}: operator {entry}")
     print(f"searches {summary['searches']}, schedules {summary['compiles']}, from_cache {summary['from_cache']}; "
