@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
+from collections.abc import Iterable, Mapping
 
 from cleave import passes
 from cleave.ir import BindingError, Candidate, DType, Graph, ShapeError
@@ -217,6 +219,7 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     rankings interleaved."""
     if isinstance(candidate, Graph):
         candidate = Candidate(candidate)
+    _check_arguments(candidate.graph, shapes, dynamic, top_k, split)
     graph = rebuild(candidate.graph)
     if graph.text() != candidate.graph.text():
         raise BindingError("scheduler: the candidate graph is not renumbered (pass ir.rebuild(graph)); "
@@ -270,6 +273,42 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     for sc in grid_choices:
         options += _schedule_at(graph, facts, {**env, **sc}, dynamic, symbols, target, top_k, sc)
     return lead_with_each_split(within_reach(_by_cost(options)), top_k)
+
+
+def _check_arguments(graph: Graph, shapes, dynamic, top_k, split) -> None:
+    """A caller's mistake said in one line naming the argument, as cleave.search does: not
+    an empty list (top_k 0), plans for a negative extent, or a TypeError deep in tiling."""
+    if not _is_int(top_k) or top_k < 1:
+        raise ValueError(f"schedule: top_k must be a positive integer, got {top_k!r}")
+    if not isinstance(shapes, Mapping):
+        raise BindingError(f"schedule: shapes must be a dict {{symbol: extent}}, got {shapes!r}")
+    for name, value in shapes.items():
+        if not _is_int(value) or value < 0:  # 0 is an empty axis, which plans serve
+            raise BindingError(f"schedule: shapes[{name!r}] must be an integer >= 0, got {value!r}")
+    # a string is a collection of letters: set("zz") would name the symbol z
+    if isinstance(dynamic, str) or not isinstance(dynamic, Iterable):
+        raise BindingError(f"schedule: dynamic must be a collection of symbol names, got {dynamic!r}")
+    # a name bound in shapes may stay dynamic though the graph lost it (len_indptr, batch_size + 1 there)
+    _check_names("dynamic", dynamic, [s.name for s in graph.symbols()] + list(shapes), "symbols or names in shapes")
+    if split is not None:
+        if not isinstance(split, Mapping):
+            raise BindingError(f"schedule: split must be a dict {{split count: value}}, got {split!r}")
+        _check_names("split", split, split_symbols(graph), "split counts")
+        for name, count in split.items():
+            if not _is_int(count) or count < 1:
+                raise BindingError(f"schedule: split[{name!r}] must be a positive integer, got {count!r}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # True is an int to Python
+
+
+def _check_names(argument: str, names, known: list[str], kind: str) -> None:
+    """Each of `names` one of `known`: a misspelt symbol would be ignored silently."""
+    for name in names:
+        if name not in known:
+            raise BindingError(f"schedule: {argument} names {name!r}, which is not one of the graph's {kind} "
+                               f"({', '.join(sorted(set(known))) or 'it has none'})")
 
 
 # Ranked at the binding they serve, plans the model costs this many times the best

@@ -833,7 +833,7 @@ class Emitter:
                 return self.var(b, f"tl.where({valid}, {v.name}, 0.0).to({v.ty})", v.dims, v.ty)
 
             a, c = zero_padded(a), zero_padded(c)
-            exact_a, exact_c = a.ty in LOW or self._low(na), c.ty in LOW or self._low(nc)
+            ty_a, ty_c = self.dot_type(a, na), self.dot_type(c, nc)
 
             def product(a: Val, c: Val, low: bool, acc: str | None) -> str:
                 if tuple(m) == (mk[0], kn[0]):
@@ -845,24 +845,27 @@ class Emitter:
 
             mma = flops / mma_efficiency(self.t.block[mk[0]], self.t.block[kn[0]])
             precision = self.target.f32_matmul
-            if exact_a and exact_c:
+            if ty_a and ty_a == ty_c:  # tl.dot takes two operands of one type
                 expr = product(a, c, True, acc)
                 self.stats.mma_flops += mma
-            elif precision == "medium":  # torch's "medium": f32 operands rounded to bf16 once
-                a = a if exact_a else self.var(b, f"to_bf16({a.name})", a.dims, "tl.bfloat16")
-                c = c if exact_c else self.var(b, f"to_bf16({c.name})", c.dims, "tl.bfloat16")
+            elif precision == "medium":
+                # torch's "medium": f32 operands rounded to bf16 once, an upcast f16 one too
+                a = a if ty_a == "tl.bfloat16" else self.var(b, f"to_bf16({a.name})", a.dims, "tl.bfloat16")
+                c = c if ty_c == "tl.bfloat16" else self.var(b, f"to_bf16({c.name})", c.dims, "tl.bfloat16")
                 expr = product(a, c, True, acc)
                 self.stats.mma_flops += mma
-            elif exact_a or exact_c:
+            elif {ty_a, ty_c} == {"tl.bfloat16", None}:
                 # An f32 operand against one that holds bf16 values (an upcast: P @ v.float()):
                 # x = hi + lo, both bf16, leaves |x - hi - lo| <= 2^-16 |x|, and each product
                 # with a bf16 value is exact in f32; two tensor-core dots instead of an `ieee`
                 # one off the tensor cores (the paged decode's P.V ran 2.6x slower that way).
-                hi, lo = self.two_bf16(b, c if exact_a else a)
-                pair = [(a, hi), (a, lo)] if exact_a else [(hi, c), (lo, c)]
+                hi, lo = self.two_bf16(b, c if ty_a else a)
+                pair = [(a, hi), (a, lo)] if ty_a else [(hi, c), (lo, c)]
                 expr = product(*pair[1], True, product(*pair[0], True, acc))
                 self.stats.mma_flops += 2 * mma
             else:
+                # f32 against f32, or against f16 values (p @ v.float() with v fp16): the bf16
+                # halves' products with an f16 value are not exact, nor is a bf16 x f16 dot legal
                 expr = product(a, c, False, acc)
                 self.stats.vector_flops += flops
             for v, d in ((a, mk[0]), (c, kn[0])):  # an operand held across the loop sits in smem too
@@ -900,13 +903,20 @@ class Emitter:
     def _low(node) -> bool:
         return node.dtype in (DType.bf16, DType.f16)
 
+    def dot_type(self, v: Val, node) -> str | None:
+        """The low precision type whose values operand v holds exactly (its tile's, or its
+        node's), as a tensor-core dot takes it; None for f32 values."""
+        if v.ty in LOW:
+            return v.ty
+        return TL[node.dtype] if self._low(node) else None
+
     def operand(self, v: Val, node, order, low: bool) -> str:
         """A tl.dot operand: in the graph's low precision (tensor cores) or fp32."""
         s, trans = v.name, v.dims != tuple(order)
         if trans and v.trans:  # the memory-order tile (TMA) is already the transpose
             s, trans = v.trans, False
         if low:
-            ty = v.ty if v.ty in LOW else (TL[node.dtype] if self._low(node) else "tl.bfloat16")
+            ty = self.dot_type(v, node) or "tl.bfloat16"  # an f32 one was rounded to bf16 (to_bf16)
             s = f"{s}.to({'DOT_BF16' if ty == 'tl.bfloat16' else ty})"
         elif v.ty != "tl.float32":
             s = f"{s}.to(tl.float32)"
