@@ -22,8 +22,8 @@ import torch
 
 import cleave
 from cleave import workloads as W
-from cleave.ir import Graph
 from kernel_check import check_outputs
+from test_combine_in_kernel import split_k
 
 # -- d02: an fp16 operand beside an f32 one ------------------------------------------
 
@@ -74,15 +74,6 @@ def test_medium_rounds_the_upcast_fp16_operand_to_bf16_too(a_dtype):
 
 
 # -- d04: cleave.schedule's arguments ------------------------------------------------
-
-
-def split_k() -> Graph:
-    g = Graph("split_k")
-    x = g.input("x", ("m", "k"), "bf16")
-    w = g.input("w", ("k", "n"), "bf16")
-    chunks = x.split(1, "s", pad=0.0).permute(1, 0, 2) @ w.split(0, "s", pad=0.0)
-    g.output(chunks.cast("f32").sum(0).cast("bf16"), names=["y"])
-    return g
 
 
 MATMUL = {"s": 64, "k": 32, "n": 48}
