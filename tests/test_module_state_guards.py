@@ -463,3 +463,17 @@ def test_a_function_appending_to_a_global_list_runs_through_dynamo():
         assert "FEATURES" in f.capture_error
     finally:
         FEATURES.clear()
+
+
+def test_the_globals_of_a_user_modules_function_it_calls_are_guarded():
+    """`settings.helper(x)` reads the module's SCALE: changed, the result follows (it
+    kept the first capture's scale: the helper was not looked into)."""
+    import types
+
+    settings = types.ModuleType("settings_of_a_user")
+    exec("SCALE = 2.0\ndef helper(x):\n    return x * SCALE\n", vars(settings))
+    f = cleave.compile(lambda x: settings.helper(x) + 1)
+    x = torch.randn(5)
+    torch.testing.assert_close(f(x), x * 2 + 1)
+    settings.SCALE = 5.0
+    torch.testing.assert_close(f(x), x * 5 + 1)

@@ -438,8 +438,8 @@ _MAX_FUNCTIONS = 64
 
 def _reached(func: types.FunctionType, classes: list, helpers: list) -> list[types.FunctionType]:
     """func and the user functions it may call, breadth first: those its code names in
-    its globals or holds in its cells, the methods of `classes` (the modules fn reaches)
-    it names, those classes' forwards (a submodule's forward is traced too), and
+    its globals or holds in its cells, or reads off a user's module it so names, the
+    methods of `classes` (the modules fn reaches) it names, those classes' forwards (a submodule's forward is traced too), and
     `helpers`, functions those modules hold (`self.act = my_gelu`)."""
     def user(f) -> bool:
         f = getattr(f, "__func__", f)
@@ -455,7 +455,10 @@ def _reached(func: types.FunctionType, classes: list, helpers: list) -> list[typ
         i += 1
         called = [f.__globals__.get(n) for n in _globals_read(f.__code__)] + \
             [_cell_value(c) for c in f.__closure__ or ()]
-        called += [inspect.getattr_static(klass, n, None) for klass in classes for n in _names_read(f.__code__)]
+        names = _names_read(f.__code__)
+        called += [inspect.getattr_static(klass, n, None) for klass in classes for n in names]
+        # a user module's functions it calls (`settings.helper(x)`): their globals are read too
+        called += [vars(m).get(n) for m in list(called) if _user_module(m) for n in names]
         for g in called:
             g = getattr(g, "__func__", g)  # a staticmethod's or classmethod's function
             if user(g) and g not in found:
