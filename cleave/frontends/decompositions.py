@@ -25,7 +25,8 @@ def table() -> dict:
     from .fused_layers import TABLE as FUSED_LAYERS
 
     merged = {**decomposition_table, **core_aten_decompositions(), **FUSED_LAYERS}
-    return {op: _as_eager_types_it(op, fn) for op, fn in merged.items() if not _mapped(op) and not _lifts_a_constant(op)}
+    return {op: _checked_against_eager_kernel(op, fn) for op, fn in merged.items()
+            if not _mapped(op) and not _lifts_a_constant(op)}
 
 
 # The tracer turns a tensor constant of the user's code (`torch.tensor([1, 3])`, the
@@ -47,11 +48,12 @@ def _mapped(op) -> bool:
     return f"{packet}.{op._overloadname}" in aten_map.RULES or packet in aten_map.RULES
 
 
-def _as_eager_types_it(op, decompose):
-    """A pointwise op's decomposition that raises torch's own error where torch's kernel
+def _checked_against_eager_kernel(op, decompose):
+    """An op's decomposition that raises torch's own error where torch's CPU kernel
     refuses the integer or bool dtypes it is given: softplus, mish and hardswish of
     integers decompose into integer arithmetic that runs, where eager raises "not
-    implemented for 'Long'". The trace fails, and the frame runs eagerly, raising there."""
+    implemented for 'Long'". The trace fails, and the frame runs eagerly, raising there.
+    Operands of float types are not probed: the decompositions compute as torch does."""
     if not isinstance(op, torch._ops.OpOverload):
         return decompose
 

@@ -439,8 +439,9 @@ _MAX_FUNCTIONS = 64
 def _reached(func: types.FunctionType, classes: list, helpers: list) -> list[types.FunctionType]:
     """func and the user functions it may call, breadth first: those its code names in
     its globals or holds in its cells, or reads off a user's module it so names, the
-    methods of `classes` (the modules fn reaches) it names, those classes' forwards (a submodule's forward is traced too), and
-    `helpers`, functions those modules hold (`self.act = my_gelu`)."""
+    methods of `classes` (the modules fn reaches) it names, those classes' forwards (a
+    submodule's forward is traced too), and `helpers`, functions those modules hold
+    (`self.act = my_gelu`)."""
     def user(f) -> bool:
         f = getattr(f, "__func__", f)
         return isinstance(f, types.FunctionType) and not _library(f)

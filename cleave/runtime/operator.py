@@ -428,7 +428,7 @@ def refuse_what_eager_refuses(graph: Graph) -> None:
             interpret(graph, {k: v if v.is_floating_point() else torch.full_like(v, fill) for k, v in inputs.items()},
                       env=env)
             return
-        except (RuntimeError, IndexError, NotImplementedError) as err:
+        except (RuntimeError, IndexError, NotImplementedError) as err:  # what torch's kernels raise
             errors.append(err)
     raise CompileFailure(f"the graph as written fails in the reference interpreter ({_reason(errors[0])})") \
         from errors[0]
