@@ -27,10 +27,10 @@ TYPES = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "f64": "fp64", "i8": "i8"
          "i32": "i32", "i64": "i64", "bool": "i1"}
 
 
-def _signature(plan: dict, kernel: dict, fn, pdl: bool = True) -> tuple[dict, dict]:
+def _signature(plan: dict, kernel: dict, fn) -> tuple[dict, dict]:
     """Triton's signature and constexprs for one kernel, as the launcher binds them: buffers
     as pointers (16-byte aligned, as the JIT specialises them), descriptors as tensor
-    descriptors, symbols at the plan's binding, TMA on where descriptors exist, PDL as given."""
+    descriptors, symbols at the plan's binding, the TMA switch on."""
     dtypes = {b["name"]: b["dtype"] for key in ("inputs", "outputs", "intermediates") for b in plan[key]}
     if kernel.get("arrivals"):
         dtypes[kernel["arrivals"][0]] = "i32"
@@ -46,16 +46,14 @@ def _signature(plan: dict, kernel: dict, fn, pdl: bool = True) -> tuple[dict, di
             signature[param.name], constants[param.name] = "constexpr", plan["env"][name]
         else:
             signature[param.name] = "i32"
-    switches = {"TMA": bool(descriptors), "PDL": pdl}  # the launcher's switches
-    for param in fn.params[len(kernel["args"]):]:
-        signature[param.name], constants[param.name] = "constexpr", switches[param.name]
+    for param in fn.params[len(kernel["args"]):]:  # the launcher's switches: TMA on where descriptors exist
+        signature[param.name], constants[param.name] = "constexpr", bool(descriptors)
     return signature, constants
 
 
-def compile_sm90(plan: dict, kernel: dict, warps: int, stages: int, pdl: bool = True) -> dict:
-    """Shared memory (bytes), registers per thread, local memory (spills), the loop
-    tiles' shared-memory buffers and the PTX of one kernel compiled for sm_90, launched
-    with programmatic dependent launch (`pdl`, as the runtime launches it there) or not."""
+def compile_sm90(plan: dict, kernel: dict, warps: int, stages: int) -> dict:
+    """Shared memory (bytes), registers per thread, local memory (spills) and the loop
+    tiles' shared-memory buffers of one kernel compiled for sm_90."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -66,7 +64,7 @@ def compile_sm90(plan: dict, kernel: dict, warps: int, stages: int, pdl: bool = 
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         fn = getattr(module, kernel["name"])
-        signature, constants = _signature(plan, kernel, fn, pdl)
+        signature, constants = _signature(plan, kernel, fn)
         aligned = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if signature[p.name][0] == "*"}
         compiled = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constants,
                                                             attrs=aligned),
@@ -79,8 +77,7 @@ def compile_sm90(plan: dict, kernel: dict, warps: int, stages: int, pdl: bool = 
     local = re.search(r"LOCAL:(\d+)", usage)
     buffers = sorted(set(re.findall(r"memdesc<((?:\d+x)+)\w+, #\w+, #smem, mutable>", compiled.asm["ttgir"])))
     return {"shared": compiled.metadata.shared, "regs": int(regs.group(1)) if regs else None,
-            "local": int(local.group(1)) if local else None, "buffers": [b.rstrip("x") for b in buffers],
-            "ptx": compiled.asm["ptx"]}
+            "local": int(local.group(1)) if local else None, "buffers": [b.rstrip("x") for b in buffers]}
 
 
 def main(argv=None) -> int:

@@ -84,8 +84,7 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target):
                 args = bufs + [d[0] for d in descs] + symbols
                 per_sm = resident_programs(stats, warps, stages, target) if persistent else 0
                 kernel = Kernel(spec.name, source, grid, args, warps, stages, descs, per_sm, loops=stats.loops,
-                                max_pipelined_warps=limit, pipelined=stats.pipelined, stage_choices=stats.stage_choices,
-                                overlapped=True)
+                                max_pipelined_warps=limit, pipelined=stats.pipelined, stage_choices=stats.stage_choices)
                 if kernel.launches(warps, stages):
                     found.append((seconds, kernel, tiles, (emitted, t), stats))
     if not found:

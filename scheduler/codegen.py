@@ -1132,15 +1132,13 @@ class Emitter:
             [s if s in dynamic else f"{s}: tl.constexpr" for s in symbols]
         params += [f"tid{lid}" for lid in self.canon_grid()] if tile_args else []
         params += ["TMA: tl.constexpr"] if self.descriptors else []  # the launcher's switch to pointer loads
-        params += [] if tile_args else ["PDL: tl.constexpr"]  # the launcher's switch to overlapped launches
         dns = f"(do_not_specialize={sorted(s for s in symbols if s in dynamic)!r})" \
             if any(s in dynamic for s in symbols) and not tile_args else ""
         comment = [f"# X{lab.id}: extent {D.fmt(lab.extent)}, {self.t.role[lab.id]}, block {self.t.block[lab.id]}"
                    + (f" over {self.t.step[lab.id]} indices" if lab.id in self.t.step else "")
                    for lab in self.views.labels]
-        body = top.lines if tile_args else GRID_DEPENDENCY + top.lines
         lines = comment + [f"@triton.jit{dns}", f"def {name}({', '.join(params)}):"] + \
-            ["    " + ln for ln in body]
+            ["    " + ln for ln in top.lines]
         return Function(name, lines, bufs, [" * ".join(grid_terms) or "1"], self.searched)
 
     def outer_load_steps(self) -> tuple[float, float]:
@@ -1364,18 +1362,6 @@ def math_helpers(body: str) -> list[str]:
     return [line for name in used for line in ["@triton.jit", *MATH[name], "", ""]]
 
 
-
-
-# Programmatic dependent launch (sm_90 on): a kernel launched with it may start while the
-# kernel before it in the stream finishes, so its launch and its programs' placement
-# overlap that kernel's last wave. Every access to memory waits until the kernel before
-# has finished and its writes are visible (`gdc_wait`, first); the kernel after may then
-# be launched at once (it waits likewise), once all of this one's programs have started.
-GRID_DEPENDENCY = [
-    "if PDL:  # the kernel before this one in the stream has finished: its writes are visible",
-    "    tl.extra.cuda.gdc_wait()",
-    "    tl.extra.cuda.gdc_launch_dependents()",
-]
 
 
 # A cast to bf16 rounds to nearest even on the GPU; Triton's CPU interpreter truncates,

@@ -147,7 +147,7 @@ def fuse(p: KernelSpec, pt: Tiling, pk: Kernel, c: KernelSpec, ct: Tiling, ck: K
     return Kernel(pk.name, module([cfn, pfn]), pfn.grid, args_out, pk.num_warps, pk.num_stages,
                   pem.descriptor_args(), pk.programs_per_sm, loops=pk.loops,
                   max_pipelined_warps=min(limits) if limits else 0, arrivals=[arrivals, groups],
-                  pipelined=pk.pipelined, stage_choices=pk.stage_choices, overlapped=True)
+                  pipelined=pk.pipelined, stage_choices=pk.stage_choices)
 
 
 def serial_tail(stats, programs: int, groups: int, warps: int, stages: int, target, p_stats=None) -> float | None:

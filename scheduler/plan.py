@@ -58,10 +58,6 @@ class Kernel:
     # the stage counts worth launching it with, ascending (kernel_stats.Stats.stage_choices;
     # empty: any): neither the scheduler nor the runtime's tuning tries others
     stage_choices: tuple = ()
-    # True: the source's last parameter is a `PDL` constexpr (codegen.GRID_DEPENDENCY), set
-    # by the launcher where it launches the kernel with programmatic dependent launch
-    # (sm_90 on); False in plans saved before it existed
-    overlapped: bool = False
 
     def to_json(self) -> dict:
         return {"name": self.name, "source": self.source, "grid": list(self.grid), "args": list(self.args),
@@ -69,7 +65,7 @@ class Kernel:
                 "descriptors": [list(d) for d in self.descriptors], "programs_per_sm": self.programs_per_sm,
                 "loops": list(self.loops), "max_pipelined_warps": self.max_pipelined_warps,
                 "arrivals": list(self.arrivals), "pipelined": self.pipelined,
-                "stage_choices": list(self.stage_choices), "overlapped": self.overlapped}
+                "stage_choices": list(self.stage_choices)}
 
     def launches(self, num_warps: int, num_stages: int) -> bool:
         """Whether this launch configuration is one the kernel may run with."""
@@ -83,7 +79,7 @@ class Kernel:
                    [list(x) for x in d.get("descriptors", [])], d.get("programs_per_sm", 0),
                    loops=list(d.get("loops", [])), max_pipelined_warps=d.get("max_pipelined_warps", 0),
                    arrivals=list(d.get("arrivals", [])), pipelined=d.get("pipelined", True),
-                   stage_choices=tuple(d.get("stage_choices", ())), overlapped=d.get("overlapped", False))
+                   stage_choices=tuple(d.get("stage_choices", ())))
 
 
 @dataclass

@@ -143,14 +143,10 @@ class _Prepared:
         cuda = [t.device for t in inputs.values() if isinstance(t, torch.Tensor) and t.device.type == "cuda"]
         sms = _sms(cuda[0] if cuda else torch.device("cpu"))
         tiles = [evaluate(k.grid[0], env) for k in plan.kernels]
-        overlap = _overlaps(cuda[0] if cuda else None)
         self.kernels = [(_kernel_fn(plan, k), (_programs(k, n, sms), 1, 1),
                          [(a, None) if a not in env else (None, env[a]) for a in k.args],
-                         dict(num_warps=k.num_warps, num_stages=k.num_stages,
-                              **({"launch_pdl": True} if overlap and k.overlapped else {})))
+                         dict(num_warps=k.num_warps, num_stages=k.num_stages))
                         for k, n in zip(plan.kernels, tiles)]
-        # the PDL switch each overlapped kernel's source ends with (codegen.GRID_DEPENDENCY)
-        self.switches = [[overlap] if k.overlapped else [] for k in plan.kernels]
         # TMA descriptors per kernel: (ok at these shapes, [(arg position, buffer, shape,
         # strides, block)]), or None for a kernel without any.
         shapes = {b.name: ([evaluate(d, env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)].itemsize)
@@ -182,13 +178,6 @@ def _programs(k, tiles: int, sms: int) -> int:
     """Programs to launch: one per tile, or for a persistent kernel at most as many as
     the GPU holds at once (each loops over tiles)."""
     return min(tiles, sms * k.programs_per_sm) if k.programs_per_sm else tiles
-
-
-def _overlaps(device: torch.device | None) -> bool:
-    """Whether kernels launch with programmatic dependent launch on this device: compiled
-    (not interpreted), on sm_90 or later, and not turned off by CLEAVE_OVERLAP_LAUNCHES=0."""
-    return device is not None and device.type == "cuda" and not _INTERPRETED and OVERLAP_LAUNCHES \
-        and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _sms(device: torch.device) -> int:
@@ -308,7 +297,6 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
         values = [tensors.get(name) if name is not None else value for name, value in args]
         if prepared.tma[i] is not None:
             values = _with_descriptors(prepared.tma[i], values, tensors, bases_ok, prepared, workspace)
-        values += prepared.switches[i]
         direct = prepared.direct[i]
         if direct is not None and direct_now:
             try:
@@ -325,7 +313,6 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
                     values = [tensors.get(name) if name is not None else value for name, value in args]
                     if prepared.tma[i] is not None:
                         values = _with_descriptors(prepared.tma[i], values, tensors, bases_ok, prepared, workspace)
-                    values += prepared.switches[i]
         kernel = _jit_launch(fn, grid, values, options, prepared.names[i])
         if isinstance(kernel, CompiledKernel):
             prepared.compiled[i] = kernel
@@ -339,7 +326,6 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
 # launching at once read each other's grid ("x >= grid_dim[0]"). Interpreted launches
 # take turns; compiled ones run concurrently, each on its thread's lane.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-OVERLAP_LAUNCHES = os.environ.get("CLEAVE_OVERLAP_LAUNCHES", "1") != "0"
 _INTERPRETER_LOCK = threading.Lock()
 
 
