@@ -190,7 +190,7 @@ def test_explain_reports_graph_derivation_schedule_and_kernels(compiled):
 
 # -- the cache across processes -----------------------------------------------
 PROCESS = """
-    import sys, time
+    import sys
     {block}
     import torch
     import cleave
@@ -198,13 +198,11 @@ PROCESS = """
     w = workloads.get("rmsnorm_matmul")
     inputs = w.inputs({{"k": 21, "n": 19, "s": 6}}, seed=5)
     compiled = cleave.compile(w.reference, dynamic=w.dynamic)
-    start = time.perf_counter()
     out = compiled(*inputs.values())
-    took = time.perf_counter() - start
     torch.testing.assert_close(out.float(), w.reference(*inputs.values()).float(), atol=3e-2, rtol=3e-2)
     st = compiled.stats
     assert st["failed"] == 0, st
-    print(st["from_cache"], st["searches"], round(took, 3), [m for m in ("egglog", "z3") if m in sys.modules])
+    print(st["from_cache"], st["searches"], [m for m in ("egglog", "z3") if m in sys.modules])
 """
 BLOCK = """
     class Block:
@@ -224,19 +222,18 @@ def _start(code: str, cache: Path, *args) -> subprocess.Popen:
 def _finish(proc: subprocess.Popen) -> list[str]:
     out, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err[-3000:]
-    return out.strip().splitlines()[-1].split(" ", 3)
+    return out.strip().splitlines()[-1].split(" ", 2)
 
 
 def test_cache_concurrent_cold_then_warm_without_egglog_then_damaged(shared_cache, tmp_path, monkeypatch):
     cache = _fresh_cache(shared_cache, tmp_path / "cache")
     # Two processes compile the same operator at once into an empty cache: both succeed.
     cold = [_finish(p) for p in [_start(PROCESS.format(block=""), cache) for _ in range(2)]]
-    for from_cache, searches, _, _ in cold:
+    for from_cache, searches, _ in cold:
         assert (from_cache, searches) in {("0", "1"), ("1", "0")}, cold
-    # A later process loads it: no search, egglog and z3 never imported, and faster.
+    # A later process loads it: no search, egglog and z3 never imported.
     warm = _finish(_start(PROCESS.format(block=BLOCK), cache))
-    assert warm[:2] == ["1", "0"] and warm[3] == "[]", warm
-    assert float(warm[2]) < min(float(c[2]) for c in cold if c[1] == "1")
+    assert warm == ["1", "0", "[]"], warm
     # A tampered kernel file is detected, warned about and rebuilt (scheduled again, not searched).
     kernel = next(cache.glob("*/spec-*/kernels/*.py"))
     kernel.write_text(kernel.read_text() + "\n# tampered\n")
