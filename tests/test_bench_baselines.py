@@ -120,9 +120,7 @@ def test_a_compile_over_budget_is_stopped_in_its_own_process():
     from benchmarks.strongest import compiles_within
 
     inputs = {"x": torch.randn(8, 16), "w": torch.randn(16, 4)}
-    start = time.perf_counter()
     assert "still running after the 0 s budget: stopped" in compiles_within("matmul", "default", 0.2, inputs)
-    assert time.perf_counter() - start < 30
     assert compiles_within("matmul", "default", 300, inputs) is None
 
 
