@@ -148,6 +148,14 @@ _CUBLAS = {
 }
 
 
+# A fused workload's GEMMs alone on cuBLAS, without the norm or the activation: what
+# the fused kernel cannot run under while its GEMM runs at cuBLAS's rate.
+_FLOORS = {
+    "rmsnorm_matmul": ("floor: the GEMM alone on cuBLAS (x·W, no norm)", lambda x, w: torch.mm(x, w)),
+    "swiglu": ("floor: the two GEMMs alone on cuBLAS (x·W1, x·W2)", lambda x, w1, w2: (torch.mm(x, w1), torch.mm(x, w2))),
+}
+
+
 def _dequantised_once(inputs: dict) -> dict:
     """matmul_w4's weight unpacked and scaled to x's dtype, outside the timing."""
     from cleave.workloads.mlp import reference_matmul_w4
@@ -161,6 +169,14 @@ def for_workload(name: str, reference: Callable) -> list[Baseline]:
     out = [Baseline("eager", reference), Baseline("torch.compile", torch.compile(reference, dynamic=False))]
     if name in _CUBLAS:
         out.append(Baseline("cuBLAS", _CUBLAS[name]))
+    if name in _FLOORS:
+        out.append(Baseline(*_FLOORS[name], floor=True))
+    if name in ROPE_ATTENTION:  # the attention alone on the unrotated q and k, on SDPA's fastest backend here
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        attend = _sdpa(ROPE_ATTENTION[name])
+        out.append(Baseline("floor: SDPA cuDNN without the RoPE", lambda q, k, v, cos, sin: attend(q, k, v),
+                            context=functools.partial(sdpa_kernel, [SDPBackend.CUDNN_ATTENTION]), floor=True))
     if name == "matmul_w4":  # the bf16 GEMM on weights dequantised ahead: not the same work, a reference
         out.append(Baseline("cuBLAS on W dequantised once", lambda x, w: x @ w.t(), prepare=_dequantised_once,
                             secondary=True))

@@ -58,9 +58,14 @@ def _graph_cells(r: dict) -> list[str]:
 
 
 def secondary(rows: list[dict]) -> str:
-    """Timings reported beside the table, never the strongest (SDPA on pre-gathered K/V)."""
-    lines = [f"- {r['workload']} {r['preset']}, {b['name']}: {b['ms']:.4f} ms"
-             for r in rows for b in r["baselines"] if b.get("secondary") and b["ms"]]
+    """Timings reported beside the table, never the strongest (SDPA on pre-gathered K/V),
+    a floor with cleave's time over it."""
+    def line(r, b):
+        over = f"; cleave's served plan takes {r['cleave_ms'] / b['ms']:.2f}× this" \
+            if b.get("floor") and r.get("cleave_ms") else ""
+        return f"- {r['workload']} {r['preset']}, {b['name']}: {b['ms']:.4f} ms{over}"
+
+    lines = [line(r, b) for r in rows for b in r["baselines"] if b.get("secondary") and b["ms"]]
     return "\n".join(["Secondary timings (not candidates for the strongest):", ""] + lines) if lines else ""
 
 

@@ -4,7 +4,6 @@ here asserts a timing: fake timers stand in for do_bench."""
 import dataclasses
 import functools
 import math
-import time
 import warnings
 
 import pytest
@@ -105,6 +104,28 @@ def test_a_slow_first_call_is_over_budget():
     (outcome,) = measure([Baseline("compiled", make("compiled"), first_call_budget_s=-1.0)],
                          {"x": X}, REFERENCE, timer)
     assert outcome.ms is None and "over the -1 s budget" in outcome.skipped
+
+
+def test_a_floor_is_timed_unchecked_reported_beside_cleave_and_never_the_strongest():
+    """A floor computes part of the workload (its GEMM alone): not its output, so it is
+    not checked against the reference, and it can never be the strongest."""
+    make, timer = _fake({"gemm alone": 0.5, "ok": 1.0})
+    outcomes = measure([Baseline("gemm alone", make("gemm alone", X * 7), floor=True), Baseline("ok", make("ok"))],
+                       {"x": X}, REFERENCE, timer)
+    assert outcomes[0].ms == 0.5 and outcomes[0].secondary and outcomes[0].rel_err is None
+    assert best(outcomes).name == "ok"
+    rows = [{"workload": "w", "preset": "p", "cleave_ms": 0.6, "baselines": [o.__dict__ for o in outcomes]}]
+    assert "- w p, gemm alone: 0.5000 ms; cleave's served plan takes 1.20× this" in report.secondary(rows)
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_matmul", "swiglu"])
+def test_the_gemm_floors_compute_the_workloads_gemms(name):
+    w = workloads.get(name)
+    inputs = w.inputs({"s": 5, "k": 8, "n": 6}, seed=0)
+    (floor,) = [b for b in baselines.for_workload(name, w.reference) if b.floor]
+    got = floor.fn(**inputs)
+    want = [inputs["x"] @ inputs[key] for key in inputs if key != "x"]
+    assert all(torch.equal(g, e) for g, e in zip(got if isinstance(got, tuple) else [got], want))
 
 
 def test_a_preflight_reason_skips_the_baseline_before_its_first_call():
