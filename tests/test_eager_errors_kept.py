@@ -104,3 +104,18 @@ def test_softmax_over_a_dim_past_the_rank_raises_index_error(ctx, fn):
 def test_softmax_over_a_negative_dim_in_range_still_compiles(ctx):
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(cleave.compile(lambda x: x.softmax(-2))(x), x.softmax(-2))
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.amax(-1), lambda x: x.amin(-1), lambda x: x.max(), lambda x: x.amax(),
+                                lambda x: x.amax((0, 1))])
+def test_a_max_over_a_dynamic_axis_empty_at_run_time_raises_eagers_error(ctx, fn):
+    """Compiled where the axis held 5, a call where it holds 0 ran the kernels' -inf (or
+    +inf); eager raises that a max over nothing has no value."""
+    f = cleave.compile(fn, dynamic={"x": {1: "n"}})
+    x = torch.randn(3, 5)
+    assert torch.equal(f(x), fn(x))
+    empty = torch.randn(3, 0)
+    error = _eager_error(fn, empty)
+    with pytest.warns(UserWarning, match="1 <= n"), pytest.raises(error):
+        f(empty)
+    assert torch.equal(f(x), fn(x))
