@@ -138,3 +138,20 @@ def test_a_float_computed_from_a_dynamic_size_follows_the_size():
     for n in (4, 9, 16):
         x = torch.randn(n, 3)
         torch.testing.assert_close(f(x), scaled_by_root_of_rows(x))
+
+
+def scaled_by_half_steps(x):
+    return x * torch.arange(0, x.shape[0], 0.5)[: x.shape[0]].unsqueeze(1)
+
+
+def test_a_size_through_a_float_step_compiles_at_every_size():
+    """arange(0, n, 0.5) is ceiling(2.0 * n) long: the float reached the kernels' index
+    expressions ("cannot print index expression 2.000") and the region past the graph
+    break ran eagerly from its second size on. Sizes are read in exact rationals."""
+    f = cleave.compile(scaled_by_half_steps, verbose=False)
+    for n in (5, 7, 12):
+        x = torch.randn(n, 3)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.testing.assert_close(f(x), scaled_by_half_steps(x))
+        assert not [w for w in caught if "could not compile" in str(w.message)], [str(w.message) for w in caught]

@@ -3,6 +3,7 @@ user's symbol names."""
 from __future__ import annotations
 
 import sympy
+import torch
 
 from ..ir import dims as D
 
@@ -81,6 +82,9 @@ class SymbolMap:
         if unknown:
             raise ValueError(f"size {expr} depends on {', '.join(map(str, unknown))}, "
                              f"which no input dimension defines (a data-dependent size)")
+        if isinstance(value, torch.SymInt) and expr.has(sympy.Float):
+            # a size through a float (arange(0, n, 0.5) holds ceiling(2.0*n)), in exact rationals
+            expr = sympy.nsimplify(expr, rational=True)
         return sympy.simplify(expr) if not expr.is_Atom else expr
 
     def to_dim(self, value) -> sympy.Expr:
