@@ -234,3 +234,23 @@ def test_an_index_bound_no_binding_meets_is_named():
     with pytest.warns(CandidateRejected, match=named):
         (only,) = search(g, top_k=2, progress=False).candidates
     assert only.graph.key() == rebuild(g).key()
+
+
+def rows_at_mask_positions(table, mask):
+    return table[mask.long().cumsum(-1)] * 2
+
+
+def test_indices_computed_from_integer_inputs_are_checked_where_the_program_runs():
+    """Positions as a mask's cumsum index a table of 3 rows: random integers in the index
+    range put them past it, the input graph failed in the reference interpreter and every
+    candidate was left out (HF's RoPE with positions from the attention mask, under
+    dynamic=True). The check draws integers as 0/1, then 0, until the program runs."""
+    g = cleave.capture(rows_at_mask_positions, _randn(3, 3, seed=2), torch.zeros(2, 5, dtype=torch.int64),
+                       dynamic={"mask": {1: "s"}})
+    env = small_binding(g, g)
+    with pytest.raises(IndexError):
+        interpret(g, inputs_for(g, env, seed=0), torch.float64, env)
+    assert check_candidate(g, g) == env
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CandidateRejected)
+        search(g, top_k=2, progress=False)

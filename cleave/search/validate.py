@@ -160,11 +160,13 @@ def _ragged_count(n: int) -> int:
     return max(1, min(2, n))
 
 
-def inputs_for(g: Graph, env: dict, seed: int, positive: bool = False) -> dict[str, torch.Tensor]:
+def inputs_for(g: Graph, env: dict, seed: int, positive: bool = False,
+               index_range: int | None = None) -> dict[str, torch.Tensor]:
     """Random inputs in fp64 holding values of each input's own dtype (a bf16 input
-    gets bf16 values): normal, or in [0.5, 1.5) with `positive` (log's and sqrt's domain)."""
+    gets bf16 values): normal, or in [0.5, 1.5) with `positive` (log's and sqrt's domain);
+    integers in [0, index_range) where given."""
     gen = torch.Generator().manual_seed(seed)
-    out, indices = {}, _index_range(g, env)
+    out, indices = {}, index_range or _index_range(g, env)
     for name, node in g.inputs.items():
         shape = [D.evaluate(d, env) for d in node.shape]
         if node.dtype.is_float:
@@ -251,11 +253,25 @@ class Reference:
     def _values(self, env: dict, positive: bool) -> tuple[dict, list]:
         key = (tuple(sorted(env.items())), positive)
         if key not in self.wanted:
-            ins = inputs_for(self.naive, env, self.seed, positive)
-            # the binding meets every constraint the check knows of: one it does not (an
-            # index read off the data) makes the program itself fail there
-            self.wanted[key] = ins, _interpreted(self.naive, ins, env, None, NoSmallBinding)
+            self.wanted[key] = self._first_that_runs(env, positive)
         return self.wanted[key]
+
+    def _first_that_runs(self, env: dict, positive: bool) -> tuple[dict, list]:
+        """Inputs the input graph runs on, and its values there. Integers are drawn in the
+        index range first, then as 0/1 (a mask), then all 0: an index the program computes
+        from its integer inputs (positions as a mask's cumsum, into a table of rotary
+        angles) may fall past its table for random values that the program never gets.
+        The binding meets every constraint the check knows of: where no integers make the
+        program run (an index read off the data), it raises NoSmallBinding."""
+        integers = any(not n.dtype.is_float for n in self.naive.inputs.values())
+        failure = None
+        for index_range in (None, 2, 1) if integers else (None,):
+            ins = inputs_for(self.naive, env, self.seed, positive, index_range)
+            try:
+                return ins, _interpreted(self.naive, ins, env, None, NoSmallBinding)
+            except NoSmallBinding as err:
+                failure = failure or err
+        raise failure
 
 
 def _interpreted(graph: Graph, ins: dict, env: dict, source: Graph | None, error: type) -> list:
