@@ -4,21 +4,34 @@ next-token distribution); an integer or bool output is compared exactly."""
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch.utils import _pytree as pytree
 
 
 def compare(got: torch.Tensor, want: torch.Tensor) -> dict[str, float]:
-    """max |got - want| and mean over rows of KL(softmax(want) || softmax(got)), in fp64."""
+    """max |got - want| and mean over rows of KL(softmax(want) || softmax(got)), in fp64.
+
+    Non-finite entries: one that is NaN in both, or the same infinity in both, matches
+    (difference 0) and drops out of its row's softmax on both sides; one that is
+    non-finite in only one of them, or a different infinity, makes max_abs inf and its
+    row's KL inf, so a NaN or overflow that eager does not have always shows."""
     got, want = got.detach().double().cpu(), want.detach().double().cpu()
     if got.numel() == 0:
         return {"max_abs": 0.0, "kl": 0.0}
-    max_abs = (got - want).abs().max().item()
+    nonfinite = ~(got.isfinite() & want.isfinite())
+    same = nonfinite & ((got == want) | (got.isnan() & want.isnan()))
+    differ = nonfinite & ~same
+    max_abs = (got - want).abs().masked_fill(same, 0.0).masked_fill(differ, math.inf).max().item()
     if want.dim() == 0:
         return {"max_abs": max_abs, "kl": 0.0}
-    log_p, log_q = want.log_softmax(-1), got.log_softmax(-1)
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean().item()
+    # matching entries as -inf on both sides: probability 0, so a term of neither softmax
+    log_p, log_q = want.masked_fill(same, -math.inf).log_softmax(-1), got.masked_fill(same, -math.inf).log_softmax(-1)
+    p = log_p.exp()
+    # 0 * log(0 / 0) is 0 (a masked logit; a row of matching entries only has no terms)
+    terms = torch.where(p > 0, p * (log_p - log_q), 0.0)
+    kl = terms.sum(-1).masked_fill(differ.any(-1), math.inf).mean().item()
     return {"max_abs": max_abs, "kl": kl}
 
 

@@ -219,6 +219,9 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     rankings interleaved."""
     if isinstance(candidate, Graph):
         candidate = Candidate(candidate)
+    if not isinstance(candidate, Candidate):
+        raise TypeError(f"schedule: candidate must be a cleave Graph or a search Candidate "
+                        f"(cleave.search(graph).best), got {type(candidate).__name__} {candidate!r:.80}")
     _check_arguments(candidate.graph, shapes, dynamic, top_k, split)
     graph = rebuild(candidate.graph)
     if graph.text() != candidate.graph.text():
@@ -280,6 +283,8 @@ def _check_arguments(graph: Graph, shapes, dynamic, top_k, split) -> None:
     an empty list (top_k 0), plans for a negative extent, or a TypeError deep in tiling."""
     if not _is_int(top_k) or top_k < 1:
         raise ValueError(f"schedule: top_k must be a positive integer, got {top_k!r}")
+    if not graph.outputs:  # a plan of no kernels: nothing to run or rank
+        raise BindingError(f"schedule: graph {graph.name!r} has no outputs (give it some with graph.output(...))")
     if not isinstance(shapes, Mapping):
         raise BindingError(f"schedule: shapes must be a dict {{symbol: extent}}, got {shapes!r}")
     for name, value in shapes.items():

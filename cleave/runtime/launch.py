@@ -108,6 +108,7 @@ def bind(plan: Plan, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
     if graph is None:
         graph = _cached(plan)["graph"] = parse_graph(plan.graph)
     env = graph.bind({k: tuple(v.shape) for k, v in inputs.items()}, extra=dict(plan.split))
+    _bind_from_plan(plan, graph, env)
     failed = plan.fits(env)
     if failed:
         raise BindingError(f"plan (split {plan.split}) does not serve this shape: {failed} fails for "
@@ -117,6 +118,18 @@ def bind(plan: Plan, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
             raise BindingError(f"plan was scheduled for {name}={value}, got {name}={env[name]} "
                                f"(declare {name!r} dynamic to vary it)")
     return env
+
+
+def _bind_from_plan(plan: Plan, graph, env: dict[str, int]) -> None:
+    """Symbols no input's shape binds (an iota's extent): a static one takes the value the
+    plan was scheduled at, the only one it serves; a dynamic one has no value to take."""
+    unbound = sorted(s.name for s in graph.symbols() if s.name not in env)
+    valueless = [name for name in unbound if name in plan.dynamic or name not in plan.env]
+    if valueless:
+        raise BindingError(f"plan: no input's shape binds symbol(s) {', '.join(valueless)}, and launch reads dynamic "
+                           f"symbols from the input shapes only: schedule with them static (not in dynamic) "
+                           f"to launch at the values in shapes, or give the graph an input with those axes")
+    env.update({name: plan.env[name] for name in unbound})
 
 
 class _Prepared:

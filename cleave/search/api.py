@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import time
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from cleave.ir import Graph, rebuild
+from cleave.ir import dims as D
 from cleave.ir.dtypes import DType
 from cleave.ir.contracts import Candidate
 
@@ -31,14 +34,16 @@ class SearchResult:
 def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = None, enodes: int | None = None,
            seconds: float | None = None, progress: bool = True, verify: bool = True,
            shapes: dict | None = None) -> SearchResult:
-    """Equality saturation of `graph` under `rules` (default: cleave.rules.all_rules()),
-    then the `top_k` cheapest distinct candidates, each checked against the reference
-    interpreter. `shapes` (symbol -> value) ranks at, and verifies at, the user's shapes."""
+    """Equality saturation of `graph` under `rules`, then the `top_k` cheapest distinct
+    candidates, each checked against the reference interpreter. `rules`: None (the
+    library, cleave.rules.all_rules()), Rule objects to search with instead of it, or
+    rule files (a path or a list of paths), searched beside the library as
+    `cleave.compile(rules=...)` does. `shapes` (symbol of the graph -> int >= 0) ranks
+    at, and verifies at, the user's shapes."""
+    _check_graph(graph)
     _check_budgets(top_k=top_k, iterations=iterations, enodes=enodes, seconds=seconds)
-    if rules is None:
-        from cleave.rules import all_rules
-
-        rules = all_rules()
+    _check_shapes(graph, shapes)
+    rules = _resolved_rules(rules)
     from cleave.verify import sound_rules
 
     # only proven rules reach saturation: UnsoundRule on a counterexample, UnprovenRuleWarning per unknown rule left out
@@ -130,6 +135,56 @@ def _check_budgets(*, seconds, **counts) -> None:
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real)
                                 or not 0 < seconds < math.inf):
         raise ValueError(f"search: seconds must be a finite number > 0, got {seconds!r}")
+
+
+def _check_graph(graph) -> None:
+    if not isinstance(graph, Graph):
+        raise TypeError(f"search: graph must be a cleave Graph (from cleave.capture(fn, *inputs), "
+                        f"cleave.parse_graph(text) or cleave.Graph), got {type(graph).__name__} {graph!r:.80}")
+
+
+def _check_shapes(graph: Graph, shapes) -> None:
+    """A dict of the graph's symbols to ints >= 0 (0: an empty axis, which the search
+    ranks and checks), or None: a misspelt symbol would be ignored silently."""
+    if shapes is None:
+        return
+    if not isinstance(shapes, Mapping):
+        raise ValueError(f"search: shapes must be a dict {{symbol: extent}}, got {shapes!r}")
+    # an input no output reads still has dims the check binds
+    known = {s.name for s in graph.symbols()} | {s.name for n in graph.inputs.values()
+                                                 for s in D.free_symbols(n.shape)}
+    for name, value in shapes.items():
+        if name not in known:
+            raise ValueError(f"search: shapes names {name!r}, which is not a symbol of graph {graph.name!r} "
+                             f"(its symbols: {', '.join(sorted(known)) or 'none, every dim is static'})")
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise ValueError(f"search: shapes[{name!r}] must be an integer >= 0, got {value!r}")
+
+
+def _resolved_rules(rules) -> list:
+    """The rules to search with: the library (None), the Rule objects given, or the
+    library plus the rules of rule files, proven as cleave.compile(rules=...) proves them."""
+    from cleave.rules import Rule, all_rules
+
+    if rules is None:
+        return all_rules()
+    if isinstance(rules, (str, os.PathLike)):
+        rules = [rules]  # one path, as cleave.compile takes it
+    if not isinstance(rules, Iterable):
+        raise TypeError(f"search: rules must be a list of Rule objects or of rule file paths, got {rules!r}")
+    rules = list(rules)
+    paths = [r for r in rules if isinstance(r, (str, os.PathLike))]
+    if paths and len(paths) == len(rules):
+        from cleave.runtime.compile import _proven_rules
+
+        return _proven_rules(paths)
+    other = next((r for r in rules if not isinstance(r, Rule)), None)
+    if other is not None and paths:
+        raise TypeError(f"search: rules mixes Rule objects and rule file paths ({paths[0]!r}); give one kind "
+                        f"(cleave.rules.load_file(path) reads a file's rules)")
+    if other is not None:
+        raise TypeError(f"search: rules must be Rule objects or rule file paths, got {other!r}")
+    return rules
 
 
 def _nonempty_constraints(g: Graph, rules, derivation):

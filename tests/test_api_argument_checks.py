@@ -1,0 +1,140 @@
+"""A caller's mistake in cleave.search, cleave.schedule and launch is said in one line
+naming the argument, before any work; and cleave.explain's fidelity numbers treat NaN
+and inf that match eager as matching."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import cleave
+from cleave import fidelity
+from cleave.ir import BindingError, parse_graph
+from cleave.rules import all_rules
+
+EXAMPLES = Path(__file__).parent.parent / "docs" / "examples"
+QUANT_RULES = EXAMPLES / "quantization.rules"
+SCALED_MATMUL = EXAMPLES / "scaled_matmul.graph"
+
+
+def _row_sum() -> cleave.Graph:
+    g = cleave.Graph("rowsum")
+    x = g.input("x", ("m", "n"), "f32")
+    return g.output(x.exp().sum(-1), names=["o"])
+
+
+# -- cleave.search ----------------------------------------------------------------
+def test_search_of_a_non_graph_says_what_a_graph_comes_from():
+    with pytest.raises(TypeError, match=r"search: graph must be a cleave Graph \(from cleave.capture.*"
+                                        r"cleave.parse_graph.*got str 'graph'"):
+        cleave.search("graph")
+
+
+@pytest.mark.parametrize("as_given", [lambda p: [str(p)], lambda p: str(p), lambda p: p],
+                         ids=["list of paths", "one path string", "one Path"])
+def test_search_takes_rule_files_as_cleave_compile_does(as_given):
+    """The library plus the file's rules: the file's colscale-after-matmul makes a candidate."""
+    result = cleave.search(parse_graph(SCALED_MATMUL.read_text()), rules=as_given(QUANT_RULES), progress=False)
+    assert any(c.derivation == ["colscale-after-matmul"] for c in result.candidates)
+    assert "colscale-after-matmul" in result.stats["rules_fired"]
+
+
+@pytest.mark.parametrize("rules, message", [
+    ([42], r"search: rules must be Rule objects or rule file paths, got 42"),
+    (42, r"search: rules must be a list of Rule objects or of rule file paths, got 42"),
+    (lambda: [all_rules()[0], str(QUANT_RULES)], r"search: rules mixes Rule objects and rule file "
+                                                 r"paths \('.*quantization.rules'\); give one kind"),
+])
+def test_search_refuses_rules_that_are_neither_rules_nor_paths(rules, message):
+    with pytest.raises(TypeError, match=message):
+        cleave.search(_row_sum(), rules=rules() if callable(rules) else rules, progress=False)
+
+
+@pytest.mark.parametrize("value", [-4, "a", 2.5, True, None])
+def test_search_shapes_are_integers_at_least_zero(value):
+    with pytest.raises(ValueError, match=rf"search: shapes\['m'\] must be an integer >= 0, got {value!r}"):
+        cleave.search(_row_sum(), shapes={"m": value, "n": 3}, progress=False)
+
+
+def test_search_shapes_name_symbols_of_the_graph():
+    with pytest.raises(ValueError, match=r"search: shapes names 'zz', which is not a symbol of graph 'rowsum' "
+                                         r"\(its symbols: m, n\)"):
+        cleave.search(_row_sum(), shapes={"zz": 4}, progress=False)
+    with pytest.raises(ValueError, match=r"search: shapes must be a dict \{symbol: extent\}, got \[1\]"):
+        cleave.search(_row_sum(), shapes=[1], progress=False)
+
+
+def test_search_shapes_may_hold_an_empty_axis():
+    assert cleave.search(_row_sum(), shapes={"m": 0, "n": 3}, progress=False).candidates
+
+
+# -- cleave.schedule --------------------------------------------------------------
+def test_schedule_of_a_graph_without_outputs_says_so():
+    g = cleave.Graph("empty")
+    g.input("x", ("m",), "f32")
+    with pytest.raises(BindingError, match=r"schedule: graph 'empty' has no outputs"):
+        cleave.schedule(g, {"m": 3})
+
+
+def test_schedule_of_a_non_graph_says_what_it_takes():
+    with pytest.raises(TypeError, match=r"schedule: candidate must be a cleave Graph or a search Candidate.*"
+                                        r"got str 'graph'"):
+        cleave.schedule("graph", {"m": 3})
+
+
+# -- launch -----------------------------------------------------------------------
+def _iota_graph() -> cleave.Graph:
+    g = cleave.Graph("io")
+    g.input("x", ("m",), "f32")
+    return g.output(g.iota(("q",), 0), names=["o"])
+
+
+def test_launch_takes_a_static_symbol_no_input_binds_from_the_plan():
+    from cleave.runtime.launch import launch
+
+    plan = cleave.schedule(_iota_graph(), {"m": 3, "q": 4})[0]
+    (out,) = launch(plan, {"x": torch.randn(3)})
+    assert out.tolist() == [0, 1, 2, 3]
+
+
+def test_launch_names_a_dynamic_symbol_no_input_binds():
+    from cleave.runtime.launch import launch
+
+    plan = cleave.schedule(_iota_graph(), {"m": 3, "q": 4}, dynamic=["q"])[0]
+    with pytest.raises(BindingError, match=r"no input's shape binds symbol\(s\) q, and launch reads dynamic symbols "
+                                           r"from the input shapes only: schedule with them static"):
+        launch(plan, {"x": torch.randn(3)})
+
+
+# -- fidelity ---------------------------------------------------------------------
+def test_matching_nan_and_inf_compare_equal():
+    want = torch.tensor([[1.0, math.nan, math.inf], [-math.inf, 2.0, 3.0], [math.nan, math.nan, -math.inf]])
+    assert fidelity.compare(want.clone(), want) == {"max_abs": 0.0, "kl": 0.0}
+
+
+@pytest.mark.parametrize("where, value", [((0, 0), math.nan), ((0, 1), math.inf), ((0, 2), 1.0),
+                                          ((1, 0), -math.inf), ((0, 2), -math.inf)])
+def test_a_non_finite_mismatch_shows_as_inf(where, value):
+    want = torch.tensor([[1.0, 2.0, math.inf], [3.0, 4.0, 5.0]])
+    got = want.clone()
+    got[where] = value
+    assert fidelity.compare(got, want) == {"max_abs": math.inf, "kl": math.inf}
+
+
+def test_a_masked_row_keeps_a_finite_kl():
+    """-inf logits in both (a causal mask) are probability 0 on both sides."""
+    want = torch.tensor([[0.5, -math.inf, -math.inf], [0.25, 0.5, 0.75]])
+    got = want + torch.tensor([[0.0, 0.0, 0.0], [0.0, 1e-3, 0.0]])
+    result = fidelity.compare(got, want)
+    assert result["max_abs"] == pytest.approx(1e-3, rel=1e-4) and 0 < result["kl"] < 1e-6
+
+
+def test_explain_reports_outputs_equal_to_eager_with_nan_and_inf_as_equal():
+    compiled = cleave.compile(lambda x: (torch.log(x), x / 0.0), verbose=False)
+    x = torch.tensor([[1.0, -1.0, 0.0, 2.0], [-3.0, 4.0, 0.5, -0.5]])
+    with torch.no_grad():
+        report = cleave.explain(compiled, x)
+    for f in report.fidelity:
+        assert f["max_abs"] < 1e-6 and 0 <= f["kl"] < 1e-9, f
