@@ -18,9 +18,11 @@ Patterns use the search's tensor terms (see OPS): IR ops, plus `squeeze`,
 `unsqueeze` and `swap` for the axis bookkeeping a split needs, and `const(v)`, an f32
 scalar: a number, `inf`, `-inf` or `log2e` (cleave.ir.ops.LOG2E). A variable used
 as a `where`'s condition stands for a bool tensor. Axes count from
-the right (-1 is the last axis), so broadcasting never shifts them. Lower-case
-names are pattern variables; `a`, `b` in axis positions are axis variables and
-may carry an offset (`a-1`). Conditions:
+the right (-1 is the last axis), so broadcasting never shifts them: a literal axis is
+negative (squeeze's and unsqueeze's may be 0, the slot past the last axis). Lower-case
+names are pattern variables, each a tensor, an axis or a top-k count (never two);
+`a`, `b` in axis positions are axis variables and may carry an offset (`a-1`). The
+integer ops (INTEGER_OPS) are refused: the search rewrites float values only. Conditions:
 
     flat(c, a)          c has extent 1 along axis a, or lacks it (c is constant along a)
     splittable(x, a)    axis a of x is reducible: its dim is absent from the graph's outputs
@@ -53,7 +55,7 @@ import re
 from dataclasses import dataclass, field
 
 from cleave.ir import CleaveError, RuleInstance
-from cleave.ir.ops import BINARY, LOG2E, REDUCE_OPS, UNARY
+from cleave.ir.ops import BINARY, BITWISE, LOG2E, REDUCE_OPS, UNARY
 
 REDUCE = {"r" + op: op for op in REDUCE_OPS}  # rsum: a reduce with op=sum
 # name -> argument kinds: t tensor, a axis, k int, p pad, c a constant's value
@@ -64,6 +66,13 @@ CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta
               "unrounded": "t", "wide_operands": ""}
 GRAPH_CONDITIONS = {"wide_operands"}  # decided once per graph, by cleave.search, not per match
 PADS = {"-inf": float("-inf"), "0": 0.0}
+# Ops of integers: the search encodes only float values as terms (cleave/search/encode.py)
+# and the verifier's instances are f32, so a rule using one could never fire nor be proven.
+INTEGER_OPS = (*BITWISE, "idiv")
+# Their axis names the slot right of the axis they remove or insert: 0 is past the last axis.
+SLOT_AXIS_OPS = ("squeeze", "unsqueeze")
+# An argument kind (OPS, CONDITIONS) as the variable kind it gives a variable.
+VARIABLE_KINDS = {"t": "a tensor", "a": "an axis", "k": "a top-k count"}
 CONSTANTS = {"inf": math.inf, "log2e": LOG2E}  # names a `const(...)` may use
 
 
@@ -236,11 +245,11 @@ def _walk_axes(t):
             yield from _walk_axes(a)
 
 
-def _parse_axis(node, where: str) -> Axis:
+def _parse_axis(node, where: str, op: str) -> Axis:
     if isinstance(node, ast.Constant) and isinstance(node.value, int):
-        return Axis(None, node.value)
+        return _literal_axis(node.value, where, op)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
-        return Axis(None, -int(node.operand.value))
+        return _literal_axis(-int(node.operand.value), where, op)
     if isinstance(node, ast.Name):
         return Axis(node.id)
     if isinstance(node, ast.BinOp) and isinstance(node.left, ast.Name) and isinstance(node.right, ast.Constant):
@@ -250,11 +259,20 @@ def _parse_axis(node, where: str) -> Axis:
     raise RuleError(f"{where}: cannot read an axis from {ast.unparse(node)!r} (use -1, a, a-1)")
 
 
-def _parse_arg(kind: str, node, where: str):
+def _literal_axis(value: int, where: str, op: str) -> Axis:
+    last = 0 if op in SLOT_AXIS_OPS else -1
+    if value > last:
+        slot = " (0 only for squeeze and unsqueeze: the slot past the last axis)" if op in SLOT_AXIS_OPS else ""
+        raise RuleError(f"{where}: {op} axis {value}: axes count from the right (-1 is the last axis), "
+                        f"so a literal axis is negative{slot}")
+    return Axis(None, value)
+
+
+def _parse_arg(kind: str, node, where: str, op: str):
     if kind == "t":
         return _parse_term(node, where)
     if kind == "a":
-        return _parse_axis(node, where)
+        return _parse_axis(node, where, op)
     if kind == "c":
         return const_value(_constant(node, where))
     if kind == "k":
@@ -286,12 +304,15 @@ def _parse_term(node, where: str):
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
         raise RuleError(f"{where}: expected op(args) or a variable, got {ast.unparse(node)!r}")
     op = node.func.id
+    if op in INTEGER_OPS:
+        raise RuleError(f"{where}: {op} is an op of integers, and rules rewrite float values only: the search "
+                        "keeps integer values opaque and the verifier proves over f32, so no rule can use it")
     if op not in OPS:
-        raise RuleError(f"{where}: unknown op {op!r}; known: {', '.join(OPS)}")
+        raise RuleError(f"{where}: unknown op {op!r}; known: {', '.join(o for o in OPS if o not in INTEGER_OPS)}")
     kinds = OPS[op]
     if len(node.args) != len(kinds):
         raise RuleError(f"{where}: {op} takes {len(kinds)} arguments, got {len(node.args)}")
-    return Term(op, tuple(_parse_arg(k, a, where) for k, a in zip(kinds, node.args)))
+    return Term(op, tuple(_parse_arg(k, a, where, op) for k, a in zip(kinds, node.args)))
 
 
 def _parse_condition(text: str, where: str) -> Condition:
@@ -301,7 +322,7 @@ def _parse_condition(text: str, where: str) -> Condition:
     kinds = CONDITIONS[node.func.id]
     if len(node.args) != len(kinds):
         raise RuleError(f"{where}: {node.func.id} takes {len(kinds)} arguments")
-    args = tuple(Var(a.id) if k == "t" and isinstance(a, ast.Name) else _parse_arg(k, a, where)
+    args = tuple(Var(a.id) if k == "t" and isinstance(a, ast.Name) else _parse_arg(k, a, where, node.func.id)
                  for k, a in zip(kinds, node.args))
     if any(k == "t" and not isinstance(a, Var) for k, a in zip(kinds, args)):
         raise RuleError(f"{where}: conditions name pattern variables, not terms")
@@ -402,22 +423,62 @@ def parse_rules(text: str, family: str | None = None, source: str = "<rules>") -
 
 
 def _check(rule: Rule) -> None:
-    """What the parser cannot see line by line: every variable the rhs and the
-    conditions use is bound by the lhs, which is an op (a bare variable matches every
-    term, and egglog cannot ground the variables of a rule without an op to match)."""
+    """What the parser cannot see line by line: each variable has one kind, and every
+    variable the rhs and the conditions use is bound by the lhs, which is an op (a bare
+    variable matches every term, and egglog cannot ground the variables of a rule
+    without an op to match)."""
     where = f"{rule.source}: rule {rule.name}"
     if not rule.reason:
         raise RuleError(f"{rule.source}: rule {rule.name} needs a one-line 'why:'")
     if isinstance(rule.lhs, Var):
         raise RuleError(f"{where}: the left-hand side must be an op, not the bare variable {rule.lhs.name!r}")
+    _one_kind_each(rule, where)
     lhs_vars = set(_walk_vars(rule.lhs))
     lhs_axes = {a.var for a in _walk_axes(rule.lhs)}
     _unbound(where, "rhs variable(s)", _walk_vars(rule.rhs), lhs_vars)
     _unbound(where, "rhs axis variable(s)", (a.var for a in _walk_axes(rule.rhs) if a.var), lhs_axes)
     for c in rule.conditions:
-        shown = f"{where}: condition {c.kind}({', '.join(a.name if isinstance(a, Var) else str(a) for a in c.args)})"
+        shown = f"{where}: condition {_shown(c)}"
         _unbound(shown, "variable(s)", _walk_vars(c), lhs_vars)
         _unbound(shown, "axis variable(s)", (a.var for a in _walk_axes(c) if a.var), lhs_axes)
+
+
+def _one_kind_each(rule: Rule, where: str) -> None:
+    """A variable is a tensor, an axis or a top-k count, never two: egglog types each
+    variable once (a tensor and an i64 under one name is an error deep inside it), and
+    the verifier binds tensors, axes and counts separately."""
+    first: dict[str, tuple[str, object]] = {}  # variable -> (its kind, the term or condition using it)
+    for part in (rule.lhs, rule.rhs, *rule.conditions):
+        for name, kind, user in _variable_uses(part):
+            seen_kind, seen_user = first.setdefault(name, (kind, user))
+            if seen_kind != kind:
+                raise RuleError(f"{where}: variable {name!r} is used as {VARIABLE_KINDS[seen_kind]} in "
+                                f"{_shown(seen_user)} and as {VARIABLE_KINDS[kind]} in {_shown(user)}; "
+                                "give each use its own name")
+
+
+def _shown(t) -> str:
+    """A pattern or condition as the rule file writes it (variables by name)."""
+    if isinstance(t, Var):
+        return t.name
+    if isinstance(t, (Term, Condition)):
+        name = t.op if isinstance(t, Term) else t.kind
+        return f"{name}({', '.join(_shown(a) for a in t.args)})"
+    return str(t)
+
+
+def _variable_uses(t, kind: str = "t", user=None):
+    """(variable, its kind as an argument kind, the term or condition using it) for
+    each variable in t, t itself taken as an argument of that kind."""
+    if isinstance(t, Var):
+        yield t.name, kind, user or t
+    elif isinstance(t, Axis):
+        if t.var:
+            yield t.var, kind, user
+    elif isinstance(t, (Term, Condition)):
+        kinds = OPS[t.op] if isinstance(t, Term) else CONDITIONS[t.kind]
+        for arg_kind, arg in zip(kinds, t.args):
+            yield from _variable_uses(arg, arg_kind, t)
 
 
 def _unbound(where: str, what: str, used, bound: set) -> None:

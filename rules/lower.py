@@ -50,10 +50,12 @@ class Lowering:
             found = self.memo[term] = self._lower(term)
         return found
 
-    def _axis(self, axis: Axis, rank: int, op: str, extra: int = 0) -> int:
+    def _axis(self, axis: Axis, rank: int, op: str, slot: bool = False) -> int:
+        """The position of an axis counted from the right (-1 the last). A `slot` axis
+        (squeeze's) names the slot right of the axis: 0 there is the last axis."""
         a = axis.value(self.axes)
-        pos = rank + a
-        if a >= 1 - extra or pos < -extra:
+        pos = rank + a - slot
+        if a - slot >= 0 or pos < 0:
             raise RuleError(f"{self.what}: {op} axis {a} does not exist on an operand of rank {rank}")
         return pos
 
@@ -81,8 +83,8 @@ class Lowering:
             if op in REDUCE:
                 return g.add("reduce", x, op=REDUCE[op], axis=self._axis(args[1], x.rank, op), keepdim=1)
             if op == "squeeze":  # removes axis a-1 (extent 1)
-                pos = self._axis(args[1], x.rank, op) - 1
-                if pos < 0 or not D.is_one(x.shape[pos]):
+                pos = self._axis(args[1], x.rank, op, slot=True)
+                if not D.is_one(x.shape[pos]):
                     raise RuleError(f"{self.what}: squeeze of axis {pos} of shape {D.fmt_shape(x.shape)}")
                 if x.op == "reduce" and x.attrs["axis"] == pos and x.attrs["keepdim"]:
                     return g.add("reduce", x.inputs[0], op=x.attrs["op"], axis=pos, keepdim=0)
@@ -104,8 +106,9 @@ class Lowering:
                 return g.add("topk", x, k=k, axis=self._axis(args[2], x.rank, op), which=op.split("_")[1])
             rest = [self._f32(self(a)) for a in args[1:]]
             return g.add(op, x, *rest)
-        except ShapeError as err:
-            raise RuleError(f"{self.what}: {t.op}: {err}") from None
+        except ShapeError as err:  # the IR's errors name their op: the term's is added where it differs
+            message = str(err) if str(err).startswith(f"{op}:") else f"{op}: {err}"
+            raise RuleError(f"{self.what}: {message}") from None
 
 
 def _accumulated(term) -> bool:
@@ -138,6 +141,7 @@ def lower_example(example) -> tuple[Graph, dict]:
     conds = condition_vars(example.term)
     nodes = {name: g.input(name, dims, "bool" if name in conds else "f32") for name, dims in example.tensors}
     nodes.update({name: g.add("size", value=dim, dtype="f32") for name, dim in example.sizes})
-    low = Lowering(g, nodes, what=f"{example.source}: {example.kind} example")
+    # cleave.search.examples names the example's file, line and kind around this error
+    low = Lowering(g, nodes, what=example.text)
     g.output(low(example.term), names=["out"])
     return g, dict(low.memo)

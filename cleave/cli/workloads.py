@@ -15,8 +15,10 @@ def register(sub) -> None:
 def _list(args) -> int:
     from .. import workloads
 
-    for name in workloads.names():
+    names = workloads.names()
+    width = max(map(len, names), default=0)
+    for name in names:
         w = workloads.get(name)
         presets = "; ".join(f"{p}: " + " ".join(f"{k}={v}" for k, v in env.items()) for p, env in w.presets.items())
-        print(f"{name:24s} {w.description}\n{'':24s} presets  {presets}")
+        print(f"{name:{width}s} {w.description}\n{'':{width}s} presets  {presets}")
     return 0

@@ -3,6 +3,7 @@ naming each failing rule with its counterexample."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 
@@ -17,10 +18,21 @@ def add_verify_parser(rules_subparsers) -> argparse.ArgumentParser:
         epilog="examples:\n  cleave rules verify\n  cleave rules verify my_rules.txt\n"
                "  cleave rules verify --no-cache --timeout 30")
     p.add_argument("files", nargs="*", help="rule files in the DSL (default: the whole library)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per z3 query (default 10)")
+    p.add_argument("--timeout", type=_seconds, default=10.0, help="seconds per z3 query (default 10)")
     p.add_argument("--no-cache", action="store_true", help="re-prove even if a verdict is cached")
     p.set_defaults(func=run_verify)
     return p
+
+
+def _seconds(text: str) -> float:
+    """A z3 timeout: a positive, finite number of seconds (z3 takes whole milliseconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value * 1000 >= 1):
+        raise argparse.ArgumentTypeError(f"a timeout is a positive number of seconds (at least 0.001), not {text!r}")
+    return value
 
 
 def run_verify(args) -> int:
