@@ -48,14 +48,17 @@ def check(got: torch.Tensor, want: torch.Tensor) -> dict:
     return compare(got, want) if want.is_floating_point() else compare_exact(got, want)
 
 
-def eager_fp32(fn, args, kwargs=None):
+def eager_fp32(fn, args, kwargs=None, fp32: bool = True):
     """fn's eager result with its floating tensors (arguments, a module's parameters and
-    buffers) in fp32; a module is copied, not cast in place."""
-    if isinstance(fn, torch.nn.Module):
+    buffers) in fp32, or as given with `fp32=False`; a module is copied, not cast in
+    place, and the arguments are copies (fn may write to them)."""
+    if isinstance(fn, torch.nn.Module) and fp32:
         fn = copy.deepcopy(fn).float()
 
-    def up(a):  # a copy: fn may write to its arguments
-        return a.detach().to(torch.float32, copy=True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+    def up(a):
+        if not isinstance(a, torch.Tensor):
+            return a
+        return a.detach().to(torch.float32 if fp32 and a.is_floating_point() else a.dtype, copy=True)
 
     with torch.no_grad():
         return fn(*map(up, args), **{k: up(v) for k, v in (kwargs or {}).items()})

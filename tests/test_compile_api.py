@@ -209,10 +209,23 @@ def test_explain_fidelity_numbers_outputs_and_compares_integers_exactly():
 
     report = cleave.explain(cleave.compile(fn), torch.randn(5, 4))
     assert [f["output"] for f in report.fidelity] == [0, 1, 2]
-    assert report.fidelity[0] == {"output": 0, "mismatches": 0, "numel": 5}
+    assert report.fidelity[0] == {"output": 0, "against": "eager fp32", "mismatches": 0, "numel": 5}
     lines = [line for line in str(report).splitlines() if "against eager" in line]
     assert lines[0] == "output 0 against eager fp32: 0 of 5 elements differ (exact)"
     assert lines[1].startswith("output 1 against eager fp32: max abs diff")
+
+
+def test_explain_of_a_function_that_does_not_run_in_fp32_compares_with_eager_as_given():
+    """x @ w.bfloat16() with x in fp32 is a dtype mismatch: explain raised it from its fp32
+    reference. It compares against eager at the inputs' own dtypes then, and says so."""
+    def fn(x, w):
+        return x @ w.bfloat16()
+
+    x, w = torch.randn(5, 8).bfloat16(), torch.randn(8, 3)
+    report = cleave.explain(cleave.compile(fn), x, w)
+    (f,) = report.fidelity
+    assert f["against"] == "eager at the inputs' own dtypes (in fp32 it raises RuntimeError)"
+    assert f["max_abs"] < 0.05 and "output 0 against eager at the inputs' own dtypes" in str(report)
 
 
 # -- 9. inside torch.compile -----------------------------------------------------------------

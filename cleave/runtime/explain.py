@@ -85,7 +85,13 @@ def explain(compiled, *args, **kwargs) -> Report:
     """`compiled` is what cleave.compile returns, or a function or module compiled with
     torch.compile(..., backend="cleave") (whose operators live in the backend's context)."""
     ctx, eager = _context(compiled)
-    want = fidelity.outputs(fidelity.eager_fp32(eager, args, kwargs))  # first: the call may write its inputs
+    # first: the call may write its inputs. A function that casts to a precision of its
+    # own (x @ w.bfloat16()) may not run with its inputs in fp32: eager as given then.
+    try:
+        want, against = fidelity.outputs(fidelity.eager_fp32(eager, args, kwargs)), "eager fp32"
+    except Exception as err:  # noqa: BLE001 - whatever the user's function raises in fp32
+        want = fidelity.outputs(fidelity.eager_fp32(eager, args, kwargs, fp32=False))
+        against = f"eager at the inputs' own dtypes (in fp32 it raises {type(err).__name__})"
     ctx.log = []
     try:
         result = compiled(*args, **kwargs)
@@ -96,13 +102,14 @@ def explain(compiled, *args, **kwargs) -> Report:
     got = fidelity.outputs(result)
     stats = {"calls": getattr(compiled, "calls", None), **ctx.stats()}
     return Report(reports, stats, stats["graph_breaks"], stats["unsupported"], dict(ctx.pass_seconds),
-                  [{"output": k, **fidelity.check(g, w)} for (k, g), (_, w) in zip(got, want)])
+                  [{"output": k, "against": against, **fidelity.check(g, w)} for (k, g), (_, w) in zip(got, want)])
 
 
 def _fidelity_line(f: dict) -> str:
+    against = f"output {f['output']} against {f.get('against', 'eager fp32')}"
     if "mismatches" in f:
-        return f"output {f['output']} against eager fp32: {f['mismatches']} of {f['numel']} elements differ (exact)"
-    return f"output {f['output']} against eager fp32: max abs diff {f['max_abs']:.3g}, KL {f['kl']:.3g}"
+        return f"{against}: {f['mismatches']} of {f['numel']} elements differ (exact)"
+    return f"{against}: max abs diff {f['max_abs']:.3g}, KL {f['kl']:.3g}"
 
 
 def _context(compiled):
