@@ -138,3 +138,9 @@ def test_explain_reports_outputs_equal_to_eager_with_nan_and_inf_as_equal():
         report = cleave.explain(compiled, x)
     for f in report.fidelity:
         assert f["max_abs"] < 1e-6 and 0 <= f["kl"] < 1e-9, f
+
+
+@pytest.mark.parametrize("rules", [[42], 42, ["ok.rules", None]])
+def test_compile_refuses_rules_that_are_not_paths(rules):
+    with pytest.raises(TypeError, match="rules: a rule file's path"):
+        cleave.compile(lambda x: x + 1, rules=rules)

@@ -149,3 +149,15 @@ def test_the_docs_compile_snippet_prints_its_comment_cold_and_from_the_cache():
                              timeout=600)
         assert run.returncode == 0, run.stderr[-3000:]
         assert run.stdout.strip().splitlines()[-1] == printed
+
+
+def test_an_unconfirmed_counterexample_names_the_ops_z3_did_not_know():
+    """erf is odd, but z3 holds erf as an uninterpreted function: its model is no real
+    function, fp64 does not confirm it, and the verdict said "exp/log values" whatever
+    the rule's ops were."""
+    from cleave.verify.check import check_rule
+
+    (rule,) = parse_rules(HEADER + "rule erf-odd: erf(neg(x)) => neg(erf(x))\n  why: erf is odd\n", source="m.rules")
+    verdict = check_rule(rule, use_cache=False)
+    assert verdict.verdict == "unknown"
+    assert "z3 holds erf as an unknown function with only the laws it was given" in " ".join(verdict.notes)

@@ -668,8 +668,10 @@ def _proven_rules(files) -> list | None:
     None without files (the search's default, the library)."""
     if files is None:
         return None
-    if isinstance(files, (str, os.PathLike)):
-        files = [files]
+    files = [files] if isinstance(files, (str, os.PathLike)) or not isinstance(files, (list, tuple)) else files
+    bad = [f for f in files if not isinstance(f, (str, os.PathLike))]
+    if bad:
+        raise TypeError(f"rules: a rule file's path (str or os.PathLike), or a list of them, got {bad[0]!r}")
     from ..verify import with_proven_files
 
     return with_proven_files(list(files))[0]

@@ -42,6 +42,11 @@ class Z3Backend(_FieldOps):
         self._extrema: dict[int, tuple] = {}  # id of a max/min term -> (kind, its leaves)
         self._canon: dict[tuple, z3.ArithRef] = {}
 
+    def functions(self) -> list[str]:
+        """The ops z3 holds as uninterpreted functions (exp, erf, sin...), constrained by
+        the laws given for them only."""
+        return sorted({name for name, _ in self._funcs})
+
     def _f(self, name: str, arity: int = 1) -> z3.FuncDeclRef:
         key = (name, arity)
         if key not in self._funcs:

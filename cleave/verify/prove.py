@@ -120,7 +120,7 @@ def _prove_z3_case(inst: RuleInstance, binding: Binding, timeout_ms: int, fixed:
                 differs.append(alg.lift(x) != alg.lift(y))
             elif not same:  # differs for every input: any input is a counterexample
                 gen = torch.Generator().manual_seed(0)
-                return _confirm(inst, binding, random_inputs(inst.lhs, env, STYLES[0][1], gen))
+                return _confirm(inst, binding, random_inputs(inst.lhs, env, STYLES[0][1], gen), _unknown_ops(inst, backend))
     if not differs:
         return ProofResult("proven", "z3")
     laws = backend.laws()
@@ -139,7 +139,7 @@ def _prove_z3_case(inst: RuleInstance, binding: Binding, timeout_ms: int, fixed:
         solver.add(z3.Or(*group))
         result = solver.check()
         if result == z3.sat:
-            return _confirm(inst, binding, _model_inputs(inst, inputs, solver.model()))
+            return _confirm(inst, binding, _model_inputs(inst, inputs, solver.model()), _unknown_ops(inst, backend))
         if result == z3.unknown:
             return ProofResult("unknown", "", f"z3 unknown at {binding}: {solver.reason_unknown()}")
     return ProofResult("proven", "z3")
@@ -172,8 +172,17 @@ def _model_inputs(inst: RuleInstance, inputs, model) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _confirm(inst: RuleInstance, binding: Binding, tensors: dict[str, torch.Tensor]) -> ProofResult:
-    """A candidate counterexample counts only if the interpreter agrees in fp64."""
+def _unknown_ops(inst: RuleInstance, backend: Z3Backend) -> list[str]:
+    """The instance's ops that z3 holds as uninterpreted functions."""
+    used = {n.op for g in (inst.lhs, inst.rhs) for n in g.nodes}
+    return [f for f in backend.functions() if f in used]
+
+
+def _confirm(inst: RuleInstance, binding: Binding, tensors: dict[str, torch.Tensor],
+             functions: list[str] = ()) -> ProofResult:
+    """A candidate counterexample counts only if the interpreter agrees in fp64; else the
+    verdict names the ops z3 held as unknown functions (`functions`), whose model values
+    need not be any real function's."""
     env = binding.dict
     try:
         lhs, rhs = evaluate(inst, tensors, env)
@@ -182,8 +191,10 @@ def _confirm(inst: RuleInstance, binding: Binding, tensors: dict[str, torch.Tens
     bad = first_mismatch(lhs, rhs)
     if bad:
         return ProofResult("refuted", "z3", f"at {binding}, inputs {show_inputs(tensors)}: {bad}")
-    return ProofResult("unknown", "", f"z3's counterexample at {binding} is not confirmed by fp64 arithmetic "
-                                      "(its exp/log values break a law it was not given)")
+    why = (f"z3 holds {', '.join(functions)} as {'an unknown function' if len(functions) == 1 else 'unknown functions'}"
+           " with only the laws it was given, and its model's values are no real function's") if functions else \
+        "its model breaks a law of real arithmetic it was not given"
+    return ProofResult("unknown", "", f"z3's counterexample at {binding} is not confirmed by fp64 arithmetic ({why})")
 
 
 def _model_value(v):
