@@ -41,7 +41,6 @@ from cleave.ir import BindingError, Graph, Node, ShapeError
 from cleave.ir.graph import fresh_name
 from cleave.ir.dtypes import DType
 from cleave.ir import dims as D
-from cleave.ir.dominators import dominated, immediate_dominators
 
 from .recompute import operand_cuts
 from .target import H200
@@ -250,7 +249,9 @@ def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first, 
     for roots, peel in _producer_groups(graph, produced_by_cut):
         visit(roots, cuts - {n.id for n, _ in roots}, peel)
     # Outputs by name: one node may be returned under several names, or be an input.
-    for roots in _grid_groups(graph, list(zip(graph.outputs, graph.output_names))):
+    # A cut output (a hidden state saved for the backward) its producer kernel stored.
+    unstored = [root for root in zip(graph.outputs, graph.output_names) if root not in produced_by_cut]
+    for roots in _grid_groups(graph, unstored):
         visit(roots, cuts - {n.id for n, _ in roots})
     return kernels
 
@@ -259,21 +260,30 @@ def segment_cuts(graph: Graph, nested_only: bool = True) -> set[int]:
     """The values between a layer stack's segments: the residual stream. Such a value is
     read more than once, carries a projection (a MatMul by a parameter, through
     elementwise and layout ops that keep its size: the o- or down projection plus the
-    stream below it), and dominates (every path from the outputs to them passes through
-    it) two reductions or more. A projection's output alone dominates only its own
-    MatMul and stays fusable with what follows (RoPE, an activation); attention's scores
-    carry no projection. With `nested_only`, only those whose stream carries another
-    one (the hidden state a layer adds to): a single layer is left to the cost-based
-    cuts, while in a stack each segment recomputes what one layer does instead of
-    compounding below it (each layer reads the one below under 4 tile maps:
-    4^layers instances)."""
+    stream below it), and dominates two reductions or more: every path to them from the
+    outputs that read it passes through it. Outputs that do not read it are left out:
+    the activations a training forward returns for its backward (a layer's norm
+    statistics, its queries) reach into the layers below the hidden state without
+    making it any less their boundary. A projection's output alone dominates only its
+    own MatMul and stays fusable with what follows (RoPE, an activation); attention's
+    scores carry no projection. With `nested_only`, only those whose stream carries
+    another one (the hidden state a layer adds to): a single layer is left to the
+    cost-based cuts, while in a stack each segment recomputes what one layer does
+    instead of compounding below it (each layer reads the one below under 4 tile maps:
+    4^layers instances). One may be an output (a hidden state saved for the backward):
+    its producer kernel stores it, once (`_kernels`)."""
     reach = {n.id for n in graph.live_nodes()}
     succ = {i: {x.id for x in graph.nodes[i].inputs} for i in reach}
-    readers: dict[int, int] = {}
+    readers: dict[int, set[int]] = {i: set() for i in reach}
     for i in reach:
         for x in succ[i]:
-            readers[x] = readers.get(x, 0) + 1
-    below = dominated(immediate_dominators(succ, [n.id for n in graph.outputs]))
+            readers[x].add(i)
+    outputs = {n.id for n in graph.outputs}
+
+    def below(i: int) -> set[int]:
+        """The values every path to which from the outputs that read i passes through i."""
+        above = _walk(readers, [i]) & outputs
+        return _walk(succ, [i]) - _walk(succ, above, avoid=i)
 
     def reduction(n: Node) -> bool:
         if n.op == "matmul":
@@ -300,15 +310,26 @@ def segment_cuts(graph: Graph, nested_only: bool = True) -> set[int]:
         return seen - {n.id}, projection
 
     reductions = {i for i in reach if reduction(graph.nodes[i])}
-    outputs = {n.id for n in graph.outputs}
     found = {}
     for i in reach:
-        if readers.get(i, 0) >= 2 and i not in outputs and len((below[i] - {i}) & reductions) >= 2:
+        if len(readers[i]) >= 2:
             carried, projection = stream(graph.nodes[i])
-            if projection:
+            if projection and len((below(i) - {i}) & reductions) >= 2:
                 found[i] = carried
     # nested: the stream below it carries another one (the hidden state a layer adds to)
     return {i for i, carried in found.items() if not nested_only or carried & found.keys()}
+
+
+def _walk(edges: dict, starts, avoid: int | None = None) -> set[int]:
+    """The vertices reached from `starts` along `edges`, themselves included, without
+    entering `avoid`."""
+    seen = set(starts) - {avoid}
+    stack = list(seen)
+    while stack:
+        for x in edges[stack.pop()] - seen - {avoid}:
+            seen.add(x)
+            stack.append(x)
+    return seen
 
 
 def _upstream(roots, leaves: set) -> set[int]:

@@ -1,8 +1,7 @@
 """Dominators in a DAG read from its outputs down: d dominates n when every path from
 the outputs to n passes through d. The extraction splits a large program's e-graph at
-them (search/regions.py), and the partitioner cuts a layer stack at the hidden states
-between its layers (scheduler/partition.py). Graphs are given as successor maps (each
-vertex -> the vertices it reads), so either can use them; cycles are allowed."""
+them (search/regions.py). Graphs are given as successor maps (each vertex -> the
+vertices it reads); cycles are allowed."""
 from __future__ import annotations
 
 ROOT = None  # the virtual vertex above the outputs
