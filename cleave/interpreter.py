@@ -81,7 +81,11 @@ def interpret(graph: Graph, inputs: Mapping[str, torch.Tensor], compute_dtype: t
                 and rounds(node.inputs[0].dtype, node.dtype):
             values[node.id] = args[0].to(TORCH_DTYPES[node.dtype]).to(compute_dtype)
             continue
-        values[node.id] = _eval(node, args, inputs, env, float_type, device)
+        value = _eval(node, args, inputs, env, float_type, device)
+        if not (node.dtype.is_float or value.dtype.is_floating_point):
+            # torch widens an integer sum or product to int64; the IR's type wraps it, as the kernels do
+            value = value.to(TORCH_DTYPES[node.dtype])
+        values[node.id] = value
     return [values[o.id] for o in graph.outputs]
 
 

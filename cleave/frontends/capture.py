@@ -1,7 +1,6 @@
 """cleave.capture: a PyTorch function -> an IR graph with symbolic dims, via torch.export."""
 from __future__ import annotations
 
-import builtins
 import contextlib
 import inspect
 import keyword
@@ -16,7 +15,7 @@ import torch
 
 from ..ir import Graph, rebuild
 from ..ir import dims as D
-from ..ir.graph import fresh_name
+from ..ir.graph import fresh_name, kernel_name_clash
 from . import aten_map
 from .aten_layout import storage_dependent
 from .errors import CaptureError, UnsupportedOpError, source_of
@@ -112,11 +111,19 @@ def _dynamic_axes(params, inputs, dynamic) -> dict[str, dict[int, str]]:
     if dynamic is None:
         return {}
     if dynamic == "all":
-        return {p: {a: f"{p}_{a}" for a in range(x.dim())} for p, x in zip(params, inputs)}
+        named = {p: {a: f"{p}_{a}" for a in range(x.dim())} for p, x in zip(params, inputs)}
+        for pname, axes in named.items():
+            for axis, sym in axes.items():
+                why = symbol_clash(sym, set(params))
+                if why:
+                    raise CaptureError(f"capture: dynamic='all' names input {pname!r} axis {axis} {sym!r}, which is "
+                                       f"{why}; name the dynamic axes in a dict instead")
+        return named
     if not isinstance(dynamic, dict):
         raise CaptureError(f"capture: dynamic must be None, 'all' or {{input: {{axis: name}}}}, not {dynamic!r}")
     shapes = dict(zip(params, (x.shape for x in inputs)))
     out = {}
+    sized: dict[str, tuple[str, int, int]] = {}  # symbol -> the first (input, axis, size) it names
     for pname, axes in dynamic.items():
         if pname not in shapes:
             raise CaptureError(f"capture: dynamic names input {pname!r}, but the function takes {', '.join(params)}")
@@ -132,28 +139,20 @@ def _dynamic_axes(params, inputs, dynamic) -> dict[str, dict[int, str]]:
                 raise CaptureError(f"capture: input {pname!r} axis {axis}: symbol {sym!r} is {why}; choose another "
                                    f"name")
             out[pname][axis % rank] = sym
+            size = shapes[pname][axis]
+            first, first_axis, first_size = sized.setdefault(sym, (pname, axis % rank, size))
+            if first_size != size:  # the graph would not bind its own example inputs
+                raise CaptureError(f"capture: symbol {sym!r} names input {first!r} axis {first_axis} "
+                                   f"(size {first_size}) and input {pname!r} axis {axis % rank} (size {size}); one "
+                                   f"symbol is one size, so give these axes different symbols")
     return out
-
-
-# Names the generated Triton modules use (scheduler/codegen.py, partition.py, tma.py):
-# a symbol is a kernel parameter, so one of these would shadow or clash with it.
-_KERNEL_NAMES = frozenset({
-    "tl", "triton", "os", "DOT_BF16", "INTERPRETED", "TMA", "AXIS", "to_bf16", "mul", "max_nan", "min_nan",
-    "reduce_max", "reduce_min", "first_at_least", "negative", "pow_f32", "atan2_f32", "hypot_f32", "erfinv_f32",
-    "pid", "tile", "pmn", "first", "rows", "arrived", "arrivals", "out"})
-# kernel locals and buffers (v3, tid0, idx1, acc0, start2, t4, out0), pointer and
-# descriptor parameters (x_ptr), and the split factors the search adds (s_n)
-_KERNEL_NAME_PATTERN = re.compile(r"(v|t|tid|idx|acc|start|out)\d+|.*_(ptr|desc)|s_.*")
 
 
 def symbol_clash(symbol: str, arguments: set[str]) -> str | None:
     """Why a dynamic symbol (an identifier) cannot name a kernel parameter, or None: the
     generated kernels would not parse (`if`), or would read another value (`pid`)."""
-    return ("a Python keyword" if keyword.iskeyword(symbol)
-            else "a Python builtin" if hasattr(builtins, symbol)
-            else "a name the generated kernels use" if symbol in _KERNEL_NAMES or _KERNEL_NAME_PATTERN.fullmatch(symbol)
-            else "also an argument's name (the kernels name both alike)" if symbol in arguments
-            else None)
+    return kernel_name_clash(symbol) or ("also an argument's name (the kernels name both alike)"
+                                         if symbol in arguments else None)
 
 
 class _Wrap(torch.nn.Module):

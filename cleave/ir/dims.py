@@ -6,6 +6,8 @@ from typing import Iterable, Union
 
 import sympy
 
+from .errors import ShapeError
+
 Dim = sympy.Expr
 DimLike = Union[int, str, sympy.Expr]
 
@@ -32,7 +34,16 @@ def dim(value: DimLike, symbols: dict[str, sympy.Symbol] | None = None) -> Dim:
         names = {n: symbol(n) for n in _identifiers(text)}
         names.update(symbols or {})
         names["cdiv"] = cdiv
-        return _positive_symbols(sympy.sympify(text, locals=names))
+        try:
+            expr = sympy.sympify(text, locals=names)
+        except (sympy.SympifyError, SyntaxError, TypeError, AttributeError):
+            expr = None
+        if not isinstance(expr, sympy.Expr) or (expr.is_number and not expr.is_integer):
+            raise ShapeError(f"cannot read a dimension from {value!r}: a dimension is an int, a symbol name "
+                             f"or an expression of them ('b*h', 'L/s', 'cdiv(n, 64)')")
+        if expr.is_number and expr < 0:
+            raise ValueError(f"a dimension cannot be negative ({value!r})")
+        return _positive_symbols(expr)
     raise TypeError(f"cannot read a dimension from {value!r}")
 
 

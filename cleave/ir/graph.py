@@ -1,8 +1,10 @@
 """The IR graph: hash-consed nodes with symbolic shapes, plus collected constraints."""
 from __future__ import annotations
 
+import builtins
 import hashlib
 import keyword
+import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -51,6 +53,26 @@ def _check_name(kind: str, name: str) -> None:
     if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)):
         raise ShapeError(f"{kind} name {name!r} is not a Python identifier (letters, digits and _, "
                          f"not starting with a digit, not a keyword)")
+
+
+# Names the generated Triton modules use (scheduler/codegen.py, partition.py, tma.py):
+# a symbol is a kernel parameter, so one of these would shadow or clash with it.
+KERNEL_NAMES = frozenset({
+    "tl", "triton", "os", "DOT_BF16", "INTERPRETED", "TMA", "AXIS", "to_bf16", "mul", "max_nan", "min_nan",
+    "reduce_max", "reduce_min", "first_at_least", "negative", "pow_f32", "atan2_f32", "hypot_f32", "erfinv_f32",
+    "pid", "tile", "pmn", "first", "rows", "arrived", "arrivals", "out"})
+# kernel locals and buffers (v3, tid0, idx1, acc0, start2, t4, out0), pointer and
+# descriptor parameters (x_ptr), and the split factors the search adds (s_n)
+KERNEL_NAME_PATTERN = re.compile(r"(v|t|tid|idx|acc|start|out)\d+|.*_(ptr|desc)|s_.*")
+
+
+def kernel_name_clash(symbol: str) -> str | None:
+    """Why a symbol (an identifier) cannot name a kernel parameter, or None: the
+    generated kernels would not parse (`if`), or would read another value (`pid`)."""
+    return ("a Python keyword" if keyword.iskeyword(symbol)
+            else "a Python builtin" if hasattr(builtins, symbol)
+            else "a name the generated kernels use" if symbol in KERNEL_NAMES or KERNEL_NAME_PATTERN.fullmatch(symbol)
+            else None)
 
 
 class Node(TensorOps):
@@ -161,7 +183,7 @@ class Graph:
         _check_name("input", name)
         if name in self.inputs:
             raise ShapeError(f"input {name!r} is declared twice")
-        node = self.add("input", name=name, shape=shape, dtype=dtype)
+        node = self.add("input", name=name, shape=_input_shape(name, shape), dtype=dtype)
         self.inputs[name] = node
         return node
 
@@ -174,7 +196,9 @@ class Graph:
     def output(self, *nodes: Node, names: Sequence[str] | None = None) -> "Graph":
         names = list(names) if names else [fresh_name(f"out{len(self.outputs) + i}", self.inputs)
                                             for i in range(len(nodes))]
-        for node, name in zip(nodes, names, strict=True):
+        if len(names) != len(nodes):
+            raise ShapeError(f"output: {len(nodes)} node(s) but {len(names)} name(s) ({', '.join(map(str, names))})")
+        for node, name in zip(nodes, names):
             _check_name("output", name)
             if name in self.output_names:
                 raise ShapeError(f"output {name!r} is declared twice")
@@ -184,7 +208,20 @@ class Graph:
                 raise ShapeError(f"output {name!r} is not a node of graph {self.name!r}")
             self.outputs.append(node)
             self.output_names.append(name)
+        self._check_buffer_names()
         return self
+
+    def _check_buffer_names(self) -> None:
+        """The launcher passes each kernel argument by name, a buffer's (an input the
+        outputs read, an output) and a symbol's alike: one name for both would pass the
+        symbol's value as the buffer. An input no output reads (a size carrier of the
+        torch.compile backend, [n] named n) is no kernel argument."""
+        symbols = {s.name for s in self.symbols()}
+        read = [n.attrs["name"] for n in self.live_nodes() if n.op == "input"]
+        for kind, name in [("input", n) for n in read] + [("output", n) for n in self.output_names]:
+            if name in symbols:
+                raise ShapeError(f"{kind} {name!r} has the name of a dim symbol of the graph (the kernels name "
+                                 f"buffers and symbols alike); rename one of them")
 
     def _constrain(self, c: Constraint) -> None:
         if all(c.kind != o.kind or c.lhs != o.lhs or c.rhs != o.rhs for o in self.constraints):
@@ -310,6 +347,24 @@ class Graph:
 
     def concrete_shape(self, node: Node, env: dict) -> tuple[int, ...]:
         return tuple(D.evaluate(d, env) for d in node.shape)
+
+
+def _input_shape(name: str, shape) -> tuple[Dim, ...]:
+    """An input's dims, each readable and each symbol free to be a kernel parameter."""
+    if isinstance(shape, str) or not isinstance(shape, Iterable):
+        raise ShapeError(f"input {name!r}: shape must be a sequence of dims, not {shape!r}")
+    dims = []
+    for i, d in enumerate(shape):
+        try:
+            dims.append(D.dim(d))
+        except (ValueError, TypeError) as err:  # ShapeError is a ValueError
+            raise ShapeError(f"input {name!r} dim {i}: {err}") from None
+        for s in sorted(dims[-1].free_symbols, key=str):
+            why = kernel_name_clash(s.name)
+            if why:
+                raise ShapeError(f"input {name!r} dim {i}: symbol {s.name!r} is {why} (each symbol is a "
+                                 f"kernel parameter); rename it")
+    return tuple(dims)
 
 
 def _key(value):

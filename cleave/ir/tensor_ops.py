@@ -1,7 +1,44 @@
 """Operator overloading for graph nodes: the builder DSL (`q @ k.T`, `x.exp()`)."""
 from __future__ import annotations
 
+import operator
 from typing import Sequence
+
+from . import dims as D
+from .errors import ShapeError
+
+
+def _axis(node, op: str, axis, positions: int | None = None) -> int:
+    """axis counted from 0, in torch's range -n..n-1 for n positions (the node's rank;
+    unsqueeze has one more), or a ShapeError naming the op: a modulo would wrap a wrong
+    axis onto another one."""
+    n = node.rank if positions is None else positions
+    try:
+        axis = operator.index(axis)
+    except TypeError:
+        raise ShapeError(f"{op}: axis {axis!r} is not an int") from None
+    if not -n <= axis < n:
+        expected = f"expected {-n}..{n - 1}" if n else "a rank-0 node has no axis"
+        raise ShapeError(f"{op}: axis {axis} is out of range for operand 0 of rank {node.rank} "
+                         f"(shape {D.fmt_shape(node.shape)}; {expected})")
+    return axis % n
+
+
+def _slice_bounds(node, axis: int, start, stop, step):
+    """start and stop as Python's slicing reads them where the extent is a number: None
+    is an end, a negative int counts from the end, both clamp to the extent. A symbolic
+    extent takes no negative int (its value is not known)."""
+    extent = node.shape[axis]
+    plain = all(v is None or isinstance(v, int) for v in (start, stop))
+    if extent.is_number and plain and isinstance(step, int) and step >= 1:
+        first, last, _ = slice(start, stop, step).indices(int(extent))
+        return first, max(first, last)  # x[5:2] is empty, not negative
+    for which, v in (("start", start), ("stop", stop)):
+        if isinstance(v, int) and v < 0:
+            raise ShapeError(f"slice: {which} {v} counts from the end of axis {axis}, whose extent "
+                             f"{D.fmt(extent)} is symbolic; write it as an expression of the extent "
+                             f"({which}='{D.fmt(extent)}-{-v}', which needs {D.fmt(extent)} >= {-v})")
+    return (0 if start is None else start), (extent if stop is None else stop)
 
 
 def _lift(node, value):
@@ -72,16 +109,17 @@ class TensorOps:
 
     # reductions
     def sum(self, axis: int = -1, keepdim: bool = False):
-        return self._op("reduce", op="sum", axis=axis % self.rank, keepdim=keepdim)
+        return self._op("reduce", op="sum", axis=_axis(self, "sum", axis), keepdim=keepdim)
 
     def max(self, axis: int = -1, keepdim: bool = False):
-        return self._op("reduce", op="max", axis=axis % self.rank, keepdim=keepdim)
+        return self._op("reduce", op="max", axis=_axis(self, "max", axis), keepdim=keepdim)
 
     def min(self, axis: int = -1, keepdim: bool = False):
-        return self._op("reduce", op="min", axis=axis % self.rank, keepdim=keepdim)
+        return self._op("reduce", op="min", axis=_axis(self, "min", axis), keepdim=keepdim)
 
     def mean(self, axis: int = -1, keepdim: bool = False):
-        n = self.shape[axis % self.rank]
+        axis = _axis(self, "mean", axis)
+        n = self.shape[axis]
         count = _lift(self, float(n)) if n.is_number else self.graph.add("size", value=n, dtype=self.dtype)
         return self.sum(axis, keepdim) / count
 
@@ -91,12 +129,15 @@ class TensorOps:
         return self.transpose(-2, -1)
 
     def transpose(self, a: int, b: int):
+        a, b = _axis(self, "transpose", a), _axis(self, "transpose", b)
         perm = list(range(self.rank))
-        perm[a % self.rank], perm[b % self.rank] = perm[b % self.rank], perm[a % self.rank]
+        perm[a], perm[b] = perm[b], perm[a]
         return self.permute(*perm)
 
     def permute(self, *perm: int):
-        return self._op("permute", perm=perm)
+        if len(perm) == 1 and isinstance(perm[0], (tuple, list)):  # x.permute((1, 0)), as torch takes it
+            perm = tuple(perm[0])
+        return self._op("permute", perm=tuple(_axis(self, "permute", p) for p in perm))
 
     def reshape(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -104,21 +145,27 @@ class TensorOps:
         return self._op("reshape", shape=shape)
 
     def unsqueeze(self, axis: int):
-        axis = axis % (self.rank + 1)
+        axis = _axis(self, "unsqueeze", axis, self.rank + 1)
         return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
 
     def broadcast_to(self, shape: Sequence):
         return self._op("broadcast", shape=shape)
 
     def split(self, axis: int, count, pad=None):
-        return self._op("split", axis=axis % self.rank, count=count, pad=pad)
+        return self._op("split", axis=_axis(self, "split", axis), count=count, pad=pad)
 
     def slice(self, axis: int, start, stop, step: int = 1):
-        return self._op("slice", axis=axis % self.rank, start=start, stop=stop, step=step)
+        """Python's x[start:stop:step] along one axis (None for an end)."""
+        axis = _axis(self, "slice", axis)
+        start, stop = _slice_bounds(self, axis, start, stop, step)
+        return self._op("slice", axis=axis, start=start, stop=stop, step=step)
 
     def __getitem__(self, index):
         if not isinstance(index, tuple):
             index = (index,)
+        if len(index) > self.rank:
+            raise ShapeError(f"slice: {len(index)} indices for operand 0 of rank {self.rank} "
+                             f"(shape {D.fmt_shape(self.shape)})")
         out = self
         for axis, sl in enumerate(index):
             if sl is Ellipsis:
@@ -128,7 +175,5 @@ class TensorOps:
             step = sl.step or 1
             if sl.start is None and sl.stop is None and step == 1:
                 continue
-            start = 0 if sl.start is None else sl.start
-            stop = out.shape[axis] if sl.stop is None else sl.stop
-            out = out.slice(axis, start, stop, step)
+            out = out.slice(axis, sl.start, sl.stop, step)
         return out

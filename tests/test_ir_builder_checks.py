@@ -1,0 +1,175 @@
+"""The IR builder refuses what torch refuses instead of building another graph: axes out
+of range, dim symbols and buffer names the kernels cannot take, dims it cannot read;
+slices count from the end as Python's do; the interpreter keeps each node's integer type."""
+import pytest
+import torch
+
+import cleave
+from cleave.frontends import CaptureError
+from cleave.interpreter import interpret
+from cleave.ir import Graph, ShapeError, parse_graph
+from cleave.ir import dims as D
+from cleave.runtime.launch import launch
+
+
+def _node(shape=(3, 4), dtype="f32", name="a"):
+    return Graph("g").input(name, shape, dtype)
+
+
+# -- axes: torch's ranges, never wrapped modulo the rank -------------------------
+@pytest.mark.parametrize("build, message", [
+    (lambda a: a.sum(2), r"sum: axis 2 is out of range for operand 0 of rank 2 \(shape \[3, 4\]; expected -2..1\)"),
+    (lambda a: a.max(-3), r"max: axis -3 is out of range .* rank 2"),
+    (lambda a: a.min(2), r"min: axis 2 is out of range"),
+    (lambda a: a.mean(5), r"mean: axis 5 is out of range"),
+    (lambda a: a.transpose(0, 2), r"transpose: axis 2 is out of range"),
+    (lambda a: a.unsqueeze(3), r"unsqueeze: axis 3 is out of range .* rank 2 .*expected -3..2"),
+    (lambda a: a.unsqueeze(-4), r"unsqueeze: axis -4 is out of range"),
+    (lambda a: a.split(2, "s"), r"split: axis 2 is out of range"),
+    (lambda a: a.slice(-3, 0, 1), r"slice: axis -3 is out of range"),
+    (lambda a: a.permute(2, 0), r"permute: axis 2 is out of range"),
+    (lambda a: a[:, :, :], r"slice: 3 indices for operand 0 of rank 2"),
+    (lambda a: a.sum(1.0), r"sum: axis 1.0 is not an int"),
+])
+def test_builder_axis_out_of_range_is_a_shape_error(build, message):
+    with pytest.raises(ShapeError, match=message):
+        build(_node())
+
+
+def test_builder_axes_in_range_count_from_the_end_as_torch():
+    a = _node()
+    assert a.sum(-2).shape == (4,)
+    assert [D.fmt(d) for d in a.unsqueeze(2).shape] == ["3", "4", "1"]
+    assert [D.fmt(d) for d in a.unsqueeze(-3).shape] == ["1", "3", "4"]
+    assert a.transpose(-1, 0).attrs["perm"] == (1, 0)
+
+
+def test_a_rank_0_node_has_no_axis_to_reduce():
+    with pytest.raises(ShapeError, match="sum: axis -1 is out of range .* a rank-0 node has no axis"):
+        _node(()).sum()
+
+
+# -- symbols and buffer names the kernels cannot take ----------------------------
+@pytest.mark.parametrize("symbol, why", [("pid", "a name the generated kernels use"), ("tid0", "kernels use"),
+                                         ("idx0", "kernels use"), ("v0", "kernels use"), ("x_ptr", "kernels use"),
+                                         ("tl", "kernels use"), ("s_n", "kernels use"), ("if", "a Python keyword"),
+                                         ("len", "a Python builtin")])
+def test_a_dim_symbol_the_kernels_use_is_refused_where_the_input_is_declared(symbol, why):
+    with pytest.raises(ShapeError, match=f"input 'x' dim 1: symbol '{symbol}' is .*{why}.*rename it"):
+        Graph("g").input("x", ("m", symbol), "f32")
+
+
+def test_a_kernel_name_inside_a_dim_expression_is_refused():
+    with pytest.raises(ShapeError, match="input 'x' dim 0: symbol 'pid' is a name the generated kernels use"):
+        Graph("g").input("x", ("2*pid",), "f32")
+
+
+def test_parse_graph_refuses_a_kernel_name_as_a_symbol_naming_the_line():
+    text = 'graph g {\n  %0 = input(name="x", shape=[pid,n], dtype=f32) : f32[pid,n]\n  return o=%0\n}\n'
+    with pytest.raises(ShapeError, match="line 2: input 'x' dim 0: symbol 'pid' is a name the generated kernels use"):
+        parse_graph(text)
+
+
+def test_a_buffer_named_like_a_symbol_is_refused():
+    # the launcher passes kernel arguments by name: input n of shape [m, n] got the int n
+    g = Graph("g")
+    a = g.input("n", ("m", "n"), "f32")
+    with pytest.raises(ShapeError, match="input 'n' has the name of a dim symbol of the graph"):
+        g.output(a.sum(-1), names=["o"])
+    g = Graph("g")
+    a = g.input("x", ("m", "n"), "f32")
+    with pytest.raises(ShapeError, match="output 'm' has the name of a dim symbol of the graph"):
+        g.output(a.sum(-1), names=["m"])
+
+
+def test_an_unread_input_may_carry_its_own_symbol():
+    # the torch.compile backend's int arguments: a [n] input named n that only binds n
+    g = Graph("g")
+    x = g.input("x", ("m",), "f32")
+    g.input("m", ("m",), "bool")
+    g.output(x.exp(), names=["o"])
+
+
+def test_capture_all_axes_refuses_a_symbol_the_kernels_use():
+    with pytest.raises(CaptureError, match="dynamic='all' names input 's' axis 0 's_0', which is a name the "
+                                           "generated kernels use"):
+        cleave.capture(lambda s, x: s * x, torch.randn(3), torch.randn(3), dynamic="all")
+
+
+# -- the interpreter keeps each node's integer type ------------------------------
+def test_interpreter_wraps_an_integer_sum_in_the_nodes_type():
+    g = Graph("io")
+    x = g.input("x", ("m", "n"), "i32")
+    flags = g.input("flags", ("m", "n"), "bool")
+    g.output(x.sum(-1), flags.sum(-1), x.cast("f32").sum(-1), names=["o", "count", "f"])
+    values = torch.full((5, 7), 2**30, dtype=torch.int32)
+    inputs = {"x": values, "flags": torch.ones(5, 7, dtype=torch.bool)}
+    wrapped = torch.full((5,), 7 * 2**30 - 2**33, dtype=torch.int32)  # 7 * 2^30 in int32
+    for compute in (None, torch.float64):  # f64 reference mode widens floats only
+        o, count, f = interpret(g, inputs, compute_dtype=compute)
+        assert o.dtype == torch.int32 and torch.equal(o, wrapped)
+        assert count.dtype == torch.int64 and torch.equal(count, torch.full((5,), 7))
+        assert f.dtype == (compute or torch.float32)
+    kernel_graph = Graph("k")
+    kernel_graph.output(kernel_graph.input("x", ("m", "n"), "i32").sum(-1), names=["o"])
+    (kernel,) = launch(cleave.schedule(kernel_graph, {"m": 5, "n": 7})[0], {"x": values})
+    assert torch.equal(kernel, wrapped)  # the reference agrees with the kernels
+
+
+# -- capture: one symbol is one size ---------------------------------------------
+def test_capture_refuses_one_symbol_on_axes_of_different_sizes():
+    def f(q, k):
+        return (q @ k.transpose(-1, -2)).softmax(-1)
+
+    with pytest.raises(CaptureError, match=r"symbol 's' names input 'q' axis 1 \(size 5\) and input 'k' axis 1 "
+                                           r"\(size 7\)"):
+        cleave.capture(f, torch.randn(2, 5, 4), torch.randn(2, 7, 4), dynamic={"q": {1: "s"}, "k": {-2: "s"}})
+
+
+# -- builder arguments ------------------------------------------------------------
+@pytest.mark.parametrize("dim, message", [("3x", "input 'x' dim 0: cannot read a dimension from '3x'"),
+                                          ("n m", "cannot read a dimension from 'n m'"),
+                                          ("2.5", "cannot read a dimension from '2.5'"),
+                                          ("-3", r"input 'x' dim 0: a dimension cannot be negative \('-3'\)"),
+                                          (-3, r"a dimension cannot be negative \(-3\)")])
+def test_an_unreadable_dim_is_a_shape_error_naming_it(dim, message):
+    with pytest.raises(ShapeError, match=message):
+        Graph("g").input("x", (dim,), "f32")
+
+
+def test_input_shape_must_be_a_sequence():
+    with pytest.raises(ShapeError, match="input 'x': shape must be a sequence of dims, not 'n'"):
+        Graph("g").input("x", "n", "f32")
+
+
+def test_output_with_more_names_than_nodes_says_how_many():
+    g = Graph("g")
+    x = g.input("x", (3,), "f32")
+    with pytest.raises(ShapeError, match=r"output: 1 node\(s\) but 2 name\(s\) \(o, p\)"):
+        g.output(x, names=["o", "p"])
+
+
+@pytest.mark.parametrize("perm", [((1, 0),), ([1, 0],), (1, 0), (-1, 0)])
+def test_permute_takes_a_tuple_or_varargs_as_torch(perm):
+    assert [D.fmt(d) for d in _node().permute(*perm).shape] == ["4", "3"]
+
+
+@pytest.mark.parametrize("index", [slice(-3, None), slice(-30, None), slice(1, -1), slice(-5, -2, 2), slice(5, 2),
+                                   slice(2, 100), slice(10, None), slice(None, -8), slice(None, None, 3)])
+@pytest.mark.parametrize("extent", [2, 7])
+def test_slices_of_a_numeric_extent_follow_python(index, extent):
+    g = Graph("g")
+    x = torch.arange(extent, dtype=torch.float32)
+    g.output(g.input("x", (extent,), "f32")[index], names=["o"])
+    assert torch.equal(interpret(g, {"x": x})[0], x[index])
+
+
+def test_a_negative_index_on_a_symbolic_extent_says_what_to_write():
+    with pytest.raises(ShapeError, match=r"slice: start -3 counts from the end of axis 0, whose extent n is "
+                                         r"symbolic; write it as an expression of the extent \(start='n-3', which "
+                                         r"needs n >= 3\)"):
+        _node(("n",))[-3:]
+    g = Graph("g")
+    g.output(g.input("x", ("n",), "f32")["n-3":], names=["o"])
+    x = torch.arange(7.0)
+    assert torch.equal(interpret(g, {"x": x})[0], x[-3:])
