@@ -20,6 +20,7 @@ from .partition import KernelSpec, Store, partition, stored_dtype
 from .plan import Buffer, Kernel, Plan
 from .target import H200
 from .tiles import aliases, enumerate_tilings, launch_options, remap
+from .unsplit import unsplit
 
 
 def split_symbols(graph: Graph) -> list[str]:
@@ -274,7 +275,11 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
         grid_choices = [{}]
     options = []
     for sc in grid_choices:
-        options += _schedule_at(graph, facts, {**env, **sc}, dynamic, symbols, target, top_k, sc)
+        at, names = graph, symbols
+        if sc and all(v == 1 for v in sc.values()):  # the splits as the reshapes they are (unsplit.py)
+            at = unsplit(graph, sc) or graph
+            names = sorted(s.name for s in at.symbols())
+        options += _schedule_at(at, facts, {**env, **sc}, dynamic, names, target, top_k, sc)
     return lead_with_each_split(within_reach(_by_cost(options)), top_k)
 
 
