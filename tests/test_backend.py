@@ -13,6 +13,7 @@ from torch import nn
 import cleave
 
 from backend_case import close as _close
+from backend_case import grads_match_eager
 from backend_case import ctx  # noqa: F401 (a fixture)
 
 
@@ -273,23 +274,10 @@ def test_max_and_min_propagate_nan_as_torch_does(ctx, fn):
     torch.testing.assert_close(got, want, equal_nan=True)
 
 
-def _grads_match_eager(f, m, x):
-    """f(x) (m compiled) gives the input and parameter gradients eager m gives."""
-    y = f(x)
-    assert y.grad_fn is not None
-    y.square().sum().backward()
-    got = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
-    x.grad = None
-    m.zero_grad()
-    m(x).square().sum().backward()
-    for g, w in zip(got, [x.grad] + [p.grad for p in m.parameters()]):
-        _close(g, w, 1e-4)
-    m.zero_grad()
-
-
 def test_autograd_runs_the_forward_compiled_and_the_backward_eagerly(ctx):
     m = Mlp()
-    _grads_match_eager(torch.compile(m, backend="cleave"), m, torch.randn(2, 3, 8, requires_grad=True))
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    grads_match_eager(torch.compile(m, backend="cleave")(x), m, x)
     st = ctx.stats()
     assert st["operators"] >= 1 and st["graph_breaks"] == 0 and st["failed"] == 0, st
 
@@ -311,8 +299,8 @@ def test_autograd_with_dynamic_shapes_compiles_the_forward_with_its_size_outputs
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="cleave")  # no graph break, no fallback
         for rows in (6, 9):
-            _grads_match_eager(f, m, torch.randn(rows, 10, generator=torch.Generator().manual_seed(rows),
-                                                 requires_grad=True))
+            x = torch.randn(rows, 10, generator=torch.Generator().manual_seed(rows), requires_grad=True)
+            grads_match_eager(f(x), m, x)
     st = ctx.stats()
     assert st["operators"] >= 1 and st["graph_breaks"] == 0 and st["failed"] == 0, st
 

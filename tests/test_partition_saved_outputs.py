@@ -17,7 +17,7 @@ from torch import nn
 import cleave
 from cleave.scheduler import partition as part
 
-from backend_case import close
+from backend_case import close, grads_match_eager
 from backend_case import ctx  # noqa: F401 (a fixture)
 
 WIDTH, HEADS = 16, 2
@@ -139,10 +139,4 @@ def test_a_block_stack_under_autograd_compiles_with_gradients_as_eager_gives(ctx
     assert st["operators"] == 1 and st["failed"] == 0 and st["graph_breaks"] == 0 and ctx.eager_regions == 0, st
     (op,) = ctx.operators.values()
     assert len(op.graph.outputs) > 2  # the saved activations
-    y.square().sum().backward()
-    got = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
-    x.grad = None
-    m.zero_grad()
-    m(x).square().sum().backward()
-    for g, w in zip(got, [x.grad] + [p.grad for p in m.parameters()]):
-        close(g, w, 1e-4)
+    grads_match_eager(y, m, x)

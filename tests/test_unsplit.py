@@ -8,20 +8,11 @@ import torch
 
 from cleave import workloads as W
 from cleave.interpreter import interpret
-from cleave.ir import Graph
 from cleave.runtime.launch import launch
 from cleave.scheduler import H200, schedule
 from cleave.scheduler.unsplit import unsplit
 from kernel_check import check_outputs
-
-
-def split_k() -> Graph:
-    g = Graph("split_k")
-    x = g.input("x", ("m", "k"), "bf16")
-    w = g.input("w", ("k", "n"), "bf16")
-    chunks = x.split(1, "s", pad=0.0).permute(1, 0, 2) @ w.split(0, "s", pad=0.0)
-    g.output(chunks.cast("f32").sum(0).cast("bf16"), names=["y"])
-    return g
+from test_combine_in_kernel import split_k
 
 
 def test_a_split_at_one_is_a_reshape_node_for_node():
