@@ -275,11 +275,15 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
         grid_choices = [{}]
     options = []
     for sc in grid_choices:
-        at, names = graph, symbols
-        if sc and all(v == 1 for v in sc.values()):  # the splits as the reshapes they are (unsplit.py)
-            at = unsplit(graph, sc) or graph
-            names = sorted(s.name for s in at.symbols())
-        options += _schedule_at(at, facts, {**env, **sc}, dynamic, names, target, top_k, sc)
+        # At count 1 the splits as the reshapes they are (unsplit.py) first, where a cost
+        # ties: its operands may take TMA. The split as written stays on offer: its
+        # views can share a tile between two reads the reshape's do not (MLA decode's
+        # latent, loaded once per key step for both dots).
+        ones = unsplit(graph, sc) if sc and all(v == 1 for v in sc.values()) else None
+        if ones is not None:
+            options += _schedule_at(ones, facts, {**env, **sc}, dynamic, sorted(s.name for s in ones.symbols()),
+                                    target, top_k, sc)
+        options += _schedule_at(graph, facts, {**env, **sc}, dynamic, symbols, target, top_k, sc)
     return lead_with_each_split(within_reach(_by_cost(options)), top_k)
 
 
