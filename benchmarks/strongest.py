@@ -46,10 +46,6 @@ class Baseline:
     # is not checked; it is always secondary.
     floor: bool = False
 
-    def __post_init__(self):
-        if self.floor and not self.secondary:
-            object.__setattr__(self, "secondary", True)
-
 
 @dataclass
 class Outcome:
@@ -106,7 +102,7 @@ def _reason(exc: BaseException, caught: list[str]) -> str:
 
 def _try(baseline: Baseline, inputs: dict, reference: list, timer: Callable, sync: Callable,
          graph_timer: Callable | None) -> Outcome:
-    outcome = Outcome(baseline.name, secondary=baseline.secondary, floor=baseline.floor)
+    outcome = Outcome(baseline.name, secondary=baseline.secondary or baseline.floor, floor=baseline.floor)
     if baseline.preflight is not None:
         outcome.skipped = baseline.preflight(inputs)
         if outcome.skipped is not None:

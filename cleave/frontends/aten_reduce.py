@@ -10,6 +10,7 @@ import torch
 
 from ..interpreter import TORCH_DTYPES
 from ..ir import dims as D
+from ..ir.graph import Constraint
 
 from .aten_elementwise import floats_only
 from .aten_map import rule
@@ -72,9 +73,11 @@ def _extreme(op):
     def fn(t, node, a):
         x = a["self"]
         dims = axes(a.get("dim"), x.rank)
-        for axis in dims:  # a max over nothing raises in eager: the graph requires 1 <= n (as _arg_extreme)
+        for axis in dims:  # a max over nothing raises in eager: a call with an empty axis runs eagerly
             if not x.shape[axis].is_number:
-                t.add("slice", x, axis=axis, start=D.dim(0), stop=D.dim(1), step=1)
+                where = f" at {t.loc}" if t.loc else ""
+                t.graph._constrain(Constraint("le", D.dim(1), x.shape[axis],
+                                              f"{t.op} over axis {axis}, which eager refuses empty{where}"))
         return reduce(t, x, op, dims, a.get("keepdim", False))
     return fn
 
