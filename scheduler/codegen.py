@@ -377,7 +377,9 @@ class Emitter:
         if key in home.cache:
             return home.cache[key]
         n = code(extent)
-        wrapped = self.var(home, f"tl.where({index.name} < 0, {index.name} + {n}, {index.name})", index.dims, index.ty)
+        # an offset added, not a select between two indices: the MLA paged decode's gathered
+        # loads ran 3% faster so on the H200 (RESULTS.md, session 29)
+        wrapped = self.var(home, f"{index.name} + tl.where({index.name} < 0, {n}, 0)", index.dims, index.ty)
         wrapped.read = index.read
         home.cache[key] = wrapped
         return wrapped
