@@ -122,8 +122,26 @@ def _check(reference: Reference, cand: Graph, shapes: dict | None) -> None:
 def _graph_conditions_hold(rule, enc) -> bool:
     """A rule's conditions on the whole graph: `wide_operands()` leaves out rules that
     move a factor into a MatMul operand where the operands are f16 (an fp16 attention
-    scaled by 100 overflowed q * 100 to inf and returned NaN)."""
-    return all(c.kind != "wide_operands" or enc.lowp is not DType.f16 for c in rule.conditions)
+    scaled by 100 overflowed q * 100 to inf and returned NaN); `moderate_constants()`
+    leaves out the base-2 rewrites where a constant is near f32's range (a T5 mask,
+    `(1 - m) * finfo.min`, became `(1 - m) * -inf` and every row NaN)."""
+    holds = {"wide_operands": lambda: enc.lowp is not DType.f16,
+             "moderate_constants": lambda: not _huge_constants(enc.graph)}
+    return all(holds[c.kind]() for c in rule.conditions if c.kind in holds)
+
+
+HUGE = 2.0 ** 127  # f32's largest finite value is just under 2^128
+
+
+def _huge_constants(graph) -> list:
+    """The graph's finite constants that a factor of 2 would overflow in f32."""
+    out = []
+    for n in graph.live_nodes():
+        if n.op == "const" and n.attrs.get("value") is not None:
+            value = float(n.attrs["value"])
+            if math.isfinite(value) and abs(value) >= HUGE:
+                out.append(n)
+    return out
 
 
 def _check_budgets(*, seconds, **counts) -> None:
