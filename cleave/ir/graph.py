@@ -319,8 +319,12 @@ class Graph:
                     try:
                         sol = sympy.solve(sympy.Eq(d.subs(subs), v), free[0])
                     except NotImplementedError:  # sympy solves no floor or Mod (a strided conv's length)
-                        raise BindingError(f"input {name!r} dim {i}: cannot solve {D.fmt(d)} = {v} "
-                                           f"for {free[0]}") from None
+                        sol = _floor_solution(d.subs(subs), free[0], v,
+                                              [(e.subs(subs), w) for _, _, e, w in pending
+                                               if e.free_symbols - set(map(D.symbol, env)) == {free[0]}])
+                        if sol is None:
+                            raise BindingError(f"input {name!r} dim {i}: cannot solve {D.fmt(d)} = {v} "
+                                               f"for {free[0]}") from None
                     sol = [s for s in sol if s.is_integer and s > 0]
                     if not sol:
                         raise BindingError(f"input {name!r} dim {i}: no positive integer {free[0]} "
@@ -347,6 +351,31 @@ class Graph:
 
     def concrete_shape(self, node: Node, env: dict) -> tuple[int, ...]:
         return tuple(D.evaluate(d, env) for d in node.shape)
+
+
+def _floor_solution(d, sym, v: int, others: list) -> list | None:
+    """The least positive integer making d = v, d nondecreasing in sym (a strided conv's
+    floor((s - 1) / 4) + 1), that also satisfies every other (expression, value) pair
+    over sym alone: any value of the run that gives v serves, as the graph reads sym
+    only through such dims. None where no value does."""
+    def at(x: int) -> int:
+        return int(d.subs(sym, x))
+
+    hi = 1
+    while at(hi) < v:
+        if hi > 1 << 40:
+            return None
+        hi *= 2
+    lo = 1
+    while lo < hi:  # the least x with d(x) >= v
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if at(mid) < v else (lo, mid)
+    x = lo
+    while at(x) == v:
+        if all(int(e.subs(sym, x)) == w for e, w in others):
+            return [sympy.Integer(x)]
+        x += 1
+    return None
 
 
 def _input_shape(name: str, shape) -> tuple[Dim, ...]:

@@ -1,0 +1,55 @@
+"""A region after a strided conv reads its length as floor(s/4): binding solves it (any
+length of the run that gives the input's size serves), so the region compiles at every
+size instead of running eagerly at each call."""
+import warnings
+
+import pytest
+import sympy
+import torch
+import torch.nn as nn
+
+from cleave.ir import BindingError, Graph
+from cleave.ir import dims as D
+
+
+def _graph():
+    s = D.symbol("s")
+    g = Graph("after_conv")
+    x = g.input("x", [2, sympy.floor(s / 4)], "f32")
+    y = g.input("y", [sympy.floor((s - 1) / 2) + 1], "f32")
+    g.output(x, names=["out"])
+    g.output(y, names=["out2"])
+    return g
+
+
+def test_floor_dims_bind_to_a_length_giving_both_sizes():
+    env = _graph().bind({"x": [2, 3], "y": [7]})
+    s = env["s"]
+    assert s // 4 == 3 and (s - 1) // 2 + 1 == 7
+
+
+def test_floor_dims_that_no_length_gives_are_refused():
+    with pytest.raises(BindingError, match="cannot solve"):
+        _graph().bind({"x": [2, 3], "y": [2]})
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj, self.norm, self.fc = nn.Conv2d(3, 16, 4, 4), nn.LayerNorm(16), nn.Linear(16, 16)
+
+    def forward(self, img):
+        return self.fc(self.norm(self.proj(img).flatten(2).transpose(1, 2))).relu()
+
+
+def test_region_after_a_strided_conv_compiles_at_every_size():
+    torch._dynamo.reset()
+    m = PatchEmbed().eval()
+    compiled = torch.compile(m, backend="cleave", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for hw in (12, 8):
+            x = torch.randn(2, 3, hw, hw)
+            torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-5)
+    eager = [str(w.message) for w in caught if "do not fit" in str(w.message)]
+    assert not eager, eager
