@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import keyword
 import logging
 import operator
 import re
+import sys
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -232,16 +234,24 @@ def _export(fn, params, inputs, named, auto: bool):
 def _quiet_torch():
     """torch logs each failing meta kernel with its traceback (40+ lines) before export
     raises; the error cleave raises says it in one line. Its own deprecation notices
-    (pytree internals) are not the user's concern either."""
-    fake = logging.getLogger("torch._subclasses.fake_tensor")
-    level = fake.level
-    fake.setLevel(logging.CRITICAL)
+    (pytree internals) are not the user's concern either; nor the partial graphs export
+    prints to stderr for a branch on a tensor's value (the capture fails, and the
+    function runs through dynamo). What a trace that succeeds wrote to stderr is
+    written out after it."""
+    loggers = [logging.getLogger(name) for name in ("torch._subclasses.fake_tensor",
+                                                     "torch.fx.experimental.symbolic_shapes")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.CRITICAL)
+    written = io.StringIO()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stderr(written):
             warnings.simplefilter("ignore", FutureWarning)
             yield
+        sys.stderr.write(written.getvalue())
     finally:
-        fake.setLevel(level)
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
 
 
 def _mutates(ep) -> bool:
