@@ -46,11 +46,11 @@ def _compile(spec: KernelSpec, t, facts, env, dynamic, symbols, target):
     return spec, em.stats, evaluate(grid[0], env), source, bufs, grid, em.descriptor_args(), em.persistent
 
 
-def _tiled(spec, env, dynamic, target):
+def _tiled(spec, env, dynamic, target, relaxed: bool = False):
     """(spec, tiling) of each tiling to cost: each enumerated one and its twin with a loop
     step's scaled q·Kᵀ scaled after the dot (scale_after.py), then the same with two row
     tiles per program where a loop chains two MatMuls (row_halves.py), as its twin."""
-    for t in enumerate_tilings(spec.views, spec.root_labels, env, dynamic, target):
+    for t in enumerate_tilings(spec.views, spec.root_labels, env, dynamic, target, relaxed=relaxed):
         yield spec, t
         twin = scale_after.option(spec, t)
         if twin is not None:
@@ -63,10 +63,19 @@ def _tiled(spec, env, dynamic, target):
             yield scale_after.option(*halves) or halves
 
 
-def _kernel_options(spec, facts, env, dynamic, symbols, target):
-    found = []
-    errors = []
-    for option, t in _tiled(spec, env, dynamic, target):
+def _kernel_options(spec, facts, env, dynamic, symbols, target, relaxed: bool = False):
+    found, errors = _options(spec, facts, env, dynamic, symbols, target, relaxed)
+    if not found:
+        raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
+                           + (f" ({errors[0]})" if errors else ""))
+    return _ranked(spec, found, target)
+
+
+def _options(spec, facts, env, dynamic, symbols, target, relaxed: bool):
+    """(cost, kernel, tiles, (spec, tiling), stats) of every tiling that compiles and
+    launches, and the errors of those that do not."""
+    found, errors = [], []
+    for option, t in _tiled(spec, env, dynamic, target, relaxed):
         try:
             emitted, stats, programs, source, bufs, grid, descs, persistent = _compile(option, t, facts, env, dynamic,
                                                                                        symbols, target)
@@ -88,9 +97,10 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target):
                                 max_pipelined_warps=limit, pipelined=stats.pipelined, stage_choices=stats.stage_choices)
                 if kernel.launches(warps, stages):
                     found.append((seconds, kernel, tiles, (emitted, t), stats))
-    if not found:
-        raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
-                           + (f" ({errors[0]})" if errors else ""))
+    return found, errors
+
+
+def _ranked(spec, found, target):
     # Options the model costs the same (a GEMM's K step changes neither its bytes nor its
     # MMA work) rank the longer loop step first: each step waits on its barrier and its
     # MMAs, and Qwen3's down projection (K = 25600) took 10-23% less time in 64-wide steps
@@ -470,11 +480,21 @@ def _programs(plan: Plan) -> int:
     return max(evaluate(k.grid[0], plan.env) for k in plan.kernels)
 
 
+def _partition(graph, facts, env, dynamic, symbols, target, relaxed: bool):
+    """The kernels and their options; `relaxed` (tiles.choices) also offers tiles of the
+    labels a block holds whole by default: a 131-token attention's scores (256 x 256 in
+    one tile) fitted no kernel of any partition, and the layer ran eagerly."""
+    return partition(graph, env, lambda s: _kernel_options(s, facts, env, dynamic, symbols, target, relaxed),
+                     long_extent=target.full_matmul, dynamic=dynamic, target=target,
+                     hold_extent=target.hold_matmul)
+
+
 def _schedule_at(graph, facts, env, dynamic, symbols, target, top_k, split=None) -> list[Plan]:
     graph.check(env)
-    kernels = partition(graph, env, lambda s: _kernel_options(s, facts, env, dynamic, symbols, target),
-                        long_extent=target.full_matmul, dynamic=dynamic, target=target,
-                        hold_extent=target.hold_matmul)
+    try:
+        kernels = _partition(graph, facts, env, dynamic, symbols, target, relaxed=False)
+    except (BindingError, ShapeError):  # every partition failed: tile what is held whole by default
+        kernels = _partition(graph, facts, env, dynamic, symbols, target, relaxed=True)
     specs, every = [s for s, _ in kernels], [options for _, options in kernels]
     per_kernel = [options[:top_k] for options in every]
     plans = []

@@ -108,8 +108,10 @@ def _is_dynamic(lab: Label, dynamic: set) -> bool:
     return any(s.name in dynamic for s in lab.extent.free_symbols)
 
 
-def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) -> list[dict]:
-    """Per label, the (role, block) options to enumerate."""
+def choices(views: Views, root_labels: list, env: dict, dynamic: set, target, relaxed: bool = False) -> list[dict]:
+    """Per label, the (role, block) options to enumerate. `relaxed`: also the smaller
+    tiles of the labels held whole by default (a dot's inner output label, a short
+    reduction), for a graph no partition of which fits otherwise (api._partition)."""
     dots = dot_labels(views)
     inner = {lab.id for lab in root_labels[-1:]}
     roots = {lab.id for lab in root_labels}
@@ -140,7 +142,7 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
                     if group < DOT_MIN:  # or one request per program, its heads replicated over the lanes
                         out[lab.id] = [("grid", b) for b in opts] + [("grid", DOT_MIN, group)]
                         continue
-                if lab.id in inner and not dyn and full <= 256:
+                if lab.id in inner and not dyn and full <= 256 and not relaxed:
                     opts = [full]  # the head dim: splitting it recomputes the scores per part
                 elif lab.id in inner and not dyn and full <= target.hold_matmul:
                     opts.append(full)  # a wide head dim (MLA's 512) whole, where the registers allow
@@ -148,7 +150,7 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
             elif lab.id in inner:
                 opts = [b for b in (16, 32, 64, 128) if b >= floor and (b < full or dyn)]
                 if not dyn and full <= 16384:
-                    opts = [full] if full <= 256 and not long_reduction else sorted(set(opts[-2:] + [full]))
+                    opts = [full] if full <= 256 and not (long_reduction or relaxed) else sorted(set(opts[-2:] + [full]))
             elif lab.id in rows and not dyn:  # several small rows per program
                 opts = [b for b in (1, 4, 16, 64) if b <= full]
             else:
@@ -161,7 +163,7 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
             # drop the elements past it at a longer one
             raise BindingError(f"scheduler: topk over an axis of dynamic extent {D.fmt(lab.extent)} "
                                f"(it needs the whole axis in one tile)")
-        if lab.origin == "topk" or (not dyn and full <= target.full_matmul):
+        if lab.origin == "topk" or (not dyn and full <= target.full_matmul and not (relaxed and loops[0][1] < full)):
             out[lab.id] = [("full", full)]
         elif not dyn and full <= target.full_reduce:  # a whole row, or a loop: the cost model picks
             out[lab.id] = [("full", full)] + loops[-2:]
@@ -177,8 +179,9 @@ def choices(views: Views, root_labels: list, env: dict, dynamic: set, target) ->
     return out
 
 
-def enumerate_tilings(views: Views, root_labels: list, env: dict, dynamic: set, target, limit: int = 64):
-    opts = choices(views, root_labels, env, dynamic, target)
+def enumerate_tilings(views: Views, root_labels: list, env: dict, dynamic: set, target, limit: int = 64,
+                      relaxed: bool = False):
+    opts = choices(views, root_labels, env, dynamic, target, relaxed)
     static = {lab.id: D.evaluate(lab.extent, env) for lab in views.labels if not _is_dynamic(lab, dynamic)}
     # Labels of one extent and the same options share one choice: reductions over one
     # axis then get one block, so they can share one loop.
