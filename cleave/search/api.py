@@ -73,11 +73,37 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
             c.graph._constrain(constraint)
     if verify:
         candidates = verified(graph, candidates, shapes)
+    _warn_unused_own_rules(graph, rules, sat.fired, candidates)
     stats = {"seconds": round(time.perf_counter() - start, 3), "rule_check_seconds": round(verify_seconds, 3),
              "saturation_seconds": round(sat.seconds, 3),
              "enodes": sat.enodes, "eclasses": len(classes), "iterations": sat.iterations,
              "rules_fired": dict(sorted(sat.fired.items())), "visited": len(found), "stopped": sat.stopped}
     return SearchResult(candidates, stats)
+
+
+class RuleNotUsed(UserWarning):
+    """A rule of the user's fired, yet no candidate's derivation lists it."""
+
+
+def _warn_unused_own_rules(graph, rules, fired: dict, candidates) -> None:
+    """Say which of the user's own rules (not the library's) fired without reaching a
+    candidate: a researcher's exp(x)·exp(y) => exp(x + y) fired and was never
+    extracted (an exp of an operand that is no difference may overflow, so extraction
+    leaves it out), and nothing said so. A rule whose right side is one of its
+    variables only cancels terms: derivations never list it."""
+    from cleave.rules import all_rules
+    from cleave.rules.dsl import Var
+
+    library = {r.name for r in all_rules()}
+    builds = {r.name for r in rules if not isinstance(r.rhs, Var)}
+    used = {name for c in candidates for name in c.derivation}
+    unused = sorted(n for n in fired if n in builds and n not in library and n not in used)
+    if unused:
+        warnings.warn(RuleNotUsed(
+            f"search of {graph.name}: rule(s) {', '.join(unused)} fired, but no candidate kept uses them: "
+            "their results cost more than the candidates kept, or are forms the extraction leaves out (an exp "
+            "or exp2 of an operand that is not a difference x - m, which may overflow; docs/rules.md)"),
+            stacklevel=3)
 
 
 class CandidateRejected(UserWarning):
