@@ -22,6 +22,23 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("cleave"))
 
 
+_UNWRITABLE: dict[Path, str | None] = {}
+
+
+def unwritable(root: Path) -> str | None:
+    """Why files cannot be written under `root` (None where they can), asked once per
+    process: a cache dir under a file, or a read-only one."""
+    if root not in _UNWRITABLE:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=root):
+                pass
+            _UNWRITABLE[root] = None
+        except OSError as err:
+            _UNWRITABLE[root] = f"{type(err).__name__}: {err.strerror or err}"
+    return _UNWRITABLE[root]
+
+
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

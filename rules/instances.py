@@ -7,7 +7,10 @@ variables are bound to -1 and -2 in turn. Every assignment of these shapes at
 which both sides build and the rule's conditions hold is an instance: a rule
 may be right at full shapes and wrong where an operand broadcasts (a sum of a
 broadcast operand counts it once per element). Assignments whose sides differ
-in shape are kept too: the verifier's shape proof refutes them.
+in shape are kept too: the verifier's shape proof refutes them. An assignment
+that builds only where some of its dims are equal (a square MatMul operand, a
+scale along the contracted axis) is tried with them equal, for a rule that is not
+elementwise (at axis -2, one with an axis variable): a rule may be wrong only there.
 """
 from __future__ import annotations
 
@@ -70,8 +73,10 @@ def _build(rule: Rule, side, shapes: dict, axes: dict) -> tuple[Graph, dict]:
         if name not in sizes:
             nodes[name] = g.input(name, shape, "bool" if name in conds else "f32")
     for name, cond in sizes.items():
-        x = nodes[cond.args[1].name]
-        nodes[name] = g.add("size", value=x.shape[cond.args[2].value(axes)], dtype="f32")
+        x, a = nodes[cond.args[1].name], cond.args[2].value(axes)
+        if x.rank + a < 0:  # a scalar or lower-rank pick of x: the condition names no axis of it
+            raise RuleError(f"rule {rule.name}: extent({name}, ...): {cond.args[1].name} has no axis {a}")
+        nodes[name] = g.add("size", value=x.shape[a], dtype="f32")
     low = Lowering(g, nodes, axes, {v: TOPK for v in _int_vars(rule)}, what=f"rule {rule.name} ({side})")
     out = low(getattr(rule, side))
     g.output(out, names=["out"])
@@ -147,20 +152,61 @@ def _instance(rule: Rule, shapes: dict, axes: dict, axis: int) -> RuleInstance |
     return RuleInstance(rule.name, lhs, rhs, _conditions(lhs, rhs) + _rule_conditions(rule, nodes, axes), masked)
 
 
+def _merges(shapes: dict) -> list[dict]:
+    """`shapes` with some of their dims made equal to the first (N where present: the
+    extent the rule reduces or contracts), in every way; the last makes all equal."""
+    dims = [d for d in (N, M, P, B) if any(d in shape for shape in shapes.values())]
+    return [{v: tuple(dims[0] if d in group else d for d in shape) for v, shape in shapes.items()}
+            for k in range(1, len(dims)) for group in itertools.combinations(dims[1:], k)]
+
+
+def _canonical(shapes: dict, axis: int) -> tuple:
+    """An assignment with its dims renamed in order of appearance."""
+    names: dict = {}
+    return axis, tuple(tuple(names.setdefault(d, f"d{len(names)}") if isinstance(d, sympy.Symbol) else d for d in shape)
+                       for shape in shapes.values())
+
+
+def _equal_dims(rule: Rule, shapes: dict, axes: dict, axis: int) -> list[tuple[dict, RuleInstance]]:
+    """(assignment, instance) for each way of making dims of `shapes` equal (_merges)
+    at which the rule builds: x square in matmul(x, x)."""
+    merges = _merges(shapes)
+    # making dims equal never stops a side from building: if all equal does not build, nothing does
+    if not merges or _instance(rule, merges[-1], axes, axis) is None:
+        return []
+    return [(m, inst) for m in merges if (inst := _instance(rule, m, axes, axis)) is not None]
+
+
 def instantiate(rule: Rule) -> list[RuleInstance]:
-    """Every distinct instance over the candidate shapes: each variable may broadcast."""
+    """Every distinct instance over the candidate shapes: each variable may broadcast,
+    and dims may be equal where a side builds only so."""
     ints = set(_int_vars(rule))
     tensors = [v for v in rule.variables() if v not in ints]
     sized = {c.args[0].name for c in rule.conditions if c.kind == "extent"}
     free = [v for v in tensors if v not in sized]
-    key = _shape_relation if _elementwise(rule) else _texts
-    out: dict = {}  # key(instance) -> the first instance with it
+    elementwise = _elementwise(rule)
+    built: dict = {}  # canonical assignment -> (assignment, instance)
     for axis in (-1, -2):
         axes = {a: axis for a in rule.axis_vars()}
         for choice in itertools.product(_shapes(axis), repeat=len(free)):
-            inst = _instance(rule, dict(zip(free, choice)), axes, axis)
+            shapes = dict(zip(free, choice))
+            inst = _instance(rule, shapes, axes, axis)
             if inst is not None:
-                out.setdefault(key(inst), inst)
+                built.setdefault(_canonical(shapes, axis), (shapes, inst))
+            elif not elementwise and (axis == -1 or axes):
+                # Not for an elementwise rule: its values are its full-shape instance's at any
+                # dims. Not at axis -2 for a rule of literal axes: there it would only get batched
+                # copies of its axis -1 instances (x[B, N, N]), for 1.6 times the library's proofs.
+                for merged, inst in _equal_dims(rule, shapes, axes, axis):
+                    built.setdefault(_canonical(merged, axis), (merged, inst))
+    # an assignment that another becomes with some dims made equal is that one's graph at
+    # bindings where they are: leave it out
+    special = {_canonical(m, k[0]) for k, (shapes, _) in built.items() for m in _merges(shapes)}
+    key = _shape_relation if elementwise else _texts
+    out: dict = {}  # key(instance) -> the first instance with it
+    for k, (_, inst) in built.items():
+        if k not in special:
+            out.setdefault(key(inst), inst)
     if not out:
         raise RuleError(f"{rule.source}: rule {rule.name}: no small instance builds on both sides "
                         "(check the shapes its patterns imply)")

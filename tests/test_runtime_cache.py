@@ -317,3 +317,35 @@ def test_spec_carries_its_candidate_whatever_operator_json_says(doubles):
     spec = next(iter(again.specs.values()))
     assert again.stats["from_cache"] == 1 and again.stats["searches"] == 0
     assert spec.candidate.derivation == ["double"] and spec.candidate.graph.key() == w.graph.key()
+
+
+def test_cache_dir_under_a_file_is_said_once_not_called_damaged(doubles, tmp_path, monkeypatch):
+    from cleave.storage import unwritable
+
+    (tmp_path / "afile").write_text("")
+    root = tmp_path / "afile" / "cache"
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(root))
+    assert "NotADirectoryError" in unwritable(root)
+    w, inputs = _inputs("rmsnorm_matmul", s=7, k=9, n=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = CompiledOperator(w.graph, {"s"})(inputs)
+    assert_computes(w, inputs, got)
+    said = [str(c.message) for c in caught]
+    assert any("cannot write" in m for m in said) and not any("damaged" in m for m in said), said
+
+
+def test_proof_notice_says_when_verdicts_cannot_be_cached(tmp_path, monkeypatch, capfd):
+    from cleave.rules.dsl import parse_rules
+    from cleave.verify.check import _announce_proofs
+
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path / "afile" / "cache"))
+    never_proven = parse_rules("""family notice
+rule notice-add-swap: add(x, y) => add(y, x)
+  why: addition commutes
+  rewrites: add(x, y) with x[m, n], y[m, n]
+  keeps: sub(x, y) with x[m, n], y[m, n]
+""", source="test")
+    _announce_proofs(never_proven, 10_000)
+    assert "cannot be cached" in capfd.readouterr().err

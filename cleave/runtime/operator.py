@@ -318,7 +318,8 @@ class CompiledOperator:
         except A.ArtifactMissing:
             return None
         except (A.ArtifactError, CleaveError, KeyError, TypeError, ValueError) as err:
-            warnings.warn(f"cleave: damaged cache entry for {self.graph.name} ({err}); rebuilding it", stacklevel=4)
+            if self._cache_exists():
+                warnings.warn(f"cleave: damaged cache entry for {self.graph.name} ({err}); rebuilding it", stacklevel=4)
             return None
         self.stats["from_cache"] = 1
         return Spec(static, candidate, plans, A.load_tuning(self.entry, static), from_cache=True)
@@ -366,7 +367,8 @@ class CompiledOperator:
         except A.ArtifactMissing:
             return None
         except (A.ArtifactError, CleaveError, KeyError, TypeError, ValueError) as err:
-            warnings.warn(f"cleave: damaged cache entry for {self.graph.name} ({err}); rebuilding it", stacklevel=5)
+            if self._cache_exists():
+                warnings.warn(f"cleave: damaged cache entry for {self.graph.name} ({err}); rebuilding it", stacklevel=5)
             return None
         self.search_stats = body.get("search_stats", {})
         return cands
@@ -387,6 +389,11 @@ class CompiledOperator:
             "name": self.graph.name, "fields": self.fields, "graph": self.graph.text(),
             "candidates": [_candidate_to_json(c) for c in cands], "search_stats": self.search_stats})
         return cands
+
+    def _cache_exists(self) -> bool:
+        """Whether the cache dir is a directory: one that cannot be made (under a file)
+        holds nothing, and `_write` says why it keeps the operator in memory."""
+        return self.entry.parent.is_dir()
 
     def _write(self, what: str, save, *args) -> None:
         """Save to the cache; a cache that cannot be written (read-only, full) only
@@ -487,8 +494,10 @@ def _candidate_to_json(c: Candidate) -> dict:
 
 
 def _candidate_from_json(d: dict) -> Candidate:
-    return Candidate(parse_graph(d["graph"]), [Separable.from_json(f) for f in d["facts"]],
-                     list(d["derivation"]), sympy.sympify(d["cost"]))
+    graph = parse_graph(d["graph"])
+    # the cost is over the graph's dims: a dim named N, S or I is not sympy's N, S, I
+    cost = sympy.sympify(d["cost"], locals={s.name: s for s in graph.symbols()})
+    return Candidate(graph, [Separable.from_json(f) for f in d["facts"]], list(d["derivation"]), cost)
 
 
 def _jsonable(value):

@@ -1,6 +1,7 @@
 """check_rule: the shape proof, the numeric gate and the algebra provers, per rule instance.
 
-Order per instance: shapes (z3, every binding) -> numeric gate (cheap, catches most
+First, a rule whose right side divides by a value its left side does not is refused
+(divisors.py). Then, per instance: shapes (z3, every binding) -> numeric gate (cheap, catches most
 wrong rules) -> z3/sympy at each small binding. A rule is proven only if every
 instance passes all three; one confirmed counterexample makes it unsound; anything
 a prover could not decide makes it unknown.
@@ -13,9 +14,11 @@ from typing import Iterable
 
 from ..ir import CleaveError
 from ..progress import report as report_progress
+from ..storage import unwritable
 from ..ir.contracts import RuleInstance
 from . import verdict as V
 from .bindings import choose
+from .divisors import new_divisor
 from .numeric import numeric_gate
 from .prove import prove_at
 from .shapes import check_shapes
@@ -81,6 +84,12 @@ def check_rule(rule, *, timeout_ms: int = TIMEOUT_MS, use_cache: bool = True) ->
         found = V.lookup(definition, rule.name, timeout_ms)
         if found is not None:
             return found
+    refused = new_divisor(rule)
+    if refused:  # before the instances: a rule that does not build may still divide by a new value
+        result = Verdict(rule.name, "unsound", "divisors", 0.0, refused)
+        if definition:
+            V.store(definition, result, timeout_ms)
+        return result
     name, instances = _instances(rule)
     key = V.rule_key(instances)
     if use_cache:
@@ -160,8 +169,10 @@ def _announce_proofs(rules: list, timeout_ms: int) -> None:
     """A cold first compile spends seconds proving rules: say so, once per batch."""
     cold = [r for r in rules if (key := V.definition_key(r)) is None or V.lookup(key, r.name, timeout_ms) is None]
     if cold:
-        report_progress(f"[cleave] proving {len(cold)} rewrite rule(s) with z3 before their first use; this "
-                        f"takes a while once, then the verdicts are cached in {V.verdict_dir()}")
+        problem = unwritable(V.verdict_dir())
+        cached = (f"takes a while once, then the verdicts are cached in {V.verdict_dir()}" if problem is None else
+                  f"takes a while, in every process: the verdicts cannot be cached in {V.verdict_dir()} ({problem})")
+        report_progress(f"[cleave] proving {len(cold)} rewrite rule(s) with z3 before their first use; this {cached}")
 
 
 def sound_rules(rules: Iterable, **kwargs) -> list:
