@@ -16,10 +16,12 @@ import dis
 import enum
 import functools
 import inspect
+import itertools
 import operator
 import sys
 import threading
 import types
+import typing
 from typing import NamedTuple
 
 import torch
@@ -41,18 +43,17 @@ _COMPARED_ITEMS = 64
 
 class Guards:
     """What the capture bakes into the graph besides the arguments, as it was when fn was
-    captured: the globals and closure cells fn's code reads (`_global_guard`), the
-    attributes it reads off a module or callable object it is (`self.scale`) that hold
-    a tensor, a Python scalar or a module, and the modules fn reaches (`_ModuleTree`).
-    `hold()` runs per call, so it compares cheaply: a tensor by identity, version (an
-    in-place change) and data pointer (a `.data` write), a scalar by type and value
-    (x * 2 and x * 2.0 differ on integers), a module or function by identity, a
-    container or plain object by content (`_Snapshot`). The same holds for what the functions fn calls
-    read (a helper's global scale), wherever they are reached from: fn's globals and
-    cells, and the methods and forwards of the modules it reaches (`_reached`); and for
-    the class attributes those read off a module (`self.factor` set on the class). Those
-    functions' code and defaults are guarded too, by identity (autoreload replaces
-    `__code__`), and their defaults' contents as globals are (`_defaults_read`)."""
+    captured: what fn's code and the functions it calls read (`_Reads`): the globals and
+    closure cells, the attributes of the user's Python modules and classes read through
+    them, of fn's owner (a bound method's object or class, a callable object), of the
+    functions themselves (`helper.scale`) and the arguments a `functools.partial` binds
+    (`_global_guard`), and the modules fn reaches (`_ModuleTree`). `hold()` runs per
+    call, so it compares cheaply: a tensor by identity, version (an in-place change) and
+    data pointer (a `.data` write), a scalar by type and value (x * 2 and x * 2.0 differ
+    on integers), a module or function by identity, a container or plain object by
+    content (`_Snapshot`). Those functions' code and defaults are guarded too, by
+    identity (autoreload replaces `__code__`), and their defaults' contents as globals
+    are (`_defaults_read`)."""
 
     def __init__(self, names: list, cells: list, modules: _ModuleTree | None, functions: list):
         self.names = names  # (globals or attribute dict, name, value or _Snapshot, version, data pointer)
@@ -60,72 +61,26 @@ class Guards:
         self.modules = modules
         self.functions = functions  # (function, its __code__, __defaults__, __kwdefaults__)
         self.opaque: str | None = None  # a global or cell read whose changes cannot be compared
-        self.effect: str | None = None  # a call whose effect a capture drops (`_dropped_call`)
+        self.effect: str | None = None  # a call a capture would not make at each call (`_Reads.check`)
 
     @classmethod
     def read_by(cls, fn) -> Guards | None:
-        func = _python_function(fn)
-        if func is None:
+        reads = _Reads.of(fn)
+        if reads is None:
             return None
-        owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
-        # the modules fn reaches directly: itself or its method's, those in its globals and cells
-        direct = [owner] + [func.__globals__.get(n) for n in _globals_read(func.__code__)] + \
-            [_cell_value(c) for c in func.__closure__ or ()]
-        near = [m for root in direct if isinstance(root, torch.nn.Module) for m in root.modules()]
-        classes = [k for k in dict.fromkeys(type(m) for m in near) if not _library(k)]
-        helpers = [v for m in near for v in vars(m).values() if isinstance(v, types.FunctionType)]
-        names, cells, seen, opaque = [], [], set(), []
-
-        def guard(scope, n, how):
-            if (id(scope), n) in seen:
-                return
-            seen.add((id(scope), n))
-            if how is _OPAQUE:
-                opaque.append(n)
-            elif how is not None:
-                names.append((scope, n, *_guarded(how)))
-
-        functions = _reached(func, classes, helpers)
-        for f in functions:
-            own = [vars(fn)] if f is func and func is not fn and hasattr(fn, "__dict__") else []
-            attributes = sorted(_names_read(f.__code__))
-            # and the user Python modules it reads, through a global or a cell (`config.SCALE`)
-            namespaces = [f.__globals__] + [vars(m) for m in map(_cell_value, f.__closure__ or ()) if _user_module(m)]
-            for scope in namespaces:
-                for n in (sorted(_globals_read(f.__code__)) if scope is f.__globals__ else attributes):
-                    if n in scope:
-                        guard(scope, n, _global_guard(scope[n]))
-                        if _user_module(scope[n]) and all(vars(scope[n]) is not d for d in namespaces):
-                            namespaces.append(vars(scope[n]))
-            for scope, n in _defaults_read(f):
-                guard(scope, n, _global_guard(scope[n]))
-            for n in attributes:
-                for scope in own:  # attributes of the callable object fn itself
-                    if n in scope and _guardable(scope[n]):
-                        guard(scope, n, scope[n])
-                for klass in classes:  # a class attribute read off a module: no instance entry holds it
-                    scope = _defining_dict(klass, n)
-                    if scope is not None and _guardable(scope[n]):
-                        guard(scope, n, scope[n])
-            for cell in f.__closure__ or ():
-                how = _global_guard(_cell_value(cell))
-                if how is _OPAQUE:
-                    opaque.append(f"a closure variable of {f.__name__}")
-                elif how is not None:
-                    cells.append((cell, *_guarded(how)))
-        values = [value for _, _, value, _, _ in names] + [value for _, value, _, _ in cells]
-        reached = [value for value in values if isinstance(value, torch.nn.Module)]
-        if isinstance(owner, torch.nn.Module) and owner is not fn:  # model.forward: its state is baked in
-            reached.append(owner)
+        names = [(scope, n, *_guarded(how)) for scope, n, how in reads.guards.values() if how is not _OPAQUE]
+        cells = [(cell, *_guarded(how)) for cell, how, _ in reads.cells.values() if how is not _OPAQUE]
+        opaque = [n for _, n, how in reads.guards.values() if how is _OPAQUE] + \
+            [f"a closure variable of {name}" for _, how, name in reads.cells.values() if how is _OPAQUE]
         compiled = fn if isinstance(fn, torch.nn.Module) else None
+        reached = list(reads.modules.values())  # the compiled module's own are told apart by _ModuleTree
         modules = _ModuleTree(compiled, reached) if compiled is not None or reached else None
-        guards = cls(names, cells, modules, [(f, f.__code__, f.__defaults__, f.__kwdefaults__) for f in functions])
+        functions = [(f, f.__code__, f.__defaults__, f.__kwdefaults__) for f in reads.functions]
+        guards = cls(names, cells, modules, functions)
         if opaque:
             guards.opaque = (f"it reads {opaque[0]!r}, an object whose changes cleave cannot tell (a capture "
                              f"would keep the value it read)")
-        effect = _dropped_call(functions)
-        if effect:
-            guards.effect = f"it calls {effect}, whose effect a capture would drop (its trace makes it, once)"
+        guards.effect = reads.call
         return guards
 
     def put_back(self) -> str | None:
@@ -368,9 +323,10 @@ class _Snapshot(NamedTuple):
 
 def _global_guard(value):
     """How a global or cell fn's code reads is guarded: the value itself (_guardable, a
-    function, another immutable _VALUES value), a _Snapshot, None where it needs no
-    guard (a Python module or a class), or _OPAQUE where cleave cannot tell its changes."""
-    if isinstance(value, (types.ModuleType, type)):
+    function, a user class, another immutable _VALUES value), a _Snapshot, None where it
+    needs no guard (a Python module, a library's class), or _OPAQUE where cleave cannot
+    tell its changes."""
+    if isinstance(value, types.ModuleType) or isinstance(value, type) and _library(value):
         return None
     if value is _MISSING or _guardable(value) or isinstance(value, _VALUES):  # _MISSING: an empty cell
         return value
@@ -380,6 +336,13 @@ def _global_guard(value):
     if isinstance(held, dict) and not callable(value) and _comparable(held):
         return _Snapshot(value, _copied(held))
     return _OPAQUE
+
+
+def _class_guard(value):
+    """How a class attribute read is guarded: a method, property or other descriptor by
+    identity (one replaced changes what runs), other values as globals are."""
+    descriptors = (staticmethod, classmethod, property, types.GetSetDescriptorType, types.MemberDescriptorType)
+    return value if isinstance(value, descriptors) else _global_guard(value)
 
 
 _OPAQUE = object()
@@ -432,59 +395,447 @@ def _python_function(fn):
 # Packages whose functions a capture's guards do not look into, besides the standard
 # library's: what they read is theirs.
 _LIBRARIES = frozenset({"torch", "cleave", "numpy", "triton", "einops", "transformers"}) | sys.stdlib_module_names
+# Packages whose calls the trace records: torch's, and einops' (it calls torch's).
+_TRACED_PACKAGES = frozenset({"torch", "einops"})
 # Functions looked into at most, per capture: a guard is checked at every call.
 _MAX_FUNCTIONS = 64
+# Functions (and the modules' functions and classes) whose result depends on their
+# arguments alone: a capture may keep it.
+_PURE_FUNCTIONS = frozenset(map(id, (
+    abs, all, any, ascii, bin, bool, callable, chr, complex, dict, divmod, enumerate, filter, float, format,
+    frozenset, getattr, hasattr, hash, hex, int, isinstance, issubclass, iter, len, list, map, max, min, next,
+    oct, ord, pow, range, repr, reversed, round, set, slice, sorted, str, sum, super, tuple, type, zip,
+    functools.reduce, typing.cast)))
+_PURE_MODULES = frozenset({"math", "cmath", "operator", "_operator", "itertools"})
+# Builtin types whose methods compute from the value and their arguments (`"-".join`, `d.get`).
+_VALUE_TYPES = (str, bytes, int, float, complex, bool, tuple, list, dict, set, frozenset, range, slice)
+_DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType)
+_CALLS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
+_DEREFS = frozenset({"LOAD_DEREF", "LOAD_CLASSDEREF"})
+_ROOT_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST", "LOAD_CONST"}) | _DEREFS
+_ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_STEPS = _ROOT_LOADS | _ATTRIBUTE_LOADS | _CALLS | {"BINARY_SUBSCR"}
 
 
-def _reached(func: types.FunctionType, classes: list, helpers: list) -> list[types.FunctionType]:
-    """func and the user functions it may call, breadth first: those its code names in
-    its globals or holds in its cells, or reads off a user's module it so names, the
-    methods of `classes` (the modules fn reaches) it names, those classes' forwards (a
-    submodule's forward is traced too), and `helpers`, functions those modules hold
-    (`self.act = my_gelu`)."""
-    def user(f) -> bool:
-        f = getattr(f, "__func__", f)
-        return isinstance(f, types.FunctionType) and not _library(f)
+class _Unknown(enum.Enum):
+    """What a callee (or a subscripted container) is where no object can be read for it
+    without running fn."""
+    TRACED = "a value the trace records"  # a local (a tensor, a number), an expression's value, a tensor's
+    RESULT = "a call's result"  # its call is checked where it is made; a user function's is looked into
+    UNRESOLVED = "an attribute or item cleave cannot read"  # one a __getattr__ gives, a missing key
 
-    found = [func]
-    for g in [inspect.getattr_static(klass, "forward", None) for klass in classes] + helpers:
-        if user(g) and g not in found:
-            found.append(g)
-    i = 0
-    while i < len(found) and len(found) < _MAX_FUNCTIONS:
-        f = found[i]
-        i += 1
-        called = [f.__globals__.get(n) for n in _globals_read(f.__code__)] + \
-            [_cell_value(c) for c in f.__closure__ or ()]
-        names = _names_read(f.__code__)
-        called += [inspect.getattr_static(klass, n, None) for klass in classes for n in names]
-        # a user module's functions it calls (`settings.helper(x)`): their globals are read too
-        called += [vars(m).get(n) for m in list(called) if _user_module(m) for n in names]
-        for g in called:
-            g = getattr(g, "__func__", g)  # a staticmethod's or classmethod's function
-            if user(g) and g not in found:
-                found.append(g)
-    return found[:_MAX_FUNCTIONS]
+
+class _Reads:
+    """What fn's code may read and call, followed from fn through each value it reads
+    (`absorb`): the user functions it calls or names (looked into, up to _MAX_FUNCTIONS),
+    the modules it reaches, and the scopes their code reads by name (`look_up`): globals,
+    and the attributes of the user's Python modules and classes (`PM.k`, `cls.k`, `self.k`
+    set on the class), of fn's owner (a plain object's bound method or a callable object:
+    `self.s`) and of the functions (`fnattr.scale`). `guards` holds how each entry read
+    is guarded (`_global_guard`). Each call those functions make is checked (`check`):
+    one that is neither torch's, a module's, a user function's (looked into) nor, where
+    its result is used, a pure builtin's (`_pure`) is made once, by the capture's trace
+    (`random.uniform(...)`, `open(p, "a").write(...)`); `call` names the first."""
+
+    def __init__(self):
+        self.functions: dict = {}  # function looked into -> the objects bound to its first parameter
+        self.homes: dict = {}  # function -> the user classes it was found on (a method: self is an instance)
+        self.objects: dict = {}  # id -> an object whose methods may run: fn's owner, the modules, objects read
+        self.modules: dict = {}  # id -> a module reached
+        self.spaces: dict = {}  # id -> (namespace, the names read in it or None: every attribute name, class)
+        self.classes: dict = {}  # id -> a user class whose attributes are read
+        self.names: set = set()  # the attribute names the functions read
+        self.guards: dict = {}  # (id of the scope or its class, name) -> (scope, name, how it is guarded)
+        self.cells: dict = {}  # id -> (cell, how it is guarded, the name of the function it is of)
+        self.done: set = set()  # the ids of the functions read and the values absorbed, (id, name) looked up
+        self.grew = False  # whether anything was found since `follow` last looked
+        self.package: str | None = None  # fn's package, where fn is a library's: its helpers are looked into
+        self.too_many: str | None = None
+        self.call: str | None = None  # the first call a capture would not make at each call
+
+    @classmethod
+    def of(cls, fn) -> _Reads | None:
+        reads = cls()
+        while isinstance(fn, functools.partial):
+            reads.partial(fn)
+            fn = fn.func
+        func = _python_function(fn)
+        if func is None:
+            return reads if reads.guards else None
+        owner = fn.__self__ if isinstance(fn, types.MethodType) else None if func is fn else fn
+        if _library(func) and _package(func) not in _TRACED_PACKAGES:  # cleave's workloads call their helpers
+            reads.package = _package(func)
+        reads.functions[func] = [] if owner is None else [owner]  # read even where a library's (nn.Linear)
+        if owner is fn:  # a module's forward or an object's __call__ is read off its class at each call
+            reads.names.add(func.__name__)
+        if owner is not None:
+            reads.absorb(owner)
+            if not isinstance(owner, (torch.nn.Module, type)) and isinstance(getattr(owner, "__dict__", None), dict):
+                reads.spaces[id(owner)] = (vars(owner), None, type(owner))  # a module's: _ModuleTree's
+        reads.follow()
+        return reads
+
+    def partial(self, p: functools.partial) -> None:
+        """The arguments a partial binds, each read as a global is, and its keywords by
+        content too (`p.keywords["s"] = 7.0` kept the first value)."""
+        keywords = {"keywords": p.keywords}
+        self.guard(keywords, "keywords", _Snapshot(p.keywords, _copied(p.keywords)))
+        for scope in ({f"args[{i}]": value for i, value in enumerate(p.args)}, p.keywords):
+            for name, value in scope.items():
+                self.guard(scope, name, _global_guard(value))
+                self.absorb(value)
+
+    def follow(self) -> None:
+        self.grew = True
+        while self.grew:
+            self.grew = False
+            for f in list(self.functions):
+                self.read(f)
+            self.look_up()
+            self.call = None
+            for f in list(self.functions):  # a call may reach another function: checked in the next round
+                self.call = self.call or self.check(f)
+        self.call = self.call or self.too_many
+
+    def guard(self, scope, name, how, holder=None) -> None:
+        key = (id(scope if holder is None else holder), name)
+        if how is not None and key not in self.guards:
+            self.guards[key] = (scope, name, how)
+
+    def add(self, f, bound=None, home=None) -> None:
+        """Look into f, a user function; `bound`: what its first parameter is bound to (a
+        method's object, a classmethod's class); `home`: a class it was found on."""
+        if not isinstance(f, types.FunctionType) or not self.mine(f) and f not in self.functions:
+            return
+        if f not in self.functions:
+            if len(self.functions) >= _MAX_FUNCTIONS:
+                self.too_many = self.too_many or (f"it calls more than {_MAX_FUNCTIONS} functions of the user's "
+                                                  f"({f.__name__} is one), more than cleave looks into")
+                return
+            self.functions[f] = []
+            self.grew = True
+        if bound is not None and all(b is not bound for b in self.functions[f]):
+            self.functions[f].append(bound)
+            self.grew = True
+        if home is not None and home not in self.homes.setdefault(f, []):
+            self.homes[f].append(home)
+            self.grew = True
+
+    def read(self, f: types.FunctionType) -> None:
+        """f's code: the names it reads, its globals (by name), cells, defaults and own attributes."""
+        if id(f) in self.done:
+            return
+        self.done.add(id(f))
+        self.grew = True
+        self.names |= _names_read(f.__code__)
+        self.spaces.setdefault(id(f.__globals__), (f.__globals__, set(), None))[1].update(_globals_read(f.__code__))
+        if vars(f):
+            self.spaces[id(vars(f))] = (vars(f), None, None)
+        for cell in f.__closure__ or ():
+            how = _global_guard(_cell_value(cell))
+            if how is not None:
+                self.cells.setdefault(id(cell), (cell, how, f.__name__))
+            self.absorb(_cell_value(cell))
+        for scope, n in _defaults_read(f):
+            self.guard(scope, n, _global_guard(scope[n]))
+        for value in (*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()):
+            self.absorb(value)
+
+    def look_up(self) -> None:
+        """Each name read, in each scope read by name: how its entry is guarded, and its value followed."""
+        for scope, names, klass in list(self.spaces.values()):
+            for n in list(self.names if names is None else names):
+                if (id(scope), n) in self.done:
+                    continue
+                self.done.add((id(scope), n))
+                self.grew = True
+                if n in scope:
+                    self.guard(scope, n, _global_guard(scope[n]))
+                    self.absorb(scope[n])
+                elif klass is not None and any(n in vars(base) for base in self.bases(klass)):
+                    self.guard(scope, n, _MISSING)  # an object's attribute would hide its class's
+        for klass in list(self.classes.values()):
+            for n in list(self.names):
+                if (id(klass), n) not in self.done:
+                    self.done.add((id(klass), n))
+                    self.grew = True
+                    self.class_attribute(klass, n)
+
+    def class_attribute(self, klass: type, n: str) -> None:
+        """n read off klass or an instance: guarded where a user class of its MRO defines it,
+        and as absent in those before the first that does (one set there would hide it);
+        each definition followed (super() reaches those after the first)."""
+        missing, defined = [], False
+        for base in self.bases(klass):
+            if n in vars(base):
+                self.guard(vars(base), n, _class_guard(vars(base)[n]), base)
+                self.absorb(vars(base)[n], base)
+                defined = True
+            elif not defined:
+                missing.append(base)
+        for base in missing if defined else ():
+            self.guard(vars(base), n, _MISSING, base)
+
+    def absorb(self, value, home=None) -> None:
+        """Follow a value fn's code reads: a function is looked into (with the class it was
+        found on), a method's object followed; a module's tree is reached and its classes'
+        forwards and the functions it holds looked into; a user class's or Python module's
+        attributes are read by name; a container's items are followed."""
+        if isinstance(value, staticmethod):
+            self.add(value.__func__)
+        elif isinstance(value, classmethod):
+            self.add(value.__func__, bound=home)
+        elif isinstance(value, property):
+            self.add(value.fget, home=home)
+        elif isinstance(value, types.FunctionType):
+            self.add(value, home=home)
+            self.absorb(vars(value).get("__wrapped__"))  # a decorated function's own code (functools.wraps)
+        elif isinstance(value, types.MethodType):
+            self.add(value.__func__, bound=value.__self__)
+            self.absorb(value.__self__)
+        elif id(value) not in self.done and not isinstance(value, (torch.Tensor, *_SCALARS, type(None))):
+            self.done.add(id(value))
+            self.grew = True
+            if isinstance(value, torch.nn.Module):
+                self.module(value)
+            elif isinstance(value, type):
+                if self.mine(value):
+                    self.classes[id(value)] = value
+            elif isinstance(value, types.ModuleType):
+                if _user_module(value):
+                    self.spaces[id(value)] = (vars(value), None, None)
+            elif isinstance(value, (list, tuple, dict, set, frozenset)):
+                for item in list(value.values() if isinstance(value, dict) else value)[:_COMPARED_ITEMS]:
+                    self.absorb(item)
+            elif isinstance(getattr(value, "__dict__", None), dict):
+                self.objects[id(value)] = value
+                self.absorb(type(value))
+
+    def module(self, module: torch.nn.Module) -> None:
+        for m in module.modules():
+            if id(m) in self.modules:
+                continue
+            self.modules[id(m)] = self.objects[id(m)] = m
+            self.absorb(type(m))
+            self.absorb(inspect.getattr_static(type(m), "forward", None), type(m))  # a submodule's is traced too
+            for key, value in vars(m).items():  # functions it holds (`self.act = my_gelu`), classes
+                if key not in _MODULE_INTERNALS:
+                    self.absorb(value)
+
+    def mine(self, obj) -> bool:
+        """Whether a function or class is code the analysis looks into: the user's, or of
+        fn's own package where fn is a library's."""
+        return not _library(obj) or self.package is not None and _package(obj) == self.package
+
+    def bases(self, klass: type) -> list[type]:
+        """The classes of klass's MRO up to the first that is not `mine` (nn.Module's
+        attributes are its business)."""
+        return list(itertools.takewhile(self.mine, klass.__mro__))
+
+    def runs(self, callee) -> list | None:
+        """The functions a call of callee runs that the analysis looks into, each with what
+        its first parameter is bound to: a function, a method of one, a class's `__new__`,
+        `__init__` and `__post_init__`, an object's `__call__`; None where callee is not
+        `mine`."""
+        if isinstance(callee, types.FunctionType):
+            return [(callee, None)] if self.mine(callee) else None
+        if isinstance(callee, types.MethodType):
+            return self.runs(callee.__func__) and [(callee.__func__, callee.__self__)]
+        klass = callee if isinstance(callee, type) else type(callee)
+        if not self.mine(klass):
+            return None
+        found = [inspect.getattr_static(klass, n, None) for n in
+                 (("__new__", "__init__", "__post_init__") if callee is klass else ("__call__",))]
+        runs = [(g, None if callee is klass else callee) for g in (getattr(g, "__func__", g) for g in found)
+                if isinstance(g, types.FunctionType) and self.mine(g)]
+        return runs if runs or callee is klass else None
+
+    def selves(self, f) -> list:
+        """What f's first parameter may be: what it was bound to, and the objects reached that
+        are instances of a class it was found on."""
+        homes = tuple(self.homes.get(f, ()))
+        return self.functions[f] + [o for o in self.objects.values() if homes and isinstance(o, homes)]
+
+    def check(self, f: types.FunctionType) -> str | None:
+        """The first call in f's code (or one of the code nested in it) a capture would not
+        make at each call, or subscript it would not read again (`os.environ[k]`): its
+        callee read statically, from the name it starts with through each attribute, item
+        and call (`_spine`), as each object it may be. A user function it calls is looked
+        into (`add`)."""
+        code = f.__code__
+        cells = dict(zip(code.co_freevars, f.__closure__ or ()))
+        this = code.co_varnames[0] if code.co_argcount else None
+        for inner in _codes(code):
+            instructions = list(dis.get_instructions(inner))
+            for at, ins in enumerate(instructions):
+                if ins.opname not in _CALLS and ins.opname != "BINARY_SUBSCR":
+                    continue
+                spine = _spine(instructions, at)
+                if not spine:
+                    continue
+                values = self.roots(f, inner, instructions[spine[0]], cells, this)
+                for before, k in zip(spine, spine[1:]):
+                    values = [v for value in values for v in self.step(value, instructions[before + 1:k + 1])]
+                    values = values if len(values) <= _COMPARED_ITEMS else [_Unknown.UNRESOLVED]
+                what = _source(instructions, spine)
+                if ins.opname == "BINARY_SUBSCR":
+                    if not all(map(self.item_read, values)):
+                        return f"it reads {what}[...] in {f.__name__}, which a capture would read once, at its trace"
+                elif not all(self.made(v, instructions[at + 1].opname != "POP_TOP") for v in values):
+                    kept = "result a capture would keep" if instructions[at + 1].opname != "POP_TOP" else \
+                        "effect a capture would drop"
+                    return f"it calls {what} in {f.__name__}, whose {kept} (its trace makes the call, once)"
+        return None
+
+    def roots(self, f, code, ins, cells: dict, this: str | None) -> list:
+        """What the first instruction of a callee loads: a global's or builtin's value, a
+        cell's, a constant, the objects f's first parameter may be; TRACED for another local
+        or an expression's value; nothing where the name is unbound (the trace raises)."""
+        op, name = ins.opname, ins.argval
+        if op in ("LOAD_GLOBAL", "LOAD_NAME"):
+            found = f.__globals__.get(name, vars(builtins).get(name, _MISSING))
+        elif op == "LOAD_CONST":
+            found = name
+        elif name == this and (op == "LOAD_FAST" and code is f.__code__ or op in _DEREFS and name not in cells):
+            return self.selves(f) or [_Unknown.TRACED]
+        elif op in _DEREFS and name in cells:
+            found = _cell_value(cells[name])
+        else:
+            return [_Unknown.TRACED]
+        return [] if found is _MISSING else [found]
+
+    def step(self, value, instructions: list) -> list:
+        """What the next step of a callee gives from value: `instructions` ends with the
+        step (an attribute read, a subscript, a call) and holds what it takes before it."""
+        ins = instructions[-1]
+        if isinstance(value, _Unknown):
+            return [value]
+        if ins.opname in _ATTRIBUTE_LOADS and not _traced(value):
+            return [self.attribute(value, ins.argval)]
+        if isinstance(value, torch.nn.Module) or _traced(value):
+            return [_Unknown.TRACED]
+        if ins.opname == "BINARY_SUBSCR":
+            return _items(value, _constant(instructions[:-1]))
+        return [_Unknown.RESULT]
+
+    def attribute(self, value, name: str):
+        """value.name, read without running code: a module's parameter, buffer or child, or
+        what its type defines, bound as the read would bind it; a property's getter is
+        looked into."""
+        if isinstance(value, torch.nn.Module):
+            for table in (value._parameters, value._buffers, value._modules):
+                if name in table:
+                    return table[name]
+        found = inspect.getattr_static(value, name, _MISSING)
+        if found is _MISSING:
+            return _Unknown.UNRESOLVED
+        if isinstance(found, staticmethod):
+            return found.__func__
+        if isinstance(found, classmethod):
+            return types.MethodType(found.__func__, value if isinstance(value, type) else type(value))
+        if isinstance(found, property):
+            self.add(found.fget, bound=value)
+            return _Unknown.RESULT
+        bound = not isinstance(value, (type, types.ModuleType)) and name not in getattr(value, "__dict__", {})
+        return types.MethodType(found, value) if bound and isinstance(found, types.FunctionType) else found
+
+    def made(self, callee, used: bool) -> bool:
+        """Whether a capture makes a call of callee as eager does, at each call: torch's and
+        modules' calls are in the trace, a user function's code is looked into, and a call
+        whose result is used may be of a pure builtin."""
+        if callee is _Unknown.TRACED or callee is _Unknown.RESULT and used:
+            return True
+        if isinstance(callee, _Unknown):
+            return False
+        if isinstance(callee, torch.nn.Module) or _traced(callee):
+            return True
+        runs = self.runs(callee)
+        for g, bound in runs or ():
+            self.add(g, bound)
+        return runs is not None or used and _pure(callee)
+
+    def item_read(self, container) -> bool:
+        """Whether a capture reads container[k] as eager does: a builtin container's item
+        (its contents are guarded), a tensor's, a module's, or a user __getitem__'s (looked
+        into)."""
+        if isinstance(container, (_Unknown, torch.nn.Module, type)) or _traced(container):
+            return True
+        getitem = inspect.getattr_static(type(container), "__getitem__", None)
+        if isinstance(getitem, types.FunctionType) and self.mine(getitem):
+            self.add(getitem, bound=container)
+            return True
+        return getitem is None or _pure(getitem)
+
+
+def _items(container, key) -> list:
+    """What container[key] may be, for a list, tuple or dict (a constant key's item, or any
+    item); RESULT for other containers (the subscript is checked where it is made)."""
+    getitem = inspect.getattr_static(type(container), "__getitem__", None)
+    if not any(getitem is g for g in (list.__getitem__, tuple.__getitem__, dict.__getitem__)):
+        return [_Unknown.RESULT]
+    if key is not _MISSING:
+        try:
+            return [container[key]]
+        except (LookupError, TypeError):
+            return [_Unknown.UNRESOLVED]
+    return list(container.values() if isinstance(container, dict) else container)
+
+
+def _constant(instructions: list):
+    """The constant `instructions` load, where they load one only (a subscript's key); else _MISSING."""
+    return instructions[0].argval if len(instructions) == 1 and instructions[0].opname == "LOAD_CONST" else _MISSING
+
+
+def _traced(value) -> bool:
+    """Whether value is torch's (or einops'): a tensor, or a function, class, object or
+    Python module of theirs. What a call of it or on it does is in the trace."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, types.ModuleType):
+        module = value.__name__
+    elif isinstance(value, types.MethodType):
+        return _traced(value.__func__)
+    elif isinstance(value, (types.FunctionType, type)):
+        module = value.__module__
+    elif isinstance(value, types.BuiltinFunctionType):  # a builtin function, or a method of a builtin object
+        module = value.__module__ or type(value.__self__).__module__
+    elif isinstance(value, _DESCRIPTORS):
+        module = value.__objclass__.__module__
+    else:
+        module = type(value).__module__
+    return (module or "").split(".")[0] in _TRACED_PACKAGES
+
+
+def _pure(callee) -> bool:
+    """Whether a call of callee gives what its arguments (and what fn's guards hold) alone
+    give: a builtin such as len, min or isinstance, a function or class of math, operator
+    or itertools, a method of a builtin value (`"-".join`, `CONFIG.get`), an exception's
+    class (`raise ValueError(...)`), a NumPy ufunc, functools.reduce, typing.cast."""
+    if id(callee) in _PURE_FUNCTIONS:
+        return True
+    if isinstance(callee, type):
+        return issubclass(callee, BaseException) or callee.__module__ in _PURE_MODULES
+    if isinstance(callee, _DESCRIPTORS):
+        return callee.__objclass__ in _VALUE_TYPES
+    if isinstance(callee, types.BuiltinFunctionType):  # a builtin function, or a builtin object's or class's method
+        owner = callee.__self__ if isinstance(callee.__self__, type) else type(callee.__self__)
+        return callee.__module__ in _PURE_MODULES or owner in _VALUE_TYPES or owner.__module__ in _PURE_MODULES
+    return type(callee).__name__ == "ufunc" and type(callee).__module__ == "numpy"
 
 
 def _library(obj) -> bool:
     """Whether a function or class is _LIBRARIES' code."""
-    return (getattr(obj, "__module__", None) or "").split(".")[0] in _LIBRARIES
+    return _package(obj) in _LIBRARIES
+
+
+def _package(obj) -> str:
+    return (getattr(obj, "__module__", None) or "").split(".")[0]
 
 
 def _user_module(value) -> bool:
     """A Python module of the user's (a config module whose attributes fn reads), not
     one of _LIBRARIES."""
     return isinstance(value, types.ModuleType) and (value.__name__ or "").split(".")[0] not in _LIBRARIES
-
-
-def _defining_dict(klass: type, name: str):
-    """The __dict__ of the class in klass's MRO that defines name, where a user class
-    does (nn.Module's own attributes are its business), else None."""
-    for base in klass.__mro__:
-        if name in vars(base):
-            return None if _library(base) else vars(base)
-    return None
 
 
 def _globals_read(code: types.CodeType) -> set[str]:
@@ -497,11 +848,14 @@ def _globals_read(code: types.CodeType) -> set[str]:
 
 
 def _names_read(code: types.CodeType) -> set[str]:
-    """The global (and attribute) names code and the code nested in it reads."""
+    """The global and attribute names code and the code nested in it reads, and the names
+    it spells as strings (`getattr(self, "scale")`)."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _names_read(const)
+        elif isinstance(const, str) and const.isidentifier():
+            names.add(const)
     return names
 
 
@@ -518,98 +872,49 @@ def _defaults_read(f: types.FunctionType) -> list[tuple[dict, str]]:
         [(positional, n) for n, v in positional.items() if not isinstance(v, _VALUES)]
 
 
-def _dropped_call(functions: list) -> str | None:
-    """A call of `functions` whose effect a capture would drop, as `print in fn`; None if
-    there is none. A call whose result the code throws away (`print(x)`, `warnings.warn(w)`,
-    `log.info(m)` as statements) is made for its effect. Where the code names what it calls
-    (through a global, a cell or a builtin, and their attributes) and that is neither
-    torch's (the trace records it) nor a user function (its own calls are looked into),
-    only the capture's trace makes the effect: eager and dynamo make it at every call."""
-    functions = list(functions)
-    for f in functions:  # grows with the user functions called for their effect
-        for code in _codes(f.__code__):
-            for name, callee in _discarded_calls(f, code):
-                if isinstance(callee, types.FunctionType) and not _library(callee):
-                    if callee not in functions and len(functions) < _MAX_FUNCTIONS:
-                        functions.append(callee)
-                elif not _traced(callee):
-                    return f"{name} in {f.__name__}"
-    return None
-
-
 def _codes(code: types.CodeType) -> list[types.CodeType]:
     """code and the code nested in it (inner functions, lambdas, comprehensions)."""
     return [code] + [c for const in code.co_consts if isinstance(const, types.CodeType) for c in _codes(const)]
 
 
-_ROOT_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF"})
-_ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
-
-
-def _discarded_calls(f: types.FunctionType, code: types.CodeType):
-    """(dotted name, callee) of each call in code whose result is popped unused and whose
-    callee the code names: a global, builtin or (in f's own code) free variable, then
-    attributes. The callee's instructions are those before the call that start where the
-    call's source starts and end before it does (`warnings` then `warnings.warn` in
-    `warnings.warn(m)`)."""
-    instructions = list(dis.get_instructions(code))
-    cells = dict(zip(code.co_freevars, f.__closure__ or ())) if code is f.__code__ else {}
-    for i in range(len(instructions) - 1):
-        call = instructions[i]
-        if call.opname != "CALL" or instructions[i + 1].opname != "POP_TOP":
+def _spine(instructions: list, at: int) -> list[int]:
+    """The indices of the instructions that compute the callee of the call at `at` (or the
+    container of the subscript there), in order, each a longer prefix of its source:
+    `logging`, `logging.getLogger`, its call, `.warning` in `logging.getLogger(n).warning(m)`.
+    They are those before it that start where it starts and end before it ends. Empty for
+    a call the compiler added (a with block's exit)."""
+    span = instructions[at].positions
+    if span is None or span.lineno is None:
+        return []
+    start, end = (span.lineno, span.col_offset), (span.end_lineno, span.end_col_offset)
+    spine = []
+    for k in range(at - 1, -1, -1):
+        where = instructions[k].positions
+        if where is None or where.lineno is None:
             continue
-        chain = _callee_chain(instructions, i)
-        if not chain or chain[0].opname not in _ROOT_LOADS or any(c.opname not in _ATTRIBUTE_LOADS
-                                                                    for c in chain[1:]):
-            continue  # a local's method (`parts.append(y)`, `x.add_(1)`): the trace records it
-        value = _named_object(f, chain, cells)
-        if value is not _MISSING:
-            yield ".".join(c.argval for c in chain), value
-
-
-def _named_object(f: types.FunctionType, chain: list, cells: dict):
-    """What a chain of loads in f's code names (`warnings.warn`), read without running any
-    of it (no property, no __getattr__); _MISSING where it cannot be read."""
-    root = chain[0].argval
-    if chain[0].opname in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
-        value = _cell_value(cells[root]) if root in cells else _MISSING
-    else:
-        value = f.__globals__.get(root, vars(builtins).get(root, _MISSING))
-    for step in chain[1:]:
-        if value is _MISSING:
+        if (where.lineno, where.col_offset) < start:
             break
-        value = inspect.getattr_static(value, step.argval, _MISSING)
-    return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        if (where.lineno, where.col_offset) == start and (where.end_lineno, where.end_col_offset) < end and \
+                instructions[k].opname in _STEPS:
+            spine.append(k)
+    return spine[::-1]
 
 
-def _callee_chain(instructions: list, call: int) -> list:
-    """The instructions that evaluate the callee of the call at index `call`: back from it
-    while inside its source span, those starting where it starts and ending before it
-    ends, in order; empty when they do not each extend the one before."""
-    span, chain = instructions[call].positions, []
-    if span is None or span.lineno is None:  # a call the compiler added (a with block's exit)
-        return chain
-    for k in range(call - 1, -1, -1):
-        at = instructions[k].positions
-        if at is None or at.lineno is None or (at.lineno, at.col_offset) < (span.lineno, span.col_offset) or \
-                (at.end_lineno, at.end_col_offset) > (span.end_lineno, span.end_col_offset):
-            break
-        if (at.lineno, at.col_offset) == (span.lineno, span.col_offset) and \
-                (at.end_lineno, at.end_col_offset) < (span.end_lineno, span.end_col_offset):
-            chain.append(instructions[k])
-    chain.reverse()
-    ends = [(c.positions.end_lineno, c.positions.end_col_offset) for c in chain]
-    return chain if all(a < b for a, b in zip(ends, ends[1:])) else []
-
-
-def _traced(callee) -> bool:
-    """Whether what a call does is in the trace: torch's functions and methods, and modules
-    (their forwards are traced, their state watched)."""
-    if isinstance(callee, torch.nn.Module):
-        return True
-    owner = getattr(callee, "__objclass__", callee)  # a method of a builtin type: its class's
-    module = getattr(owner, "__module__", None) or type(owner).__module__ or ""
-    return module.split(".")[0] == "torch"
+def _source(instructions: list, spine: list[int]) -> str:
+    """A callee's source as a message names it: `logging.getLogger(...).warning`, `CALLBACKS[0]`."""
+    text = ""
+    for before, k in zip([None, *spine], spine):
+        ins = instructions[k]
+        if ins.opname in _ATTRIBUTE_LOADS:
+            text += f".{ins.argval}"
+        elif ins.opname == "BINARY_SUBSCR":
+            key = _constant(instructions[before + 1:k])
+            text += "[...]" if key is _MISSING else f"[{key!r}]"
+        elif ins.opname in _CALLS:
+            text += "(...)"
+        else:
+            text += repr(ins.argval) if ins.opname == "LOAD_CONST" else str(ins.argval)
+    return text
 
 
 class _DynamoHookGuards:
