@@ -14,9 +14,10 @@ from typing import Callable
 import torch
 
 SIZE_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
-# Assertions torch.export inserts; they compute nothing.
-IGNORED = {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range",
-           "sym_constrain_range_for_size"}
+# Assertions torch.export inserts on shapes, which it guards: they compute nothing. Not
+# `_assert_async`, a check of tensor data (`torch._assert_async`, a Python `assert` on a
+# tensor under dynamo): it has no rule, so it runs eagerly (a graph break), and raises.
+IGNORED = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range", "sym_constrain_range_for_size"}
 
 
 @dataclass(frozen=True)

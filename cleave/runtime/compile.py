@@ -6,11 +6,13 @@ instead: dynamo gives the FX graph, the supported runs are compiled, the rest ru
 eagerly. Calls whose shapes differ only along dynamic axes reuse the operator;
 a new shape along a static axis recaptures (cheap) and reuses the search.
 
-What the capture bakes in besides the arguments' shapes is guarded as well: the
-autocast state (part of each launch's key), the tensors, Python scalars and modules fn
-reads from its globals and closure cells, and the state of the modules it reaches
-(guards.py: a new object, an in-place change or a new value recaptures), and fn's own
-code and defaults. A module with forward hooks, state that cannot be compared, a forward
+What the capture bakes in besides the arguments' shapes is guarded as well. Part of
+each launch's key, as traced code may branch on them: torch's global state (grad and
+inference mode, the default dtype, deterministic algorithms), the autocast state, and
+each tensor argument's layout and requires_grad. Guarded (guards.py: a new object, an
+in-place change or a new value recaptures): the tensors, Python scalars and modules fn
+reads from its globals and closure cells, the state of the modules it reaches, and fn's
+own code and defaults. A module with forward hooks, state that cannot be compared, a forward
 that assigns to its state, or a call made for its effect (`print`, `warnings.warn`) runs
 through dynamo instead, which keeps those effects. A tensor subclass argument runs eagerly:
 a capture would drop its type and its overrides. The compiled callable is opaque
@@ -35,7 +37,7 @@ from torch.utils import _pytree as pytree
 from .. import passes
 from ..ir import BindingError, CleaveError
 from .context import Context
-from .graph_breaks import Launcher, constant_getters, exact_key
+from .graph_breaks import Launcher, constant_getters
 from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch, _python_function
 from .launch import remember
 
@@ -54,9 +56,11 @@ class CompiledFunction:
         self._signature_of = _call_signature(fn)
         self._signed_code = _code_of(fn)  # the code _signature_of was read from
         self._runners: dict[tuple, object] = {}
-        self._seen: dict[tuple, object] = {}  # exact argument shapes -> runner: skips the signature
+        self._seen: dict[tuple, object] = {}  # exact arguments (_call_key) -> runner: skips the signature
         self._guards: Guards | None = None  # what the runners baked in besides the arguments
         self._dynamo = None
+        self._spec_fitted = False  # whether `dynamic` fit a call: it is checked against the first
+        self._said: set[str] = set()  # the warnings about `dynamic` given
         self._first_calls = threading.RLock()
         # Why torch.export did not take the function whole (it then runs through dynamo's
         # graphs, its first call eagerly); None when it did, or has not been tried.
@@ -82,7 +86,7 @@ class CompiledFunction:
             return self._call_dynamo(args, kwargs)
         if self._guards is not None and not self._guards.hold():
             self._forget_captures()
-        exact = exact_key(args)
+        exact = _call_key(args)
         if torch._C._is_any_autocast_enabled():  # autocast changes the captured graph's dtypes
             exact = (_AUTOCAST, exact, _autocast_state())
         try:
@@ -186,17 +190,42 @@ class CompiledFunction:
 
         return param_names(self.fn, count)
 
-    def _axes(self, name: str, tensor: torch.Tensor) -> dict[int, str]:
+    def _spec(self, args) -> dict[str, dict[int, str]]:
+        """The axes this call makes dynamic, per tensor argument. `dynamic` is checked
+        against the first call: an axis out of range, one axis named twice, or a symbol
+        naming axes of different sizes raises. Once it has fit a call, an argument of a
+        rank it does not fit is static at that rank (said once): eager takes any rank."""
+        if self.dynamic is None:
+            return {}
+        tensors = {n: a for n, a in zip(self._params(len(args)), args) if isinstance(a, torch.Tensor)}
         if self.dynamic == "all":
-            return {i: f"{name}_{i}" for i in range(tensor.dim())}
-        return _axes_in_range(name, (self.dynamic or {}).get(name, {}), tensor.dim())
+            return {n: {i: f"{n}_{i}" for i in range(a.dim())} for n, a in tensors.items()}
+        spec = {}
+        for name, a in tensors.items():
+            try:
+                spec[name] = _axes_in_range(name, self.dynamic.get(name, {}), a.dim())
+            except ValueError as err:
+                if not self._spec_fitted:
+                    raise
+                self._say_once(f"{err}: {self.name} is compiled for each shape of {name!r} at that rank")
+        if not self._spec_fitted:
+            _one_size_per_symbol(spec, tensors)
+            self._spec_fitted = True
+        return spec
+
+    def _say_once(self, message: str) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            warnings.warn(message, stacklevel=6)  # the user's call, above __call__, _runner_for, _signature, _spec
 
     def _signature(self, args) -> tuple:
-        sig = []
+        spec = self._spec(args)
+        sig = [_torch_state()]
         for name, a in zip(self._params(len(args)), args):
             if isinstance(a, torch.Tensor):
-                dyn = self._axes(name, a)
-                sig.append((a.dtype, a.device.type, tuple(-1 if k in dyn else s for k, s in enumerate(a.shape))))
+                dyn = spec.get(name, {})
+                shape = tuple(-1 if k in dyn else s for k, s in enumerate(a.shape))
+                sig.append((a.dtype, a.device.type, shape, _layout(a, dyn), a.requires_grad))
             else:
                 sig.append(a)
         if torch._C._is_any_autocast_enabled():
@@ -212,9 +241,10 @@ class CompiledFunction:
             self._through_dynamo(guards.needs_dynamo)
             return None
         watch = StateWatch(modules.modules if modules is not None else [])
+        dynamic = self.dynamic if self.dynamic == "all" else self._spec(args) or None
         try:
             with passes.recording(self.ctx.pass_seconds), passes.timed("capture"), _marks_kept(args):
-                captured, structure = _capture(self.fn, args, self.dynamic, self.name, watch)
+                captured, structure = _capture(self.fn, args, dynamic, self.name, watch)
         except UnsupportedOpError:  # dynamo cuts the function around that op (its warning names it)
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return None
@@ -252,7 +282,7 @@ class CompiledFunction:
         self._guards = guards
         params = self._params(len(args))
         graph = captured.graph
-        symbols = _dynamic_symbols(graph, self.dynamic, params)
+        symbols = _dynamic_symbols(graph, dynamic, params)
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         op = self.ctx.operator(graph, symbols, device)
         module = self.fn if isinstance(self.fn, torch.nn.Module) else None
@@ -274,10 +304,10 @@ class CompiledFunction:
     def _call_dynamo(self, args, kwargs):
         if self._dynamo is None:
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
+        spec = self._spec(args)
         for name, a in zip(self._params(len(args)), args):
-            if isinstance(a, torch.Tensor):
-                for axis in self._axes(name, a):
-                    torch._dynamo.maybe_mark_dynamic(a, axis)
+            for axis in spec.get(name, ()):
+                torch._dynamo.maybe_mark_dynamic(a, axis)
         try:
             with _fake_tensor_logs_held():
                 return self._dynamo(*args, **kwargs)
@@ -484,6 +514,46 @@ def _hashable(value) -> bool:
     return True
 
 
+# -- the key of a call ----------------------------------------------------------
+_grad_enabled, _inference_mode = torch.is_grad_enabled, torch.is_inference_mode_enabled
+_default_dtype, _deterministic = torch.get_default_dtype, torch._C._get_deterministic_algorithms
+
+
+def _torch_state() -> tuple:
+    """torch's global state that traced code may branch on or read (`torch.ones(n)` takes
+    the default dtype): a capture serves the state it was made in, as dynamo guards it."""
+    return _grad_enabled(), _inference_mode(), _default_dtype(), _deterministic()
+
+
+def _call_key(args) -> tuple:
+    """What a runner in `_seen` was made for, exactly: torch's global state, and per
+    argument a tensor's shape, dtype, device, strides, whether it starts its storage and
+    requires_grad, or any other argument's value. Made at every call: kept cheap."""
+    return (_torch_state(), *[(a.shape, a.dtype, a.device, a.stride(), not a.storage_offset(), a.requires_grad)
+                              if isinstance(a, torch.Tensor) else a for a in args])
+
+
+def _layout(t: torch.Tensor, dynamic: dict) -> tuple:
+    """What traced code may read of a tensor's layout (`is_contiguous()`, `stride()`,
+    `storage_offset()`), as dynamo guards it, in a key one capture serves for every size
+    of the dynamic axes: with none, the strides; with one, whether it is contiguous (also
+    channels-last) and its axes in stride order, each with its stride unless that is the
+    extent of the axes inside it (which changes with their sizes, in a contiguous or a
+    transposed tensor). And whether it starts its storage: an offset's value is not kept
+    (a slice per step of a loop would capture at every step)."""
+    strides, start = t.stride(), t.storage_offset() == 0
+    if not dynamic:
+        return strides, start
+    order = sorted(range(t.dim()), key=lambda i: (strides[i], -i))
+    own, inner = [], 1
+    for i in order:
+        own.append(None if strides[i] == inner else strides[i])
+        if strides[i]:  # an expanded axis (stride 0) takes no room
+            inner = strides[i] * max(t.shape[i], 1)
+    channels_last = t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
+    return t.is_contiguous(), channels_last, tuple(order), tuple(own), start
+
+
 # -- autocast ----------------------------------------------------------------
 _AUTOCAST = object()  # marks a key made under autocast: no argument can equal it
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -635,6 +705,20 @@ def _axes_in_range(name: str, axes: dict, rank: int) -> dict[int, str]:
     return out
 
 
+def _one_size_per_symbol(spec: dict[str, dict[int, str]], tensors: dict) -> None:
+    """Raise where one symbol names axes of different sizes: the graph would not bind its
+    own example."""
+    first = {}
+    for name, axes in spec.items():
+        for axis, symbol in axes.items():
+            size = tensors[name].shape[axis]
+            other, other_axis, other_size = first.setdefault(symbol, (name, axis, size))
+            if other_size != size:
+                raise ValueError(f"cleave.compile: dynamic symbol {symbol!r} names argument {other!r} axis "
+                                 f"{other_axis} (size {other_size}) and argument {name!r} axis {axis} (size {size}); "
+                                 f"one symbol is one size, so give these axes different symbols")
+
+
 def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbose=None,
             rules=None, candidates: int = 1) -> CompiledFunction:
     """Wrap `fn` so that its first call compiles it with cleave and later calls reuse the result.
@@ -643,8 +727,9 @@ def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbos
     `{"q": {0: "b"}, "k": {2: "L"}}`, or "all". A symbol is an identifier that is not a
     keyword, a builtin, an argument's name or a name the kernels use (`pid`, `tl`,
     `v0`, `x_ptr`, `s_...`); a spec naming no argument of fn is refused here, an axis
-    out of range at the first call. `compiled.stats` counts calls,
-    searches, compiles, cache hits and graph breaks. `artifact` is a directory built
+    out of range or a symbol naming axes of different sizes at the first call (a later
+    call of a rank the spec does not fit is static in that argument). `compiled.stats`
+    counts calls, searches, compiles, cache hits and graph breaks. `artifact` is a directory built
     elsewhere (`cleave trace build`) to load operators from, whatever machine built it.
     `verbose`: True shows this function's progress lines (search, compile, tuning),
     False hides them; None leaves it to the "cleave" logger's level (INFO shows them).

@@ -471,8 +471,8 @@ def _overlapping(args) -> bool:
 
 
 def exact_key(args) -> tuple:
-    """What a prepared launch depends on: each tensor's shape, dtype and device, and
-    every other argument's value."""
+    """What a region's prepared launch depends on: each tensor's shape, dtype and device,
+    and every other argument's value (dynamo guards the rest: strides, global state)."""
     return tuple((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
