@@ -78,6 +78,7 @@ def unsupported_reason(fx_node) -> str | None:
     an op with no rule (or not a function call), else the dtype or the arguments (a
     complex multiply is `aten.mul.Tensor` on complex64, not a missing op)."""
     from ..interpreter import IR_DTYPES
+    from .translate import scalar_has_ir_form
 
     if fx_node.op in ("placeholder", "output"):
         return None
@@ -97,6 +98,10 @@ def unsupported_reason(fx_node) -> str | None:
     args = meta_args(fx_node)
     reason = found.unsupported_in_kernels(args, fx_node)
     operands = [v for a in args.values() for v in (a if isinstance(a, (list, tuple)) else [a])]
+    opaque = next((v for v in operands if isinstance(v, (torch.SymInt, torch.SymFloat))
+                   and not scalar_has_ir_form(v.node.expr)), None)
+    if reason is None and opaque is not None:  # else the whole region fails to translate
+        return f"on the scalar {opaque.node.expr}, which has no IR form"
     shaped = [v for v in (*vals, *operands) if isinstance(v, torch.Tensor) and v.dim()]
     if reason is None and (any(map(_is_f64, shaped)) or _f64_of_tensors(fx_node)):
         return "on float64 (cleave's kernels compute floats in f32, which would round it)"

@@ -160,6 +160,7 @@ class Translator:
         raise UnsupportedOpError(self.op, self.loc, f"operand {value!r} is neither a tensor nor a number")
 
     def _scalar_expr(self, expr: sympy.Expr, dtype) -> Node:
+        # what this builds, scalar_has_ir_form accepts
         if expr.is_number:
             return self.const(float(expr) if not expr.is_integer else int(expr), dtype)
         if expr.is_integer:
@@ -187,3 +188,14 @@ class Translator:
 
     def out_dtype(self, fx_node):
         return ir_dtype(fx_node.meta["val"].dtype, self.op, self.loc)
+
+
+def scalar_has_ir_form(expr: sympy.Expr) -> bool:
+    """Whether Translator._scalar_expr builds `expr`: a number, an integer (a size),
+    or powers, sums and products of such. A float of a size through math.log2
+    (Bloom's ALiBi slopes from the head count) is not."""
+    if expr.is_number or expr.is_integer:
+        return True
+    if isinstance(expr, (sympy.Pow, sympy.Add, sympy.Mul)):
+        return all(scalar_has_ir_form(a) for a in expr.args)
+    return False
