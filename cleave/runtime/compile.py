@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 from .. import passes
 from ..ir import BindingError, CleaveError
 from .context import Context
-from .graph_breaks import Launcher, constant_getters
+from .graph_breaks import Launcher, constant_getters, on_meta
 from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch, _python_function
 from .launch import remember
 
@@ -82,6 +82,8 @@ class CompiledFunction:
             args, kwargs = self._positional(args, kwargs)
         if _tensor_subclass(args) is not None or kwargs and _tensor_subclass(kwargs.values()) is not None:
             return self._call_subclass_eagerly(args, kwargs)
+        if on_meta(args) or kwargs and on_meta(kwargs.values()):  # shapes only: eager infers them
+            return self.fn(*args, **kwargs)
         if self._dynamo is not None or kwargs:
             return self._call_dynamo(args, kwargs)
         if self._guards is not None and not self._guards.hold():

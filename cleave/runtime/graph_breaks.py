@@ -378,7 +378,7 @@ class Launcher:
         self.writebacks = [(i, self.names.index(writes[name])) for i, name in enumerate(outputs) if name in writes]
 
     def __call__(self, *args):
-        if self.failed:
+        if self.failed or on_meta(args):  # meta tensors carry shapes only: eager infers them
             return self.eager_fn(*args)
         inputs = self.inputs(args)
         if self._runs_eagerly(args, inputs):
@@ -461,6 +461,12 @@ class Launcher:
 
 def _row_major_from_start(t: torch.Tensor) -> bool:
     return t.is_contiguous() and t.storage_offset() == 0
+
+
+def on_meta(values) -> bool:
+    """Whether a tensor among `values` is on the meta device (shape inference: no data
+    to launch kernels on)."""
+    return any(isinstance(v, torch.Tensor) and v.is_meta for v in values)
 
 
 def _overlapping(args) -> bool:
