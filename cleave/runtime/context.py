@@ -5,14 +5,35 @@ search; the unsupported ops already warned about; the operators that could not
 be built; and the launch log that `explain` reads."""
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import torch
+
+import cleave
 
 from .. import passes, progress
 from ..ir import Graph
 from .artifact import find_operator
 from .operator import STAT_KEYS, CompiledOperator
+
+
+# cleave's own files (its rules and scheduler are installed from folders of their own) and torch's
+_INTERNAL = tuple(os.path.realpath(os.path.dirname(path)) + os.sep for path in (cleave.__file__, torch.__file__))
+
+
+def _user_level() -> int:
+    """warnings.warn's stacklevel, called from a warn_* method, that names the first
+    frame outside cleave and torch (the user's call of the compiled function or model),
+    where it named a line of cleave's runtime."""
+    from cleave import rules, scheduler
+
+    internal = _INTERNAL + tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep for m in (rules, scheduler))
+    frame, level = sys._getframe(2), 2  # level 1 is the warn_* method itself
+    while frame.f_back is not None and os.path.realpath(frame.f_code.co_filename).startswith(internal):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class Context:
@@ -57,21 +78,21 @@ class Context:
             what = f"{op} {reason}" if reason.startswith("on ") else op
             why = f" ({reason})" if reason and not reason.startswith("on ") else ""
             warnings.warn(f"cleave: {what}{at} is not supported{why}; it runs eagerly in {where} (graph break)",
-                          stacklevel=3)
+                          stacklevel=_user_level())
 
     def warn_eager(self, where: str, reason: str) -> None:
         """A call cleave leaves to eager PyTorch although it compiles: said once per reason."""
         message = f"cleave: {where} runs eagerly: {reason}"
         if message not in self.eager_notes:
             self.eager_notes.add(message)
-            warnings.warn(message, stacklevel=4)
+            warnings.warn(message, stacklevel=_user_level())
 
     def warn_failed(self, name: str, where: str, reason: str) -> None:
         """An operator cleave could not build (not an unsupported op): said once per operator and reason."""
         message = f"cleave: could not compile {name} (in {where}): {reason}; running eagerly"
         if message not in self.failed:
             self.failed.append(message)
-            warnings.warn(message, stacklevel=4)
+            warnings.warn(message, stacklevel=_user_level())
 
     def warn_capture(self, where: str, reason: str) -> None:
         """Shapes first met inside a CUDA graph capture ran eagerly: said once per reason."""
@@ -79,7 +100,7 @@ class Context:
                    f"PyTorch's kernels: call it once with these shapes before capturing")
         if message not in self.capture_notes:
             self.capture_notes.add(message)
-            warnings.warn(message, stacklevel=4)
+            warnings.warn(message, stacklevel=_user_level())
 
     def stats(self) -> dict:
         out = {k: 0 for k in STAT_KEYS if k != "calls"}
