@@ -171,8 +171,8 @@ def only_tilings(monkeypatch, keep) -> None:
     from cleave.scheduler import api
 
     tiled = api._tiled
-    monkeypatch.setattr(api, "_tiled", lambda spec, env, dynamic, target: (
-        (s, t) for s, t in tiled(spec, env, dynamic, target) if keep(t)))
+    monkeypatch.setattr(api, "_tiled", lambda spec, env, dynamic, target, relaxed=False: (
+        (s, t) for s, t in tiled(spec, env, dynamic, target, relaxed) if keep(t)))
 
 
 def recorded_kernel_options(monkeypatch) -> list:
