@@ -34,7 +34,8 @@ def new_divisor(rule: Rule) -> str | None:
     for op, d in _singular(rule.rhs):
         if not _nonzero(d, known, counts):
             d = _show(d)
-            what = {"div": f"divides by {d}", "fmod": f"takes fmod by {d}"}.get(op, f"takes {op} of {d}")
+            what = {"div": f"divides by {d}", "fmod": f"takes fmod by {d}",
+                    "pow": f"raises {d} to a power that may be negative"}.get(op, f"takes {op} of {d}")
             return (f"divisors: its right side {what}, which its left side does not: where {d} is 0 in the data "
                     f"the right side is inf or NaN and the left side need not be (a new divisor must be a factor "
                     f"of one the left side has, a non-zero constant, or positive: an exp, a count, a sum of exps)")
@@ -51,12 +52,19 @@ def _show(t) -> str:
 
 
 def _singular(t):
-    """(op, argument) for each argument in `t` that must not be 0."""
+    """(op, argument) for each argument in `t` that must not be 0: a pow's base too,
+    unless its exponent is a constant >= 0 (y ** -1 divides by y)."""
     if isinstance(t, Term):
         if t.op in SINGULAR:
             yield t.op, t.args[SINGULAR[t.op]]
+        if t.op == "pow" and not _nonnegative_const(t.args[1]):
+            yield t.op, t.args[0]
         for a in t.args:
             yield from _singular(a)
+
+
+def _nonnegative_const(t) -> bool:
+    return isinstance(t, Term) and t.op == "const" and float(t.args[0]) >= 0
 
 
 def _left_divisors(lhs) -> set:

@@ -26,7 +26,7 @@ from ..ir.contracts import RuleInstance
 from ..storage import cache_dir, write_atomic
 
 # Bump when the verifier's semantics change, so that stale verdicts are not reused.
-VERIFIER_VERSION = "6"
+VERIFIER_VERSION = "7"
 
 # proven: every instance proven (z3 or sympy) at every prover binding and the numeric
 # gate passed; unsound: a confirmed counterexample; unknown: no counterexample, but a
