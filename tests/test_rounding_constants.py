@@ -14,3 +14,20 @@ rule tenth-plus-ninetenths: add(mul(x, const(0.1)), mul(x, const(0.9))) => x
     v = check_rule(rule, use_cache=False)
     assert v.verdict == "unknown"
     assert "rounding of its f32 constants" in v.explain() and "law of real arithmetic" not in v.explain()
+
+
+def test_a_required_rule_left_unknown_raises_unproven_rule(tmp_path):
+    from cleave.verify import UnprovenRule, UnsoundRule, with_proven_files
+
+    path = tmp_path / "const.rules"
+    path.write_text("""family probe phase rewrite
+
+rule tenth-plus-ninetenths: add(mul(x, const(0.1)), mul(x, const(0.9))) => x
+  why: 0.1 + 0.9 = 1 in the reals
+""")
+    try:
+        with_proven_files([path], use_cache=False)
+    except UnprovenRule as err:
+        assert isinstance(err, UnsoundRule) and "not proven (unknown)" in str(err)
+    else:
+        raise AssertionError("an unknown rule of a file was accepted")

@@ -5,7 +5,7 @@ parser (cleave.verify.cli) stays cheap.
 """
 from __future__ import annotations
 
-__all__ = ["UnprovenRuleWarning", "UnsoundRule", "Verdict", "check_rule", "check_rules", "require_sound",
+__all__ = ["UnprovenRule", "UnprovenRuleWarning", "UnsoundRule", "Verdict", "check_rule", "check_rules", "require_sound",
            "sound_rules", "with_proven_files"]
 
 
@@ -14,7 +14,7 @@ def __getattr__(name):
         from . import check
 
         return getattr(check, name)
-    if name in ("UnprovenRuleWarning", "UnsoundRule", "Verdict"):
+    if name in ("UnprovenRule", "UnprovenRuleWarning", "UnsoundRule", "Verdict"):
         from . import verdict
 
         return getattr(verdict, name)

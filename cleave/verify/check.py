@@ -22,7 +22,7 @@ from .divisors import new_divisor
 from .numeric import numeric_gate
 from .prove import prove_at
 from .shapes import check_shapes
-from .verdict import UnprovenRuleWarning, UnsoundRule, Verdict
+from .verdict import UnprovenRule, UnprovenRuleWarning, UnsoundRule, Verdict
 
 # Per z3 query (a binding's queries get 4 in all). The library's slowest query, a row
 # of a top-k network, takes about 0.5 s alone on a 2-core machine; several times that
@@ -137,12 +137,12 @@ def check_rules(rules: Iterable, **kwargs) -> list[Verdict]:
 
 def _reject(failed: list[tuple]) -> None:
     """UnsoundRule naming the first (rule, verdict) of `failed`, where it is written, and
-    why; then the others' names."""
+    why, then the others' names; UnprovenRule (an UnsoundRule) where the first is unknown."""
     if failed:
         rule, first = failed[0]
         where = f"{rule.source}: " if getattr(rule, "source", "") else ""
         more = f" (and {len(failed) - 1} more: {', '.join(v.rule for _, v in failed[1:])})" if len(failed) > 1 else ""
-        raise UnsoundRule(where + first.explain() + more)
+        raise (UnsoundRule if first.verdict == "unsound" else UnprovenRule)(where + first.explain() + more)
 
 
 def require_sound(rules: Iterable, **kwargs) -> list[Verdict]:

@@ -38,6 +38,11 @@ class UnsoundRule(CleaveError):
     """A rule failed verification (a counterexample), or could not be proven."""
 
 
+class UnprovenRule(UnsoundRule):
+    """A rule required proven that the provers could not decide (no counterexample
+    either): an UnsoundRule, as strict callers catch, named for what it is."""
+
+
 class UnprovenRuleWarning(UserWarning):
     """A rule the provers could not decide (no counterexample either): not loaded for saturation."""
 
