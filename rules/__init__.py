@@ -74,7 +74,11 @@ def all_rules() -> list[Rule]:
 def load_file(path) -> list[Rule]:
     """Rules from a text file of `family`/`rule` blocks (see dsl.py)."""
     path = Path(path)
-    return _checked(parse_rules(path.read_text(), source=str(path)))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise RuleError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    return _checked(parse_rules(text, source=str(path)))
 
 
 def with_files(paths) -> tuple[list[Rule], list[Rule]]:

@@ -57,3 +57,18 @@ def test_listing_a_file_without_rules_is_an_error(tmp_path, capsys):
     path = _file(tmp_path, "family algebra\n")
     assert main(["rules", "list", path]) == 2
     assert capsys.readouterr().err == f"cleave rules: error: no rules in {path}\n"
+
+
+def test_verify_refuses_a_name_the_library_has(tmp_path, capsys):
+    # `optimize --rules` and `cleave.compile(rules=)` refuse it: verify said proven first
+    path = _file(tmp_path, GOOD.replace("my-div-mul-assoc", "softmax-shift"))
+    assert main(["rules", "verify", path]) == 2
+    err = capsys.readouterr().err
+    assert "softmax-shift is defined twice" in err and path in err
+
+
+def test_verify_names_a_file_that_is_not_utf8(tmp_path, capsys):
+    path = tmp_path / "latin1.rules"
+    path.write_bytes(b"family algebra\n\xff rule\n")
+    assert main(["rules", "verify", str(path)]) == 2
+    assert f"{path}: not UTF-8 text" in capsys.readouterr().err

@@ -40,7 +40,9 @@ def run_verify(args) -> int:
 
     from .check import check_rule
 
-    found = [r for f in args.files for r in library.load_file(f)] if args.files else library.all_rules()
+    # beside the library, as `optimize --rules` and `cleave.compile(rules=)` load them: a
+    # name the library has is refused here, not first there
+    found = library.with_files(args.files)[1] if args.files else library.all_rules()
     if not found:
         print("no rules to verify", file=sys.stderr)
         return 1
