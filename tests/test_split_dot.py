@@ -100,7 +100,10 @@ def test_a_new_precision_between_calls_gets_its_own_operator(f32_matmul):
     f32_matmul("medium")
     got = f(a, b)
     rounded = torch.exp(a.double()).to(torch.bfloat16).double() @ b.to(torch.bfloat16).double()
-    assert torch.allclose(got.double(), rounded, rtol=1e-5, atol=1e-5)
+    # operands rounded to bf16, as eager's "medium" rounds them: every element but those
+    # where exp's last f32 bit moved a value across a bf16 rounding boundary (one in a few
+    # thousand; unrounded, none would match)
+    assert torch.isclose(got.double(), rounded, rtol=1e-5, atol=1e-5).double().mean() > 0.99
     assert sorted(op.f32_matmul for op in f.operators) == ["highest", "medium"]
     fields = {op.f32_matmul: op.fields for op in f.operators}
     assert "f32_matmul" not in fields["highest"] and fields["medium"]["f32_matmul"] == "medium"
