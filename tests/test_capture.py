@@ -107,7 +107,7 @@ def _norms(x, w):
             torch.addmm(w[:, 0][None], x, w.T), 2 - x, x.clamp_min(0.1),
             torch.baddbmm(x[None], x[None], x.T[None] @ x[None]), F.layer_norm(x, (5,), w[0], w[1], eps=1e-3),
             F.layer_norm(x[:, None], (1, 5)), F.rms_norm(x, (5,), w[2]), F.rms_norm(x, (5,), eps=0.1),
-            F.gelu(x, approximate="tanh"))
+            F.gelu(x, approximate="tanh"), F.layer_norm(x * 1e-3, (5,), eps=0.0))  # eps 0 was taken as 1e-5
 
 
 def _layout(x, w):

@@ -187,7 +187,8 @@ def _normalize(t, a):
     mean = t.add("div", reduce(t, x, "sum", dims, True), n)
     centered = t.add("sub", x, mean)
     var = t.add("div", reduce(t, t.add("square", centered), "sum", dims, True), n)
-    eps = t.const(float(a.get("eps") or 1e-5), x.dtype)
+    eps = a.get("eps")
+    eps = t.const(1e-5 if eps is None else float(eps), x.dtype)  # eps=0.0 is a choice, not a default
     rstd = t.add("rsqrt", t.add("add", var, eps))
     return _affine(t, t.add("mul", centered, rstd), a), mean, rstd
 
