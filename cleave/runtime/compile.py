@@ -55,7 +55,7 @@ class CompiledFunction:
         self.recaptures = 0  # captures redone because a global or closure value fn reads changed
         self._signature_of = _call_signature(fn)
         self._signed_code = _code_of(fn)  # the code _signature_of was read from
-        self._runners: dict[tuple, object] = {}
+        self._runners: dict[tuple, list] = {}  # signature -> its captures, one per branch on a dynamic size
         self._seen: dict[tuple, object] = {}  # exact arguments (_call_key) -> runner: skips the signature
         self._guards: Guards | None = None  # what the runners baked in besides the arguments
         self._dynamo = None
@@ -122,14 +122,14 @@ class CompiledFunction:
         """Search (or load) and schedule for the shapes of `args` without running: the
         tensors may be on the meta device. Writes the artifact; returns the operator."""
         sig = self._signature(args)
-        runner = self._runners.get(sig)
+        runner = self._runners.get(sig, [None])[0]
         if runner is None:
             runner = self._build(args)
         launcher = runner.launcher if isinstance(runner, _Restructured) else runner
         if not isinstance(launcher, Launcher):
             why = self.capture_error or ", ".join(self.ctx.stats()["unsupported"]) or "graph break"
             raise CleaveError(f"{self.name} does not capture whole ({why}): nothing to prepare")
-        self._runners[sig] = runner
+        self._runners.setdefault(sig, [runner])
         launcher.op.prepare({k: tuple(v.shape) for k, v in launcher.inputs(args).items()})
         return launcher.op
 
@@ -164,13 +164,53 @@ class CompiledFunction:
         if container is not None:
             return _Ran(self._call_containers(args, *container))
         sig = self._signature(args)
-        runner = self._runners.get(sig)
-        if runner is None:
+        captures = self._runners.get(sig)
+        if captures is None:
             runner = self._build(args)
             if runner is None:
                 return _Ran(self._call_dynamo(args, {}))
-            if not isinstance(runner, _Ran):
-                self._runners[sig] = runner
+            if isinstance(runner, _Ran):
+                return runner
+            captures = self._runners[sig] = [runner]  # traced at 2, an extent of 0 or 1 may not fit it
+        return self._fitting(captures, args) or self._recapture(captures, args)
+
+    def _fitting(self, captures: list, args):
+        """The first of a signature's captures whose constraints this call's shapes meet;
+        None where a new capture should serve them. Code branching on a dynamic size
+        traced one branch, under a constraint (`if x.shape[0] > 4`: n >= 5): a call taking
+        another branch is captured again, up to MAX_CAPTURES a signature, as dynamo
+        compiles each branch once. A None at the end marks a signature captured
+        MAX_CAPTURES times, or whose shapes a new capture did not serve either: the
+        first capture runs those calls eagerly, saying why."""
+        if self.dynamic is None:  # static shapes: the signature fixes every size
+            return captures[0]
+        for runner in captures:
+            if runner is not None and _launcher(runner).fits(args):
+                return runner
+        if captures[-1] is None or len(captures) >= MAX_CAPTURES:
+            return captures[0]
+        return None
+
+    def _recapture(self, captures: list, args):
+        """A capture for the branch this call takes, kept with the signature's others. An
+        axis of extent 0 or 1 is traced at 2 (torch specialises those), so a branch on it
+        (`if x.shape[0] == 1`) is captured with the axis static at its extent here."""
+        spec = self._spec(args)
+        tensors = dict(zip(self._params(len(args)), args))
+        dynamic = {name: {a: sym for a, sym in axes.items() if tensors[name].shape[a] >= 2}
+                   for name, axes in spec.items()}
+        try:
+            _one_size_per_symbol(dynamic, tensors)
+        except ValueError:  # the spec's one symbol is two sizes here: no capture binds this call
+            runner = _NOT_CAPTURED
+        else:
+            runner = self._build(args, dynamic if dynamic != spec else None, again=True)
+        if runner is None:
+            return _Ran(self._call_dynamo(args, {}))
+        if runner is _NOT_CAPTURED or not _launcher(runner).fits(args):
+            captures.append(None)  # the first capture runs such calls eagerly, saying why; no more captures
+            return captures[0]
+        captures.append(runner)
         return runner
 
     def _call_containers(self, args, name: str, value):
@@ -234,7 +274,10 @@ class CompiledFunction:
             sig.append((_AUTOCAST, _autocast_state()))
         return tuple(sig)
 
-    def _build(self, args):
+    def _build(self, args, dynamic=None, again: bool = False):
+        """A runner for args' signature, captured with `dynamic` (default: the call's spec).
+        Where torch.export cannot take a capture made `again` (another branch), the
+        signature's first capture stands: _NOT_CAPTURED."""
         from ..frontends.errors import CaptureError, UnsupportedOpError
 
         guards = Guards.read_by(self.fn)  # before the capture: the values it bakes in
@@ -243,7 +286,8 @@ class CompiledFunction:
             self._through_dynamo(guards.needs_dynamo)
             return None
         watch = StateWatch(modules.modules if modules is not None else [])
-        dynamic = self.dynamic if self.dynamic == "all" else self._spec(args) or None
+        if dynamic is None:
+            dynamic = self.dynamic if self.dynamic == "all" else self._spec(args) or None
         try:
             with passes.recording(self.ctx.pass_seconds), passes.timed("capture"), _marks_kept(args):
                 captured, structure = _capture(self.fn, args, dynamic, self.name, watch)
@@ -273,6 +317,8 @@ class CompiledFunction:
             self.capture_error = f"output(s) {', '.join(captured.views)} are views of an input"
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return None
+        if captured is None and again:
+            return _NOT_CAPTURED
         if captured is None:
             # Either fn is wrong for these inputs (a shape error), and eager raises its own
             # error here, or torch.export cannot take it whole: dynamo splits it into graphs
@@ -378,6 +424,15 @@ def _tensor_subclass(values):
         if type(a) not in _PLAIN_TYPES and isinstance(a, torch.Tensor):
             return a
     return None
+
+
+# Captures of one signature at most, each for a branch the code takes on a dynamic size.
+MAX_CAPTURES = 8
+_NOT_CAPTURED = object()  # _build: torch.export did not take another branch's capture
+
+
+def _launcher(runner) -> Launcher:
+    return runner.launcher if isinstance(runner, _Restructured) else runner
 
 
 class _Ran:

@@ -399,6 +399,16 @@ class Launcher:
             return self.eager_fn(*args)  # PyTorch computes it, or says what is wrong
         return self._finish(args, outs)
 
+    def fits(self, args) -> bool:
+        """Whether this call's shapes bind the captured graph and meet its constraints:
+        the branch the code took on a dynamic size where it traced (`if x.shape[0] > 4`)
+        is the one it takes here."""
+        try:
+            self.op.graph.bind({k: tuple(v.shape) for k, v in self.inputs(args).items()})
+        except BindingError:
+            return False
+        return True
+
     def inputs(self, args) -> dict[str, torch.Tensor]:
         if self.by_name:
             out = {k: args[i] for k, i in zip(self.graph_inputs, self.positions)}

@@ -82,21 +82,24 @@ def _meet_divisions(constraints, env: dict, free: set) -> None:
 
 
 def _meet_bounds(constraints, env: dict, free: set) -> None:
-    """Raise a free symbol that a constraint bounds from below (`s7 <= s13`, a gather's
-    index no longer than its input) to that bound: values given in symbol order may
-    break it at every scale."""
+    """Move a free symbol that a constraint bounds into its bound: up to a bound from
+    below (`s7 <= s13`, a gather's index no longer than its input), down to one from
+    above (`n <= 4`, the branch `if x.shape[0] <= 4` traced): values given in symbol
+    order may break them at every scale."""
     for _ in range(len(constraints) + 1):
         moved = False
         for c in constraints:
-            rhs = D.dim(c.rhs)
-            if c.kind != "le" or not rhs.is_Symbol or rhs.name not in free:
+            if c.kind != "le":
                 continue
-            try:
-                low = D.evaluate(c.lhs, env)
-            except KeyError:
-                continue
-            if env[rhs.name] < low:
-                env[rhs.name], moved = low, True
+            for side, other, raise_it in ((D.dim(c.rhs), c.lhs, True), (D.dim(c.lhs), c.rhs, False)):
+                if not side.is_Symbol or side.name not in free:
+                    continue
+                try:
+                    bound = D.evaluate(other, env)
+                except KeyError:
+                    continue
+                if (env[side.name] < bound) if raise_it else (bound >= 1 and env[side.name] > bound):
+                    env[side.name], moved = bound, True
         if not moved:
             return
 
