@@ -7,7 +7,7 @@ RULES = parse_rules("""
 family base2
 
 rule exp-base2: exp(sub(x, c)) => exp2(sub(mul(x, const(log2e)), mul(c, const(log2e))))
-  if moderate_constants()
+  if moderate_values()
   why: e^(x - c) = 2^(x log2e - c log2e); the products then fold into constants and maxima
   rewrites: exp(sub(x, c)) with x[m, n], c[m, 1]
   keeps: exp(add(x, c)) with x[m, n], c[m, 1]
@@ -23,13 +23,13 @@ rule mask-scale: mul(where(p, x, const(-inf)), const(log2e)) => where(p, mul(x, 
   keeps: mul(where(p, x, const(0)), const(log2e)) with p[m, n], x[m, n]
 
 rule scale-fold: mul(mul(x, c), const(log2e)) => mul(x, mul(c, const(log2e)))
-  if moderate_constants()
+  if moderate_values()
   why: log2e joins the factor that already scales x (a score scale): one product per element, not two
   rewrites: mul(mul(x, c), const(log2e)) with x[m, n], c[]
   keeps: mul(add(x, c), const(log2e)) with x[m, n], c[]
 
 rule scale-fold-left: mul(mul(c, x), const(log2e)) => mul(mul(c, const(log2e)), x)
-  if moderate_constants()
+  if moderate_values()
   why: as scale-fold, with the factor on the left (ALiBi's slope_h * distance): log2e joins the slope, not each distance
   rewrites: mul(mul(c, x), const(log2e)) with c[h, 1, 1], x[m, n]
   keeps: mul(add(c, x), const(log2e)) with c[h, 1, 1], x[m, n]

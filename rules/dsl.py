@@ -42,10 +42,12 @@ integer ops (INTEGER_OPS) are refused: the search rewrites float values only. Co
     wide_operands()     the graph's MatMul operands are not f16: a factor moved into one is
                         rounded to it, and f16's range (65504) would overflow where the
                         product did not (a graph condition: the rule is left out otherwise)
-    moderate_constants()  no finite constant of the graph is within a factor 2 of f32's
-                        range: a rule scaling values by log2(e) would overflow one (a
-                        mask's finfo.min) to -inf, and 0 * -inf is NaN where the program's
-                        0 * finfo.min was 0 (a graph condition, as wide_operands)
+    moderate_values()   no finite constant of the graph is within a factor 2 of f32's
+                        range, and no exp's argument may hold an input's values at full
+                        scale (an additive mask passed in, scaled by more than ln 2 if at
+                        all): a rule scaling values by log2(e) would overflow a mask's
+                        finfo.min to -inf, and 0 * -inf or -inf - -inf is NaN where the
+                        program's values were finite (a graph condition, as wide_operands)
 Examples are concrete terms (literal axes) over declared inputs: `x[m, k]` an f32
 input of that shape (`c[]` a scalar), `n = k` a scalar equal to the extent k. The
 rule must fire on each `rewrites:` term and must not on each `keeps:` term
@@ -67,8 +69,8 @@ OPS = {**{u: "t" for u in UNARY}, **{b: "tt" for b in BINARY}, **{r: "ta" for r 
        "where": "ttt", "matmul": "tt", "split": "tap", "squeeze": "ta", "unsqueeze": "ta", "swap": "t",
        "topk_values": "tka", "topk_indices": "tka", "const": "c"}
 CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta", "finite": "t", "within": "tt",
-              "unrounded": "t", "wide_operands": "", "moderate_constants": ""}
-GRAPH_CONDITIONS = {"wide_operands", "moderate_constants"}  # decided once per graph, by cleave.search, not per match
+              "unrounded": "t", "wide_operands": "", "moderate_values": ""}
+GRAPH_CONDITIONS = {"wide_operands", "moderate_values"}  # decided once per graph, by cleave.search, not per match
 PADS = {"-inf": float("-inf"), "0": 0.0}
 # Ops of integers: the search encodes only float values as terms (cleave/search/encode.py)
 # and the verifier's instances are f32, so a rule using one could never fire nor be proven.

@@ -1,8 +1,10 @@
-"""A constant near f32's range (a mask's finfo.min) keeps the base-2 rewrites out:
-log2(e) folded into it overflowed to -inf, and a T5 mask's (1 - m) * -inf was NaN in
-every row where eager's (1 - m) * finfo.min is 0."""
+"""A constant near f32's range (a mask's finfo.min), or an exponent that may hold an
+input's values at full scale (a mask passed in), keeps the base-2 rewrites out: log2(e)
+folded into it overflowed to -inf, and a T5 mask's (1 - m) * -inf was NaN in every row
+where eager's (1 - m) * finfo.min is 0, as was a fully masked row's -inf - -inf."""
 import warnings
 
+import pytest
 import torch
 
 import cleave
@@ -54,3 +56,62 @@ def test_base2_kept_out_only_where_a_constant_is_huge():
     assert not any("exp-base2" in d for d in masked)
     plain = _derivations(plain_attention, q, k, v, dynamic={n: DYN[n] for n in "qkv"})
     assert any("exp-base2" in d for d in plain)
+
+
+FMIN = torch.finfo(torch.float32).min
+
+
+def masked_then_scaled(s, mask):  # a temperature after an additive mask passed in
+    return torch.softmax((s + mask) * 0.9, -1)
+
+
+def masked_then_scaled_by(s, mask, scale):
+    return torch.softmax((s + mask) * scale, -1)
+
+
+def masked_by_number(s, m, neg):  # the mask's fill a Python float: a symbolic one under dynamic=True
+    return torch.softmax((s + (1.0 - m) * neg) * 0.9, -1)
+
+
+def scaled_logits(x):
+    return torch.softmax(x * 2.0, -1)
+
+
+def _padded_scores(seed):
+    g = torch.Generator().manual_seed(seed)
+    s, mask = torch.randn(2, 3, 5, generator=g), torch.zeros(2, 3, 5)
+    mask[1] = FMIN  # a fully masked sequence: eager's rows are finite and uniform
+    mask[0, :, -2:] = FMIN
+    return s, mask
+
+
+@pytest.mark.parametrize("compiled", ["cleave", "backend"])
+def test_a_mask_passed_in_holding_finfo_min_matches_eager(compiled):
+    """The mask is data, not a constant of the graph: base 2 folded log2(e) · 0.9 into
+    it, -3.1e38 · 1.3 overflowed to -inf, and the fully masked rows were NaN."""
+    s, mask = _padded_scores(0)
+    scale = torch.tensor(0.9)
+    m = (mask == 0).float()
+    cases = [(masked_then_scaled, (s, mask)), (masked_then_scaled_by, (s, mask, scale)),
+             (masked_by_number, (s, m, FMIN)), (scaled_logits, (torch.tensor([[1.5e38, 1e38, 0.0]]),))]
+    for fn, args in cases:
+        f = cleave.compile(fn, verbose=False) if compiled == "cleave" else \
+            torch.compile(fn, backend="cleave", dynamic=True)
+        got, want = f(*args), fn(*args)
+        assert not got.isnan().any(), fn.__name__
+        torch.testing.assert_close(got, want, msg=fn.__name__)
+
+
+def test_base2_kept_where_the_exponent_holds_scores_and_scale_inputs():
+    """A scale passed in multiplies the scores out of a MatMul, and a mask the graph
+    builds holds -inf: neither makes an exponent full scale."""
+    from cleave.search.api import _full_scale_exponents
+
+    q, k, v, _ = _inputs(9, 0)
+    scaled = cleave.capture(lambda q, k, scale: (q @ k.transpose(-1, -2) * scale).softmax(-1), q, k,
+                            torch.tensor(0.125))
+    assert _full_scale_exponents(scaled) == []
+    masked = cleave.capture(masked_then_scaled, *_padded_scores(0))
+    assert len(_full_scale_exponents(masked)) == 1
+    halved = cleave.capture(lambda s, mask: torch.softmax((s + mask) * 0.5, -1), *_padded_scores(0))
+    assert _full_scale_exponents(halved) == []  # log2(e) / 2 < 1: the mask stays finite

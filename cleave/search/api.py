@@ -148,11 +148,11 @@ def _check(reference: Reference, cand: Graph, shapes: dict | None) -> None:
 def _graph_conditions_hold(rule, enc) -> bool:
     """A rule's conditions on the whole graph: `wide_operands()` leaves out rules that
     move a factor into a MatMul operand where the operands are f16 (an fp16 attention
-    scaled by 100 overflowed q * 100 to inf and returned NaN); `moderate_constants()`
-    leaves out the base-2 rewrites where a constant is near f32's range (a T5 mask,
-    `(1 - m) * finfo.min`, became `(1 - m) * -inf` and every row NaN)."""
+    scaled by 100 overflowed q * 100 to inf and returned NaN); `moderate_values()`
+    leaves out the base-2 rewrites where an exponent may hold values near f32's range
+    (a T5 mask, `(1 - m) * finfo.min`, became `(1 - m) * -inf` and every row NaN)."""
     holds = {"wide_operands": lambda: enc.lowp is not DType.f16,
-             "moderate_constants": lambda: not _huge_constants(enc.graph)}
+             "moderate_values": lambda: not _huge_constants(enc.graph) and not _full_scale_exponents(enc.graph)}
     return all(holds[c.kind]() for c in rule.conditions if c.kind in holds)
 
 
@@ -168,6 +168,54 @@ def _huge_constants(graph) -> list:
             if math.isfinite(value) and abs(value) >= HUGE:
                 out.append(n)
     return out
+
+
+# Ops whose result may hold an operand's values unscaled: moved, selected, added, rounded.
+_KEEP_SCALE = {"cast", "neg", "abs", "broadcast", "reshape", "permute", "slice", "gather", "take", "concat",
+               "split", "add", "sub", "max", "min", "where", "floor", "ceil", "trunc", "round", "input"}
+
+
+def _full_scale_exponents(graph) -> list:
+    """The exp and exp2 nodes whose argument may hold a graph input's values at full
+    scale, as an additive mask holds finfo.min (HF's, T5's, passed in): log2(e) > 1
+    folded into such an argument overflows it to -inf, and a fully masked row, finite
+    and uniform eagerly, is -inf - -inf = NaN. Scores out of a MatMul, a mask the
+    graph builds from iota, and an input scaled by at most ln 2 (log2(e) times that is
+    at most 1) are not: a scale input multiplies the scores, it adds nothing."""
+    full: set[int] = set()
+    for n in graph.live_nodes():
+        operands = [i for i in (n.inputs[1:] if n.op == "where" else n.inputs) if i.id in full]
+        if n.op == "input":
+            takes = n.dtype.is_float
+        elif n.op in _KEEP_SCALE or n.op == "reduce" and n.attrs["op"] in ("max", "min"):
+            takes = bool(operands)
+        elif n.op in ("mul", "div"):
+            takes = _amplified(n, full)
+        else:
+            takes = False
+        if takes:
+            full.add(n.id)
+    return [n for n in graph.live_nodes() if n.op in ("exp", "exp2") and n.inputs[0].id in full]
+
+
+def _amplified(n, full: set) -> bool:
+    """Whether a product or quotient may hold a full-scale operand's values times more
+    than ln 2: times another full-scale value (a 0/1 mask times a -1e38 scalar input, a
+    masked score times a scale input) or a constant over ln 2; over anything but a
+    constant of at least 1 / ln 2. A scale input times the scores is not: the scores
+    are not full scale."""
+    a, b = n.inputs
+    if n.op == "div":
+        return a.id in full and not _constant_at_least(b, 1 / math.log(2))
+    return any(x.id in full and (y.id in full or _constant_over(y, math.log(2))) for x, y in ((a, b), (b, a)))
+
+
+def _constant_over(node, bound: float) -> bool:
+    return node.op == "const" and node.attrs.get("value") is not None and abs(float(node.attrs["value"])) > bound
+
+
+def _constant_at_least(node, bound: float) -> bool:
+    return node.op == "const" and node.attrs.get("value") is not None and abs(float(node.attrs["value"])) >= bound
 
 
 def _check_budgets(*, seconds, **counts) -> None:
