@@ -6,6 +6,8 @@ them and returned values computed in the integer type, over another axis, or wit
 number wrapped into the type."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -93,6 +95,19 @@ def test_numbers_torch_wraps_or_converts_still_compile(ctx):
 
     for got, want in zip(cleave.compile(fn)(BYTES), fn(BYTES)):
         assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+
+
+def test_a_half_where_past_f16s_range_is_inf_and_compiles(ctx):
+    """torch.where(m, x_f16, 1e6) makes its 1e6 with scalar_tensor, which converts a
+    half's number through f32: inf, no error. It was a graph break saying torch raises."""
+    def fn(a, m):
+        return torch.where(m, a, 1e6)
+
+    a, m = torch.randn(2, 3).half(), torch.tensor([[True, False, True], [False, True, False]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a graph break would warn
+        got = torch.compile(fn, backend="cleave")(a, m)
+    assert got.dtype == torch.float16 and torch.equal(got, fn(a, m))
 
 
 @pytest.mark.parametrize("fn", [lambda x: x.softmax(5), lambda x: torch.softmax(x, 2), lambda x: x.log_softmax(-3)],

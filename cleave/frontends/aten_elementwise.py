@@ -297,8 +297,8 @@ def _overflows(value, dtype: torch.dtype) -> bool:
 def _scalars_fit(*names, in_op_math=False):
     """A check for ops that convert their Python-number arguments `names` to the result
     dtype with torch's overflow check (clamp, masked_fill, full, where), where `+` and `==`
-    wrap them: out of range, torch raises, and the op is left to it. `where` converts a
-    half's scalar in f32 (torch.where(m, x_f16, 1e6) is inf)."""
+    wrap them: out of range, torch raises, and the op is left to it. `where` and
+    `scalar_tensor` convert a half's scalar in f32 (torch.where(m, x_f16, 1e6) is inf)."""
     def check(a, n):
         dtype = n.meta["val"].dtype
         if in_op_math and dtype in (torch.float16, torch.bfloat16):
@@ -432,7 +432,7 @@ rule("ones", "ones_like", "new_ones")(lambda t, n, a: fill(t, n, 1))
 rule("zeros", "zeros_like", "new_zeros")(lambda t, n, a: fill(t, n, 0))
 rule("full", "full_like", "new_full", check=_scalars_fit("fill_value"))(
     lambda t, n, a: fill(t, n, a["fill_value"]))
-rule("scalar_tensor", check=_scalars_fit("s"))(lambda t, n, a: fill(t, n, a["s"]))
+rule("scalar_tensor", check=_scalars_fit("s", in_op_math=True))(lambda t, n, a: fill(t, n, a["s"]))
 
 
 def _arange_check(a, n):

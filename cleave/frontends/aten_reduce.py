@@ -14,6 +14,7 @@ from ..ir.graph import Constraint
 
 from .aten_elementwise import floats_only
 from .aten_map import rule
+from .errors import CaptureError
 
 
 def axes(dims, rank: int) -> list[int]:
@@ -74,6 +75,8 @@ def _extreme(op):
         x = a["self"]
         dims = axes(a.get("dim"), x.rank)
         for axis in dims:  # a max over nothing raises in eager: a call with an empty axis runs eagerly
+            if x.shape[axis] == 0:  # traced static at 0 (torch's meta kernel lets it through)
+                raise CaptureError(f"{t.op} over axis {axis}, which is empty: eager refuses a max over nothing")
             if not x.shape[axis].is_number:
                 where = f" at {t.loc}" if t.loc else ""
                 t.graph._constrain(Constraint("le", D.dim(1), x.shape[axis],

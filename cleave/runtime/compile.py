@@ -276,8 +276,8 @@ class CompiledFunction:
 
     def _build(self, args, dynamic=None, again: bool = False):
         """A runner for args' signature, captured with `dynamic` (default: the call's spec).
-        Where torch.export cannot take a capture made `again` (another branch), the
-        signature's first capture stands: _NOT_CAPTURED."""
+        Where torch.export cannot take a capture made `again` (another branch), or cleave
+        cannot express it, the signature's first capture stands: _NOT_CAPTURED."""
         from ..frontends.errors import CaptureError, UnsupportedOpError
 
         guards = Guards.read_by(self.fn)  # before the capture: the values it bakes in
@@ -292,6 +292,8 @@ class CompiledFunction:
             with passes.recording(self.ctx.pass_seconds), passes.timed("capture"), _marks_kept(args):
                 captured, structure = _capture(self.fn, args, dynamic, self.name, watch)
         except UnsupportedOpError:  # dynamo cuts the function around that op (its warning names it)
+            if again:  # in another branch only: the signature's first capture stands
+                return _NOT_CAPTURED
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return None
         except CaptureError as err:
