@@ -267,12 +267,14 @@ def _relu(t, node, a):
 @rule("gelu", check=floats_only)
 def _gelu(t, node, a):
     """0.5 x (1 + erf(x / sqrt(2))), or with approximate='tanh'
-    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"""
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), each in the order torch's CPU
+    kernels take: the tanh form halves x first (x times 2 overflowed past 1.7e38, where
+    torch's result is finite), the erf form last (torch's is inf there too)."""
     x = a["self"]
     if a.get("approximate") == "tanh":
         inner = binary(t, "mul", t.add("add", x, binary(t, "mul", _cube(t, x), 0.044715)),
                        math.sqrt(2 / math.pi))
-        return binary(t, "mul", t.add("mul", x, binary(t, "add", t.add("tanh", inner), 1.0)), 0.5)
+        return t.add("mul", binary(t, "mul", x, 0.5), binary(t, "add", t.add("tanh", inner), 1.0))
     return binary(t, "mul", t.add("mul", x, binary(t, "add", t.add("erf", binary(t, "mul", x, math.sqrt(0.5))), 1.0)),
                   0.5)
 
