@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 from .. import passes
 from ..ir import BindingError, CleaveError
 from .context import Context
-from .graph_breaks import Launcher, constant_getters, on_meta
+from .graph_breaks import Launcher, constant_getters, on_meta, untraceable_call
 from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch, _python_function
 from .launch import remember
 
@@ -83,6 +83,10 @@ class CompiledFunction:
         if _tensor_subclass(args) is not None or kwargs and _tensor_subclass(kwargs.values()) is not None:
             return self._call_subclass_eagerly(args, kwargs)
         if on_meta(args) or kwargs and on_meta(kwargs.values()):  # shapes only: eager infers them
+            return self.fn(*args, **kwargs)
+        why = untraceable_call([*args, *kwargs.values()])
+        if why is not None:  # before a capture, which would fail and leave fn to dynamo for good
+            self.ctx.warn_eager(self.name, why)
             return self.fn(*args, **kwargs)
         if self._dynamo is not None or kwargs:
             return self._call_dynamo(args, kwargs)
@@ -624,8 +628,16 @@ def _autocast_state() -> tuple:
 
 
 def _dynamo_compile(fn, ctx: Context, name: str):
+    """fn through torch.compile's graphs, compiled by cleave. A module is called from a
+    function: torch.compile of the module itself wraps it in an OptimizedModule, a
+    module whose own call fires the global forward hooks a second time."""
     from .backend import partitioning_backend
 
+    if isinstance(fn, torch.nn.Module):
+        module = fn
+
+        def fn(*args, **kwargs):
+            return module(*args, **kwargs)
     return torch.compile(fn, backend=DYNAMO_HOOK_GUARDS.backend(partitioning_backend(ctx, name)), dynamic=None)
 
 

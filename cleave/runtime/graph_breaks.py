@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.passes.split_module import split_module
@@ -429,6 +430,10 @@ class Launcher:
         return tuple(results) if self.tuple_output else results[0]
 
     def _runs_eagerly(self, args, inputs) -> bool:
+        why = untraceable_call(inputs.values())
+        if why is not None:
+            self.ctx.warn_eager(self.where, why)
+            return True
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs.values()):
             self.ctx.warn_eager(self.where, "inputs require grad and cleave's kernels have no backward "
                                 "(call it under torch.no_grad(), or with requires_grad=False, to compile it)")
@@ -461,12 +466,24 @@ class Launcher:
             # explain records each launch, autograd needs the eager path, and another f32
             # MatMul precision another operator: the full path does
             if ctx.log is not None or (torch.is_grad_enabled() and any(t.requires_grad for t in inputs.values())) \
-                    or f32_matmul_precision() != precision:
+                    or f32_matmul_precision() != precision or untraceable_call(inputs.values()) is not None:
                 return self(*args)
             stats["calls"] += 1
             return self._finish(args, launch(inputs))
 
         return launch_hot
+
+
+def untraceable_call(values) -> str | None:
+    """Why a call must run eagerly whatever its shapes: under a torch.func transform
+    (vmap, grad, jvp), whose wrapped tensors have no storage a kernel can read, or with
+    an argument carrying a forward-mode AD tangent, which the kernels would drop."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return "it is called under a torch.func transform (vmap, grad, jvp), whose tensors cleave's kernels cannot read"
+    if _forward_ad._current_level >= 0 and any(isinstance(v, torch.Tensor) and _forward_ad.unpack_dual(v).tangent
+                                               is not None for v in values):
+        return "an argument carries a forward-mode AD tangent, and cleave's kernels have no forward derivative"
+    return None
 
 
 def _row_major_from_start(t: torch.Tensor) -> bool:
