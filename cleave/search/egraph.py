@@ -11,6 +11,8 @@ an elementwise op, the one broadcasting into the other without widening it) and
 """
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass
 
 from egglog import (EGraph, Expr, String, StringLike, eq, function, i64, i64Like, relation, rewrite, rule, ruleset,
@@ -310,4 +312,29 @@ def _within_rules(t, x, y, z, a, k, op) -> list:
 def new_egraph() -> EGraph:
     eg = EGraph()
     eg.register(*(AxisId(-i) for i in range(1, MAX_RANK + 1)))
+    if _forked_after_search():
+        _NEVER_FREED.append(eg)
     return eg
+
+
+# The process whose e-graphs started egglog's thread pool. Freeing an e-graph waits on
+# that pool, whose threads a forked child does not have: the child hung there for good
+# (gunicorn or DataLoader-style workers forked after a warm-up). A child keeps its
+# e-graphs instead, saying so once.
+_POOL_PID: int | None = None
+_NEVER_FREED: list = []
+
+
+def _forked_after_search() -> bool:
+    global _POOL_PID
+    if _POOL_PID is None:
+        _POOL_PID = os.getpid()
+        return False
+    if os.getpid() == _POOL_PID:
+        return False
+    if not _NEVER_FREED:
+        warnings.warn("cleave: searching in a process forked after its parent searched: egglog cannot free "
+                      "e-graphs here (its thread pool stayed in the parent), so each search's memory is kept "
+                      "until the process exits; warm up every shape before forking, or start workers with "
+                      "the 'spawn' method", stacklevel=2)
+    return True
