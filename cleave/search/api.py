@@ -1,6 +1,7 @@
 """`cleave.search(graph)`: saturate, extract the top-k candidates, verify each."""
 from __future__ import annotations
 
+import gc
 import math
 import numbers
 import os
@@ -59,6 +60,7 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
     rules = [r for r in rules if _graph_conditions_hold(r, enc)]
     sat = saturate(enc, rules, budgets, progress)
     classes = read(sat.egraph)
+    _release(sat)
     roots = [find_class(classes, t) for t in enc.outputs]
     # Self-attention's s is both kept (query rows) and reduced (softmax over keys): ranked
     # short, the two-pass softmax would look as cheap as the fused one.
@@ -79,6 +81,15 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
              "enodes": sat.enodes, "eclasses": len(classes), "iterations": sat.iterations,
              "rules_fired": dict(sorted(sat.fired.items())), "visited": len(found), "stopped": sat.stopped}
     return SearchResult(candidates, stats)
+
+
+def _release(sat) -> None:
+    """Frees the saturated e-graph now, on the searching thread: egglog's run keeps it in
+    a reference cycle (a recursive helper of its schedule), and the collector freed it
+    on whichever thread collected next, which egglog refuses ("EGraph is unsendable"),
+    leaking it."""
+    sat.egraph = None
+    gc.collect()
 
 
 class RuleNotUsed(UserWarning):

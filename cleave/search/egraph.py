@@ -184,7 +184,13 @@ def to_egg(t, tvars=None, avars=None, shared=None):
 
     tvars = {} if tvars is None else tvars
     avars = {} if avars is None else avars
-    return go(t)
+    try:
+        return go(t)
+    finally:
+        # go and build hold each other, and go the e-graph (shared's namer): left to the
+        # garbage collector, the e-graph was freed on whichever thread collected, and
+        # egglog refuses that ("EGraph is unsendable"), leaking it
+        del go, build
 
 
 def from_node(constructor: str, args: list):

@@ -8,6 +8,7 @@ a prover could not decide makes it unknown.
 """
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from typing import Iterable
@@ -77,8 +78,18 @@ def _prove(inst: RuleInstance, bindings, timeout_ms: int):
     return "proven", methods, "", []
 
 
+# z3's global context is not thread-safe: two threads' first calls proving at once
+# ("invalid dec_ref command", "Context mismatch") left both operators uncompiled.
+_PROVING = threading.RLock()
+
+
 def check_rule(rule, *, timeout_ms: int = TIMEOUT_MS, use_cache: bool = True) -> Verdict:
     """The verdict on one rule (an object with `name` and `instances()`, or a RuleInstance)."""
+    with _PROVING:
+        return _check_rule(rule, timeout_ms, use_cache)
+
+
+def _check_rule(rule, timeout_ms: int, use_cache: bool) -> Verdict:
     definition = V.definition_key(rule) if use_cache else None
     if definition:
         found = V.lookup(definition, rule.name, timeout_ms)
