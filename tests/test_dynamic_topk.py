@@ -74,3 +74,20 @@ def test_argmax_over_an_axis_empty_at_run_time_raises_eagers_error():
         warnings.simplefilter("ignore")  # the fallback says why it runs eagerly
         with pytest.raises(IndexError, match="non-zero size"):
             f(torch.randn(0, 6))
+
+
+@pytest.mark.parametrize("x", [torch.tensor([[9, 0, 255, 3, 7]], dtype=torch.uint8),
+                               torch.tensor([[5, -128, 3, 127, -1]], dtype=torch.int8),
+                               torch.tensor([[5, -2**31, 3, 2**31 - 1, -1]], dtype=torch.int32),
+                               torch.tensor([[5, -2**63, 3, 2**63 - 1, -1]])],
+                         ids=["u8", "i8", "i32", "i64"])
+def test_the_smallest_integers_include_the_types_extremes(x):
+    """The smallest k were the largest of -x, which wraps: uint8's 0 and int8's -128 are
+    their own negation, so they ranked as the largest and were left out."""
+    def smallest(x):
+        return torch.topk(x, 2, dim=1, largest=False)
+
+    want = smallest(x)
+    for f in (cleave.compile(smallest, verbose=False), torch.compile(smallest, backend="cleave")):
+        got = f(x)
+        assert torch.equal(got.values, want.values) and torch.equal(got.indices, want.indices), (got, want)

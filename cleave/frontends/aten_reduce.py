@@ -429,10 +429,13 @@ def _topk(t, node, a):
         return (t.add("topk", x, k=k, axis=axis, which="values"), t.add("topk", x, k=k, axis=axis, which="indices"))
     # The smallest k of x are the largest k of -x, with NaN (torch's largest value, so
     # the last of the smallest) below every number: -inf; the values are read back from
-    # x, a NaN as itself.
-    flipped = t.add("neg", x)
+    # x, a NaN as itself. Integers flip by ~x = -x - 1, which no value overflows (-x
+    # wrapped: uint8's 0 and int8's -128 are their own negation).
     if x.dtype.is_float:
+        flipped = t.add("neg", x)
         flipped = t.add("where", t.add("ne", x, x), t.const(float("-inf"), flipped.dtype), flipped)
+    else:
+        flipped = t.add("bit_not", x)
     indices = t.add("topk", flipped, k=k, axis=axis, which="indices")
     return t.add("gather", x, indices, axis=axis), indices
 
