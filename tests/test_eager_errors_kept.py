@@ -97,6 +97,29 @@ def test_numbers_torch_wraps_or_converts_still_compile(ctx):
         assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
 
 
+@pytest.mark.parametrize("fn", [lambda x: x.mul_(2.5) + 1, lambda x: x.add_(torch.ones(3)) * 2,
+                                lambda x: x.div_(2) - 1],
+                         ids=["mul_float", "add_float_tensor", "div_"])
+def test_an_in_place_write_its_tensor_cannot_hold_raises_eagers_error(fn):
+    """An int64 tensor's mul_(2.5) raises eagerly; functionalized, it wrote the truncated
+    product and returned values."""
+    x = torch.arange(6).view(2, 3)
+    error = _eager_error(fn, x.clone())
+    with pytest.raises(error, match="can't be cast to the desired output type"):
+        cleave.compile(fn)(x.clone())
+
+
+def test_an_in_place_write_of_a_wider_float_still_compiles():
+    def fn(x, y):
+        x.add_(y)
+        return x * 2
+
+    x, y = torch.randn(2, 3, dtype=torch.float16), torch.randn(3)
+    want_x, got_x = x.clone(), x.clone()
+    want = fn(want_x, y)
+    assert torch.equal(cleave.compile(fn)(got_x, y), want) and torch.equal(got_x, want_x)
+
+
 def test_a_half_where_past_f16s_range_is_inf_and_compiles(ctx):
     """torch.where(m, x_f16, 1e6) makes its 1e6 with scalar_tensor, which converts a
     half's number through f32: inf, no error. It was a graph break saying torch raises."""

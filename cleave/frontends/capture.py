@@ -196,7 +196,10 @@ def _export(fn, params, inputs, named, auto: bool):
             with recorded_comparisons() as comparisons:
                 ep = export(_Wrap(fn), _traceable(params, examples, named), dynamic_shapes=(tuple(specs),))
             # export keeps in-place ops; functionalized, each becomes a new value (an output)
-            return (ep.run_decompositions({}) if _mutates(ep) else ep), comparisons
+            if not _mutates(ep):
+                return ep, comparisons
+            _refuse_narrowing_writes(ep)
+            return ep.run_decompositions({}), comparisons
 
     try:
         try:
@@ -222,7 +225,7 @@ def _export(fn, params, inputs, named, auto: bool):
                 return trace(_widened(params, inputs, named))
             except Exception:  # noqa: BLE001 - the first error says what went wrong
                 raise err from None
-    except UnsupportedOpError:
+    except CaptureError:  # cleave's own (UnsupportedOpError among them), said already
         raise
     except Exception as err:  # torch raises many types; keep its message, drop its traceback
         text = str(err).strip().splitlines()
@@ -257,6 +260,34 @@ def _quiet_torch():
 def _mutates(ep) -> bool:
     return any(n.op == "call_function" and getattr(getattr(n.target, "_schema", None), "is_mutable", False)
                for n in ep.graph.nodes)
+
+
+def _refuse_narrowing_writes(ep) -> None:
+    """An in-place elementwise op whose result type its tensor cannot hold (an integer
+    tensor's `mul_(2.5)`) raises eagerly; torch's meta kernels let it through, and
+    functionalized it wrote the truncated product. Each is run once on one-element
+    tensors of its operands' types, which raises torch's own error; the capture fails
+    with it, and the call runs eagerly, raising."""
+    for node in ep.graph.nodes:
+        tags = getattr(node.target, "tags", ())
+        if node.op != "call_function" or torch.Tag.inplace not in tags or torch.Tag.pointwise not in tags:
+            continue
+        try:
+            node.target(*[_one_like(a) for a in node.args], **{k: _one_like(v) for k, v in node.kwargs.items()})
+        except RuntimeError as err:
+            if "can't be cast to the desired output type" in str(err):
+                raise CaptureError(f"capture: {node.target} at {source_of(node)}: {err}") from None
+
+
+def _one_like(arg):
+    """An operand as a one-element tensor of its type (of no dims where it has none), or
+    a number for a symbolic one."""
+    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+    if isinstance(val, torch.Tensor):
+        return torch.ones(() if val.dim() == 0 else (1,), dtype=val.dtype)
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return type(val.node.hint)(val.node.hint) if val.node.hint is not None else 1
+    return val
 
 
 # Dynamic extents below WIDEN_BELOW in the examples are traced WIDEN_BY larger when
