@@ -259,3 +259,31 @@ def test_one_symbol_naming_axes_of_different_sizes_after_it_fit_runs_eagerly():
     with pytest.warns(UserWarning, match=r"runs eagerly: .* n is 3 elsewhere, but 5 here"):
         x = torch.randn(3, 5)
         _close(f(x), _softmax(x))
+
+
+def _tanh_product(x, w):
+    return torch.tanh(x @ w)
+
+
+def test_a_third_static_shape_says_which_axis_to_declare_dynamic():
+    f = cleave.compile(_tanh_product, verbose=False)
+    w = torch.randn(8, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rows in (3, 4, 5, 6):
+            f(torch.randn(rows, 8), w)
+    hints = [w for w in caught if "serves every size" in str(w.message)]
+    text = [str(w.message) for w in hints]
+    assert len(hints) == 1 and "'x' along axis 0" in text[0] and "{'x': {0: 'x_0'}}" in text[0], text
+    assert hints[0].filename == __file__  # the user's call
+
+
+def test_a_capture_that_succeeds_clears_an_earlier_calls_capture_error():
+    f = cleave.compile(_tanh_product, verbose=False)
+    w = torch.randn(8, 4)
+    with pytest.raises(RuntimeError):
+        f(torch.randn(6, 5), w)  # eager's shape error
+    assert f.capture_error is not None
+    x = torch.randn(6, 8)
+    _close(f(x, w), _tanh_product(x, w))
+    assert f.capture_error is None

@@ -4,7 +4,9 @@ The first call captures `fn` whole. When the frontend meets an op it cannot map,
 the function is run through torch.compile with cleave's partitioning backend
 instead: dynamo gives the FX graph, the supported runs are compiled, the rest runs
 eagerly. Calls whose shapes differ only along dynamic axes reuse the operator;
-a new shape along a static axis recaptures (cheap) and reuses the search.
+a new shape along a static axis recaptures and searches again (its sizes are numbers
+of the graph: another graph), and after a third such shape cleave says which axes to
+declare dynamic. A call taking another branch on a dynamic size is captured again.
 
 What the capture bakes in besides the arguments' shapes is guarded as well. Part of
 each launch's key, as traced code may branch on them: torch's global state (grad and
@@ -36,7 +38,7 @@ from torch.utils import _pytree as pytree
 
 from .. import passes
 from ..ir import BindingError, CleaveError
-from .context import Context
+from .context import Context, _user_level
 from .graph_breaks import Launcher, constant_getters, on_meta, untraceable_call
 from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch, _python_function
 from .launch import remember
@@ -61,6 +63,7 @@ class CompiledFunction:
         self._dynamo = None
         self._spec_fitted = False  # whether `dynamic` fit a call: it is checked against the first
         self._said: set[str] = set()  # the warnings about `dynamic` given
+        self._static_shapes: dict[tuple, set] = {}  # (argument, rank, dtype) -> its shapes captured
         self._first_calls = threading.RLock()
         # Why torch.export did not take the function whole (it then runs through dynamo's
         # graphs, its first call eagerly); None when it did, or has not been tried.
@@ -170,6 +173,7 @@ class CompiledFunction:
         sig = self._signature(args)
         captures = self._runners.get(sig)
         if captures is None:
+            self._hint_dynamic(args)
             runner = self._build(args)
             if runner is None:
                 return _Ran(self._call_dynamo(args, {}))
@@ -177,6 +181,24 @@ class CompiledFunction:
                 return runner
             captures = self._runners[sig] = [runner]  # traced at 2, an extent of 0 or 1 may not fit it
         return self._fitting(captures, args) or self._recapture(captures, args)
+
+    def _hint_dynamic(self, args) -> None:
+        """Said once, at a function's third shape of some argument along static axes: each
+        shape is a search of its own, where a dynamic axis is one for every size."""
+        for name, a in zip(self._params(len(args)), args):
+            if not isinstance(a, torch.Tensor):
+                continue
+            seen = self._static_shapes.setdefault((name, a.dim(), a.dtype), set())
+            seen.add(tuple(a.shape))
+            if len(seen) != 3:
+                continue
+            declared = self._spec(args).get(name, {})
+            varied = [axis for axis in range(a.dim()) if axis not in declared and len({s[axis] for s in seen}) > 1]
+            if varied:
+                spec = {name: {axis: f"{name}_{axis}" for axis in varied}}
+                warnings.warn(f"cleave.compile: {self.name} is searched again for each shape of {name!r} along "
+                              f"axis {', '.join(map(str, varied))} (3 so far); dynamic={spec} (with your own "
+                              f"names) serves every size from one search", stacklevel=_user_level())
 
     def _fitting(self, captures: list, args):
         """The first of a signature's captures whose constraints this call's shapes meet;
@@ -320,7 +342,7 @@ class CompiledFunction:
         if captured is not None and captured.views:
             # eager returns these outputs as views of an input (writing to one writes the
             # input); dynamo's graphs, through AOTAutograd, regenerate them as views
-            self.capture_error = f"output(s) {', '.join(captured.views)} are views of an input"
+            self.capture_error = f"output(s) {', '.join(captured.views)} are views of an input or of one another"
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return None
         if captured is None and again:
@@ -334,6 +356,7 @@ class CompiledFunction:
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return _Ran(result)
         self._guards = guards
+        self.capture_error = None  # an earlier call's (a wrong shape, eager's error) no longer holds
         params = self._params(len(args))
         graph = captured.graph
         symbols = _dynamic_symbols(graph, dynamic, params)
