@@ -57,7 +57,8 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
     d = Budgets()
     budgets = Budgets(iterations or d.iterations, enodes or d.enodes, seconds or d.seconds)
     enc = encode(graph)
-    rules = [r for r in rules if _graph_conditions_hold(r, enc)]
+    holds = _graph_conditions(enc)
+    rules = [r for r in rules if all(holds[c.kind] for c in r.conditions if c.kind in holds)]
     sat = saturate(enc, rules, budgets, progress)
     classes = read(sat.egraph)
     _release(sat)
@@ -156,15 +157,15 @@ def _check(reference: Reference, cand: Graph, shapes: dict | None) -> None:
         reference.check(cand, shapes)
 
 
-def _graph_conditions_hold(rule, enc) -> bool:
-    """A rule's conditions on the whole graph: `wide_operands()` leaves out rules that
-    move a factor into a MatMul operand where the operands are f16 (an fp16 attention
-    scaled by 100 overflowed q * 100 to inf and returned NaN); `moderate_values()`
-    leaves out the base-2 rewrites where an exponent may hold values near f32's range
-    (a T5 mask, `(1 - m) * finfo.min`, became `(1 - m) * -inf` and every row NaN)."""
-    holds = {"wide_operands": lambda: enc.lowp is not DType.f16,
-             "moderate_values": lambda: not _huge_constants(enc.graph) and not _full_scale_exponents(enc.graph)}
-    return all(holds[c.kind]() for c in rule.conditions if c.kind in holds)
+def _graph_conditions(enc) -> dict[str, bool]:
+    """Whether each condition on the whole graph holds, decided once per search:
+    `wide_operands()` leaves out rules that move a factor into a MatMul operand where
+    the operands are f16 (an fp16 attention scaled by 100 overflowed q * 100 to inf and
+    returned NaN); `moderate_values()` leaves out the base-2 rewrites where an exponent
+    may hold values near f32's range (a T5 mask, `(1 - m) * finfo.min`, became
+    `(1 - m) * -inf` and every row NaN)."""
+    return {"wide_operands": enc.lowp is not DType.f16,
+            "moderate_values": not _huge_constants(enc.graph) and not _full_scale_exponents(enc.graph)}
 
 
 HUGE = 2.0 ** 127  # f32's largest finite value is just under 2^128
