@@ -22,6 +22,7 @@ from . import aten_map
 from .aten_layout import storage_dependent
 from .errors import CaptureError, UnsupportedOpError, source_of
 from .layout_sink import sink_layouts
+from .narrowing import aten_refusal
 from .masks import simplify_masks
 from .regroup import regroup_repeated_operands
 from .size_decisions import constrain_to_decisions, recorded_comparisons
@@ -263,31 +264,12 @@ def _mutates(ep) -> bool:
 
 
 def _refuse_narrowing_writes(ep) -> None:
-    """An in-place elementwise op whose result type its tensor cannot hold (an integer
-    tensor's `mul_(2.5)`) raises eagerly; torch's meta kernels let it through, and
-    functionalized it wrote the truncated product. Each is run once on one-element
-    tensors of its operands' types, which raises torch's own error; the capture fails
-    with it, and the call runs eagerly, raising."""
+    """The capture fails where an in-place write's result type is one its tensor cannot
+    hold (frontends/narrowing.py): the call runs eagerly, raising torch's error."""
     for node in ep.graph.nodes:
-        tags = getattr(node.target, "tags", ())
-        if node.op != "call_function" or torch.Tag.inplace not in tags or torch.Tag.pointwise not in tags:
-            continue
-        try:
-            node.target(*[_one_like(a) for a in node.args], **{k: _one_like(v) for k, v in node.kwargs.items()})
-        except RuntimeError as err:
-            if "can't be cast to the desired output type" in str(err):
-                raise CaptureError(f"capture: {node.target} at {source_of(node)}: {err}") from None
-
-
-def _one_like(arg):
-    """An operand as a one-element tensor of its type (of no dims where it has none), or
-    a number for a symbolic one."""
-    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
-    if isinstance(val, torch.Tensor):
-        return torch.ones(() if val.dim() == 0 else (1,), dtype=val.dtype)
-    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return type(val.node.hint)(val.node.hint) if val.node.hint is not None else 1
-    return val
+        why = aten_refusal(node)
+        if why is not None:
+            raise CaptureError(f"capture: {node.target} at {source_of(node)}: {why}")
 
 
 # Dynamic extents below WIDEN_BELOW in the examples are traced WIDEN_BY larger when

@@ -43,8 +43,14 @@ def partitioning_backend(ctx: Context, name: str | None = None):
         from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
         from ..frontends.decompositions import table
+        from ..frontends.narrowing import dynamo_refusal
 
         region = name or f"frame{next(_FRAMES)}"
+        refused = next(((n, why) for n in gm.graph.nodes if (why := dynamo_refusal(n)) is not None), None)
+        if refused is not None:  # functionalized, the write would hold the truncated value: eager raises
+            ctx.warn_eager(region, f"{refused[0].target} writes a type its tensor cannot hold ({refused[1]})")
+            ctx.eager_regions += 1
+            return gm.forward
 
         def forward(graph, inputs):
             return make_boxed_func(build(graph, ctx, region))
