@@ -20,9 +20,10 @@ from ..ir import dims as D
 from ..ir.graph import fresh_name, kernel_name_clash
 from . import aten_map
 from .aten_layout import storage_dependent
-from .errors import CaptureError, UnsupportedOpError, source_of
+from .errors import CaptureError, Unify, UnsupportedOpError, source_of
 from .layout_sink import sink_layouts
 from .narrowing import aten_refusal
+from .unify import resolved
 from .masks import simplify_masks
 from .regroup import regroup_repeated_operands
 from .size_decisions import constrain_to_decisions, recorded_comparisons
@@ -87,7 +88,18 @@ def capture_program(fn, *example_inputs, dynamic=None, name=None) -> Captured:
     named = _dynamic_axes(params, example_inputs, dynamic)
     ep, comparisons = _export(fn, params, example_inputs, named, dynamic == "all")
     graph_name = name or getattr(fn, "__name__", None) or type(fn).__name__
-    return _translate(ep, comparisons, params, named, dynamic == "all", graph_name)
+    # Axes an op needs equal that torch traced as symbols of their own (SDPA's k and v
+    # lengths under dynamic="all", or named apart): one is read as the other
+    # (frontends/unify.py) and the graph translated again; the binding checks each
+    # input's dims against the reading, so a call where they differ runs eagerly.
+    reads: dict = {}
+    while True:
+        try:
+            return _translate(ep, comparisons, params, named, dynamic == "all", graph_name, reads)
+        except Unify as err:
+            if err.symbol in reads or err.symbol not in {s for axes in named.values() for s in axes.values()}:
+                raise
+            reads[err.symbol] = err.expr
 
 
 def param_names(fn, count: int) -> list[str]:
@@ -317,7 +329,7 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _translate(ep, comparisons, params, named, auto: bool, graph_name: str) -> Captured:
+def _translate(ep, comparisons, params, named, auto: bool, graph_name: str, reads: dict) -> Captured:
     from torch.export.graph_signature import InputKind
 
     symbols = SymbolMap()
@@ -333,6 +345,9 @@ def _translate(ep, comparisons, params, named, auto: bool, graph_name: str) -> C
             elif not auto:
                 raise CaptureError(f"capture: input {pname!r} axis {axis} ({named[pname][axis]}) cannot be dynamic: "
                                    f"torch specialized it to {size} (the function's code depends on its value)")
+    for torch_symbol, ours in list(symbols.subs.items()):
+        if ours.is_Symbol and ours.name in reads:
+            symbols.read_as(torch_symbol, resolved(reads, ours.name))
     graph = Graph(graph_name)
     t = Translator(graph, symbols)
     user_names = dict(zip((n.name for n in user), params))

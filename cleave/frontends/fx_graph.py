@@ -29,6 +29,7 @@ from .layout_sink import sink_layouts
 from .regroup import regroup_repeated_operands
 from .symbols import SymbolMap
 from .translate import Translator, ir_dtype
+from .unify import resolved
 
 
 def translate_graph_module(gm: torch.fx.GraphModule, name: str) -> Captured:
@@ -54,17 +55,6 @@ def translate_graph_module(gm: torch.fx.GraphModule, name: str) -> Captured:
                                                                       for e in reads.values())):
                 raise  # a symbol only a number carries: nothing would check the reading
             reads[err.symbol] = err.expr
-
-
-def _resolved(reads: dict[str, sympy.Expr], name: str) -> sympy.Expr:
-    """The expression an IR symbol is read as, through every reading recorded."""
-    expr = D.symbol(name)
-    table = {D.symbol(k): v for k, v in reads.items()}
-    for _ in range(len(reads) + 1):
-        expr, before = sympy.expand(expr.xreplace(table)), expr
-        if expr == before:
-            break
-    return expr
 
 
 def _hint(d: torch.SymInt) -> int | None:
@@ -101,11 +91,11 @@ def _translate(gm, name: str, placeholders, reads: dict) -> Captured:
             if not isinstance(d, torch.SymInt):
                 continue
             if isinstance(d.node.expr, sympy.Symbol) and d.node.expr not in symbols.subs:
-                symbols.read_as(d.node.expr, _resolved(reads, str(d.node.expr)), _hint(d))
+                symbols.read_as(d.node.expr, resolved(reads, str(d.node.expr)), _hint(d))
             elif len(d.node.expr.free_symbols) == 1:  # a dim of one symbol binds it (2 * s, x.view(-1, d))
                 (sym,) = d.node.expr.free_symbols
                 if sym not in symbols.subs:
-                    symbols.read_as(sym, _resolved(reads, str(sym)), _symbol_hint(d, sym))
+                    symbols.read_as(sym, resolved(reads, str(sym)), _symbol_hint(d, sym))
     graph = Graph(name)
     t = Translator(graph, symbols)
     constants: dict = {}

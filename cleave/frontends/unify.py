@@ -101,3 +101,14 @@ def _agrees(s, expr, hints: dict) -> bool:
     if s not in hints or not expr.free_symbols <= set(hints):
         return False
     return expr.subs(hints) == hints[s]
+
+
+def resolved(reads: dict[str, sympy.Expr], name: str) -> sympy.Expr:
+    """The expression an IR symbol is read as, through every reading recorded."""
+    expr = D.symbol(name)
+    table = {D.symbol(k): v for k, v in reads.items()}
+    for _ in range(len(reads) + 1):
+        expr, before = sympy.expand(expr.xreplace(table)), expr
+        if expr == before:
+            break
+    return expr

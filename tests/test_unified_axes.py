@@ -1,0 +1,47 @@
+"""Axes an op needs equal that the spec names apart (SDPA's k and v lengths under
+dynamic="all", or as S and T) are one symbol of the captured graph: the capture
+failed, the first call ran eagerly without a word, and the rest went through dynamo,
+searched again for each shape under "all"."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cleave
+
+
+def causal_sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _qkv(L, S, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, 3, L, 8, generator=g), torch.randn(2, 3, S, 8, generator=g), torch.randn(2, 3, S, 8,
+                                                                                                   generator=g)
+
+
+@pytest.mark.parametrize("dynamic", ["all", {"q": {2: "L"}, "k": {2: "S"}, "v": {2: "T"}}], ids=["all", "named_apart"])
+def test_k_and_v_lengths_named_apart_are_one_symbol(dynamic):
+    graph = cleave.capture(causal_sdpa, *_qkv(7, 11), dynamic=dynamic)
+    assert graph.inputs["k"].shape[2] == graph.inputs["v"].shape[2]
+    f = cleave.compile(causal_sdpa, dynamic=dynamic, verbose=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for L, S in ((7, 11), (9, 5), (12, 13)):
+            args = _qkv(L, S, seed=L)
+            torch.testing.assert_close(f(*args), causal_sdpa(*args))
+    assert not [w for w in caught if "eager" in str(w.message)], [str(w.message) for w in caught]
+    assert f.capture_error is None and f.stats["operators"] == 1 and f.stats["compiles"] + f.stats["from_cache"] == 1, \
+        f.stats
+
+
+def test_a_call_where_the_unified_lengths_differ_runs_eagerly():
+    """The binding checks v's length against k's: where they differ, eager computes it
+    (torch 2.13's CPU SDPA reads v's first rows), with a warning."""
+    f = cleave.compile(causal_sdpa, dynamic={"q": {2: "L"}, "k": {2: "S"}, "v": {2: "T"}}, verbose=False)
+    f(*_qkv(7, 11))
+    q, k, _ = _qkv(7, 11)
+    v = torch.randn(2, 3, 12, 8)
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        torch.testing.assert_close(f(q, k, v), causal_sdpa(q, k, v))
