@@ -287,3 +287,19 @@ def test_a_capture_that_succeeds_clears_an_earlier_calls_capture_error():
     x = torch.randn(6, 8)
     _close(f(x, w), _tanh_product(x, w))
     assert f.capture_error is None
+
+
+def _first_columns(x, n):
+    return (x[:, :n] * 2).softmax(-1)
+
+
+def test_an_int_argument_goes_through_dynamo_from_the_first_call_and_says_so():
+    """The capture takes tensors only: the first call ran eagerly without a word, and the
+    reason lay in capture_error alone."""
+    f = cleave.compile(_first_columns, verbose=False)
+    x = torch.randn(4, 8)
+    with pytest.warns(UserWarning, match="argument 'n' is a int: whole-function capture takes tensors"):
+        _close(f(x, 3), _first_columns(x, 3))
+    assert f.stats["operators"] == 1, f.stats  # the first call compiled
+    for n in (4, 5):
+        _close(f(x, n), _first_columns(x, n))

@@ -167,9 +167,9 @@ class CompiledFunction:
     def _runner_for(self, args):
         """The runner for a call whose exact shapes have not run yet, found or built; or,
         where it ran otherwise (eagerly, through dynamo), the call's result as a _Ran."""
-        container = _container_argument(self._params(len(args)), args)
-        if container is not None:
-            return _Ran(self._call_containers(args, *container))
+        other = _non_tensor_argument(self._params(len(args)), args)
+        if other is not None:
+            return _Ran(self._call_non_tensors(args, *other))
         sig = self._signature(args)
         captures = self._runners.get(sig)
         if captures is None:
@@ -239,7 +239,7 @@ class CompiledFunction:
         captures.append(runner)
         return runner
 
-    def _call_containers(self, args, name: str, value):
+    def _call_non_tensors(self, args, name: str, value):
         self.capture_error = (f"argument {name!r} is a {type(value).__name__}: whole-function capture takes "
                               f"tensors")
         warnings.warn(f"cleave.compile: {self.name}'s {self.capture_error}; {self.name} runs through "
@@ -582,22 +582,15 @@ def _flat_outputs(fn):
     return flat
 
 
-def _container_argument(params, args):
-    """(name, value) of the first argument that is a container (a dict, list or tuple) or
-    another unhashable object (a dataclass, a numpy array), which whole-function capture
-    cannot take and whose value keys no runner; None if there is none."""
+def _non_tensor_argument(params, args):
+    """(name, value) of the first argument that is not a tensor (a number, a flag, a
+    container, a dataclass), which whole-function capture cannot take; None if there is
+    none. Such a function runs through dynamo from its first call (it ran that call
+    eagerly, without a word), which makes a changing int a symbol."""
     for name, a in zip(params, args):
-        if isinstance(a, (dict, list, tuple)) or not _hashable(a):
+        if not isinstance(a, torch.Tensor):
             return name, a
     return None
-
-
-def _hashable(value) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
 
 
 # -- the key of a call ----------------------------------------------------------
