@@ -18,3 +18,17 @@ def test_eager_and_graph_break_warnings_name_the_callers_line():
     ours = [w for w in caught if str(w.message).startswith("cleave:")]
     assert len(ours) >= 2
     assert all(w.filename == __file__ for w in ours), [(w.filename, w.lineno) for w in ours]
+
+
+def _dropped(x):
+    return torch.nn.functional.dropout(x, 0.5, training=True) * 2
+
+
+def test_an_op_a_decomposition_made_names_what_the_user_called():
+    """The warning named `aten.rand_like` alone; the user wrote F.dropout."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(_dropped, backend="cleave")(torch.ones(4, 6))
+    said = [str(w.message) for w in caught if "is not supported" in str(w.message)]
+    assert any("aten.rand_like.default (of dropout)" in m for m in said), said
+    assert set(out.unique().tolist()) <= {0.0, 4.0}

@@ -59,6 +59,20 @@ def op_name(fx_node) -> str:
     return getattr(target, "__name__", str(target))
 
 
+def decomposed_from(fx_node) -> str | None:
+    """The function the user called that a decomposition made this op of (`dropout`
+    for the `rand_like` of F.dropout, `index_copy_` for an `index_put`), as torch
+    records it in the node's source_fn_stack; None where the op is the one called."""
+    stack = fx_node.meta.get("source_fn_stack") if hasattr(fx_node, "meta") else None
+    if not stack:
+        return None
+    called = stack[-1][0]
+    packet = str(getattr(fx_node.target, "_schema", None) and fx_node.target._schema.name).split("::")[-1]
+    if not isinstance(called, str) or called.strip("_") in packet or packet.strip("_") in called:
+        return None
+    return called
+
+
 def _torch_dir() -> str:
     global _TORCH_DIR
     if _TORCH_DIR is None:

@@ -64,7 +64,7 @@ def _fresh(n: torch.fx.Node) -> bool:
 
 def build(gm: torch.fx.GraphModule, ctx: Context, name: str = "region"):
     """A callable running gm: one compiled region, or a split module of regions."""
-    from ..frontends.errors import op_name, source_of
+    from ..frontends.errors import decomposed_from, op_name, source_of
 
     bad = _unsupported_nodes(gm, _kernel_made(gm))
     if not bad:
@@ -74,7 +74,8 @@ def build(gm: torch.fx.GraphModule, ctx: Context, name: str = "region"):
     for n in bad:  # the producers a storage-dependent op pulled in are not unsupported
         reason = unsupported_reason(n) if n.target is not operator.getitem else None
         if reason is not None:
-            ctx.warn_unsupported(op_name(n), name, source_of(n), reason)
+            origin = decomposed_from(n)  # the user called dropout, not rand_like
+            ctx.warn_unsupported(op_name(n) + (f" (of {origin})" if origin else ""), name, source_of(n), reason)
     bad = set(bad)
     ids, current, previous = {}, 0, None
     for n in _compute_nodes(gm):
