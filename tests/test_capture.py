@@ -123,7 +123,7 @@ def _layout(x, w):
 def _index(x, idx, w):
     vals, where = torch.topk(x, 3, dim=-1, largest=False)
     return (torch.gather(x, 1, idx), torch.index_select(x, 0, idx[:, 0]), F.embedding(idx, w), x[idx[:, 1]],
-            vals, where)
+            vals, where, torch.index_select(x, 1, idx[0, 0]))  # a 0-d index keeps the axis
 
 
 def _extremes(x, w):

@@ -402,8 +402,10 @@ def _gather(t, node, a):
 
 @rule("index_select")
 def _index_select(t, node, a):
-    x = a["self"]
-    return t.add("take", x, a["index"], axis=a["dim"] % x.rank)
+    x, index = a["self"], a["index"]
+    if index.rank == 0:  # index_select keeps the axis, of extent 1, where take would drop it
+        index = t.add("reshape", index, shape=(1,))
+    return t.add("take", x, index, axis=a["dim"] % x.rank)
 
 
 @rule("embedding")
