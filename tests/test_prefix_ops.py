@@ -33,6 +33,8 @@ PROGRAMS = {
     "positions": lambda x: (x > 0).long().cumsum(-1) - 1,  # position ids from a mask
     "cummax_int": lambda x: torch.cummax((x.nan_to_num(0.0, 9.0, -9.0) * 3).to(torch.int32), dim=1),
     "cumsum_bf16": lambda x: torch.cumsum(x.to(torch.bfloat16), dim=1),
+    "cummax_bool": lambda x: torch.cummax(x > 0.5, dim=1),  # a running max of bools starts at False
+    "cummin_bool": lambda x: torch.cummin(x > -0.5, dim=1),
 }
 
 

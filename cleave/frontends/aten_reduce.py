@@ -337,9 +337,12 @@ def _as_j(t, x, axis: int):
 
 
 def _lowest(x, largest: bool):
-    """The neutral element of a running max (min): -inf (inf), or the integer type's end."""
+    """The neutral element of a running max (min): -inf (inf), False (True), or the
+    integer type's end."""
     if x.dtype.is_float:
         return float("-inf") if largest else float("inf")
+    if str(x.dtype) == "bool":
+        return not largest
     return x.dtype.int_range[0 if largest else 1]
 
 
