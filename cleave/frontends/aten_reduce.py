@@ -10,6 +10,7 @@ import torch
 
 from ..interpreter import TORCH_DTYPES
 from ..ir import dims as D
+from ..ir.dtypes import DType
 from ..ir.graph import Constraint
 
 from .aten_elementwise import floats_only
@@ -341,7 +342,7 @@ def _lowest(x, largest: bool):
     integer type's end."""
     if x.dtype.is_float:
         return float("-inf") if largest else float("inf")
-    if str(x.dtype) == "bool":
+    if x.dtype is DType.bool:
         return not largest
     return x.dtype.int_range[0 if largest else 1]
 

@@ -67,7 +67,7 @@ def decomposed_from(fx_node) -> str | None:
     if not stack:
         return None
     called = stack[-1][0]
-    packet = str(getattr(fx_node.target, "_schema", None) and fx_node.target._schema.name).split("::")[-1]
+    packet = fx_node.target._schema.name.split("::")[-1] if hasattr(fx_node.target, "_schema") else ""
     if not isinstance(called, str) or called.strip("_") in packet or packet.strip("_") in called:
         return None
     return called

@@ -87,10 +87,6 @@ class CompiledFunction:
             return self._call_subclass_eagerly(args, kwargs)
         if on_meta(args) or kwargs and on_meta(kwargs.values()):  # shapes only: eager infers them
             return self.fn(*args, **kwargs)
-        why = untraceable_call([*args, *kwargs.values()])
-        if why is not None:  # before a capture, which would fail and leave fn to dynamo for good
-            self.ctx.warn_eager(self.name, why)
-            return self.fn(*args, **kwargs)
         if self._dynamo is not None or kwargs:
             return self._call_dynamo(args, kwargs)
         if self._guards is not None and not self._guards.hold():
@@ -105,6 +101,10 @@ class CompiledFunction:
         try:
             if runner is not None:
                 return runner(*args)
+            why = untraceable_call(args)  # a known shape's launch checks it itself
+            if why is not None:  # before a capture, which would fail and leave fn to dynamo for good
+                self.ctx.warn_eager(self.name, why)
+                return self.fn(*args)
             # One thread at a time captures and makes a shape's first call: two torch.export
             # traces at once failed, and sent the function to dynamo for good.
             with self._first_calls:
@@ -132,7 +132,7 @@ class CompiledFunction:
         runner = self._runners.get(sig, [None])[0]
         if runner is None:
             runner = self._build(args)
-        launcher = runner.launcher if isinstance(runner, _Restructured) else runner
+        launcher = _launcher(runner)
         if not isinstance(launcher, Launcher):
             why = self.capture_error or ", ".join(self.ctx.stats()["unsupported"]) or "graph break"
             raise CleaveError(f"{self.name} does not capture whole ({why}): nothing to prepare")

@@ -184,7 +184,7 @@ def _huge_constants(graph) -> list:
 
 # Ops whose result may hold an operand's values unscaled: moved, selected, added, rounded.
 _KEEP_SCALE = {"cast", "neg", "abs", "broadcast", "reshape", "permute", "slice", "gather", "take", "concat",
-               "split", "add", "sub", "max", "min", "where", "floor", "ceil", "trunc", "round", "input"}
+               "split", "add", "sub", "max", "min", "where", "floor", "ceil", "trunc", "round"}
 
 
 def _full_scale_exponents(graph) -> list:
@@ -195,7 +195,8 @@ def _full_scale_exponents(graph) -> list:
     graph builds from iota, and an input scaled by at most ln 2 (log2(e) times that is
     at most 1) are not: a scale input multiplies the scores, it adds nothing."""
     full: set[int] = set()
-    for n in graph.live_nodes():
+    nodes = graph.live_nodes()
+    for n in nodes:
         operands = [i for i in (n.inputs[1:] if n.op == "where" else n.inputs) if i.id in full]
         if n.op == "input":
             takes = n.dtype.is_float
@@ -207,7 +208,7 @@ def _full_scale_exponents(graph) -> list:
             takes = False
         if takes:
             full.add(n.id)
-    return [n for n in graph.live_nodes() if n.op in ("exp", "exp2") and n.inputs[0].id in full]
+    return [n for n in nodes if n.op in ("exp", "exp2") and n.inputs[0].id in full]
 
 
 def _amplified(n, full: set) -> bool:
@@ -218,16 +219,15 @@ def _amplified(n, full: set) -> bool:
     are not full scale."""
     a, b = n.inputs
     if n.op == "div":
-        return a.id in full and not _constant_at_least(b, 1 / math.log(2))
-    return any(x.id in full and (y.id in full or _constant_over(y, math.log(2))) for x, y in ((a, b), (b, a)))
+        return a.id in full and not _magnitude(b) >= 1 / math.log(2)
+    return any(x.id in full and (y.id in full or _magnitude(y) > math.log(2)) for x, y in ((a, b), (b, a)))
 
 
-def _constant_over(node, bound: float) -> bool:
-    return node.op == "const" and node.attrs.get("value") is not None and abs(float(node.attrs["value"])) > bound
-
-
-def _constant_at_least(node, bound: float) -> bool:
-    return node.op == "const" and node.attrs.get("value") is not None and abs(float(node.attrs["value"])) >= bound
+def _magnitude(node) -> float:
+    """A constant's magnitude; NaN (which compares false) for anything else."""
+    if node.op == "const" and node.attrs.get("value") is not None:
+        return abs(float(node.attrs["value"]))
+    return math.nan
 
 
 def _check_budgets(*, seconds, **counts) -> None:
