@@ -22,6 +22,7 @@ def test_first_calls_in_threads_compile_and_free_their_e_graphs(monkeypatch, tmp
     w = torch.randn(8, 4)
     f = torch.compile(layer, backend="cleave", dynamic=True)
     results, errors = {}, []
+    gc.collect()  # an e-graph another test left in a cycle is not this test's
 
     def work(n):
         try:
@@ -43,3 +44,25 @@ def test_first_calls_in_threads_compile_and_free_their_e_graphs(monkeypatch, tmp
     assert not unraisable, unraisable
     err = capfd.readouterr().err
     assert "could not compile" not in err, err[-2000:]
+
+
+def test_an_e_graph_collected_on_another_thread_waits_for_its_own(monkeypatch):
+    """An e-graph caught in a cycle (a kept traceback) is collected by whichever thread
+    collects next; egglog cannot free it there, so its own thread frees it at its next
+    search."""
+    from cleave.search import egraph as E
+
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(str(u.exc_value)))
+    gc.collect()
+    cycle = [E.new_egraph()]
+    cycle.append(cycle)
+    del cycle
+    worker = threading.Thread(target=gc.collect)
+    worker.start()
+    worker.join()
+    assert not unraisable, unraisable
+    assert len(E._STRANDED.get(threading.current_thread(), [])) == 1
+    E.new_egraph()
+    assert threading.current_thread() not in E._STRANDED
+    assert not unraisable, unraisable

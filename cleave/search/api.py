@@ -1,7 +1,6 @@
 """`cleave.search(graph)`: saturate, extract the top-k candidates, verify each."""
 from __future__ import annotations
 
-import gc
 import math
 import numbers
 import os
@@ -85,12 +84,9 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
 
 
 def _release(sat) -> None:
-    """Frees the saturated e-graph now, on the searching thread: egglog's run keeps it in
-    a reference cycle (a recursive helper of its schedule), and the collector freed it
-    on whichever thread collected next, which egglog refuses ("EGraph is unsendable"),
-    leaking it."""
+    """Frees the saturated e-graph now, not at the search's end: extraction and
+    verification need only the classes read from it."""
     sat.egraph = None
-    gc.collect()
 
 
 class RuleNotUsed(UserWarning):

@@ -12,6 +12,7 @@ an elementwise op, the one broadcasting into the other without widening it) and
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -316,11 +317,41 @@ def _within_rules(t, x, y, z, a, k, op) -> list:
 
 
 def new_egraph() -> EGraph:
-    eg = EGraph()
+    _free_stranded()
+    eg = _ThreadBoundEGraph()
     eg.register(*(AxisId(-i) for i in range(1, MAX_RANK + 1)))
     if _forked_after_search():
         _NEVER_FREED.append(eg)
     return eg
+
+
+class _ThreadBoundEGraph(EGraph):
+    """An e-graph freed on the thread that made it. egglog refuses to free one anywhere
+    else ("EGraph is unsendable", and it leaks), yet its state can outlive it in a
+    reference cycle (egglog's scheduled runs make one; so does a kept traceback), and
+    the garbage collector frees such a cycle on whichever thread collects next: a
+    server's request thread. So the e-graph itself is let go of when its wrapper is;
+    let go of on another thread, it waits for its own thread's next search."""
+
+    def __init__(self):
+        super().__init__()
+        self._owner = threading.current_thread()  # not its id: a later thread may reuse that
+
+    def __del__(self):
+        rust, self._state.egraph = self._state.egraph, None
+        if threading.current_thread() is not self._owner:
+            with _STRANDED_LOCK:
+                _STRANDED.setdefault(self._owner, []).append(rust)
+
+
+_STRANDED: dict = {}  # thread -> its e-graphs let go of on other threads
+_STRANDED_LOCK = threading.Lock()
+
+
+def _free_stranded() -> None:
+    with _STRANDED_LOCK:
+        mine = _STRANDED.pop(threading.current_thread(), None)
+    del mine  # freed here, on its own thread
 
 
 # The process whose e-graphs started egglog's thread pool. Freeing an e-graph waits on
