@@ -203,9 +203,24 @@ def _split_candidates(graph, env, sym, base_programs, target) -> list[int]:
     # in blocks of one), so its program count can overstate the parallelism it has.
     out = {1}
     for c in [2, 4] + [math.ceil(k * target.sms / max(base_programs, 1)) for k in (1, 2, 3, 4, 6, 8, 16, 32)]:
+        c = _aligned_count(graph, sym, n, c)
         if 1 < c <= max(1, n // 64) and _holds(graph, {**env, sym: c}):  # chunks of 64+ keep a kv tile busy
             out.add(c)
     return sorted(out)
+
+
+def _aligned_count(graph, sym, n: int, c: int) -> int:
+    """c, or the least count up to 2c whose chunks start 16 bytes apart where the split
+    cuts a tensor's contiguous axis: every chunk but the first starts where its loads
+    align, or they narrow to the alignment (x·(W·1) split 33 ways over K, chunks of 125
+    bf16: 2-byte loads; 9 ways over N, 456: 16-byte ones)."""
+    split = next(node for node in graph.live_nodes()
+                 if node.op == "split" and sym in {s.name for s in node.attrs["count"].free_symbols})
+    source = split.inputs[0]
+    if split.attrs["axis"] != len(source.shape) - 1:
+        return c
+    lanes = max(1, 16 // source.dtype.itemsize)
+    return next((a for a in range(c, 2 * c + 1) if -(-n // a) % lanes == 0), c)
 
 
 def _holds(graph, env) -> bool:

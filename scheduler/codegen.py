@@ -810,7 +810,11 @@ class Emitter:
         valid = self.valid(lid, (lid,))
         return f"tl.sum(({valid}).to(tl.float32), axis=0)" if valid else f"{self.t.block[lid]}.0"
 
-    def dot(self, b: Block, inst, a: Val, c: Val, dims, acc: str | None = None) -> Val:
+    def dot(self, b: Block, inst, a: Val, c: Val, dims, acc: str | None = None, tile_acc=None) -> Val | None:
+        """The contraction of a and c over the instance's reduced label, plus `acc`. With
+        `tile_acc` (the loop's reduced label -> an accumulator or None) a product off the
+        tensor cores is added lane by lane to the accumulator it returns (deferred_tile),
+        and None is returned."""
         k = inst.reduced.id
         m = self.dims(inst.labels)
         na, nc = inst.node.inputs
@@ -888,6 +892,10 @@ class Emitter:
             valid = self.valid(k, full)
             if valid:
                 prod = f"tl.where({valid}, {prod}, 0.0)"
+            into = tile_acc(full) if tile_acc else None
+            if into is not None:
+                b.lines.append(f"{into.name} = {into.name} + {prod}")
+                return None
             expr = f"tl.sum({prod}, axis={full.index(k)})"
         else:  # neither operand varies over K (a unit K, or broadcasts along it): one term per valid k
             expr = f"{prod} * {self.count(k)}" if self.t.block[k] > 1 else prod
@@ -994,21 +1002,51 @@ class Emitter:
         trips = -(-D.evaluate(self.labels[x].extent, self.env) // bx)
         # Each segment is one `for` over a range of tiles with the same body, except that
         # a mask known to hold on all its tiles is left out (tiles skipping: bounds.py).
+        deferred = {}
         for seg in segments(self, h, x, loop.accs, trips):
             body = Block(h, h.chain + (x,), trips=h.trips * trips * seg.fraction)
             self.loop_chains.add(body.chain)
             self.keep, self.whole = seg.keep, (x if seg.full else None)
-            self.loop_body(body, loop, accs)
+            self.loop_body(body, loop, accs, deferred)
             self.keep, self.whole = {}, None
             h.lines += [f"{sym} = {render(b)}" for sym, b in seg.defs]
             self.searched |= any(isinstance(b, Search) for _, b in seg.defs)
             h.lines.append(f"for start{x} in range({render(seg.lo)}, {render(seg.hi)}, {bx}):")
             h.lines += ["    " + line for line in body.lines]
+        for a, full in deferred.values():
+            kind, acc = "sum" if a.op == "matmul" else a.node.attrs["op"], accs[id(a)]
+            out = tuple(d for d in full.dims if d != x)
+            part = self.var(h, REDUCE_IN_TILE[kind].format(x=full.name, axis=full.dims.index(x)), out, "tl.float32")
+            h.lines.append(f"{acc.name} = " + COMBINE[kind].format(a=acc.name, b=self.align(part, acc.dims)))
         for a in loop.accs:
             h.cache[id(a)] = accs[id(a)]
         self.emitting.discard(loop)
 
-    def loop_body(self, body: Block, loop: Loop, accs):
+    def deferred_tile(self, h: Block, loop: Loop, a, x: Val, acc: Val, deferred: dict) -> Val | None:
+        """The accumulator, shaped as the step's tile, of a float sum, max or min (or a
+        contraction off the tensor cores) over the loop's label that nothing in the loop
+        reads or rescales: each step adds its tile lane by lane,
+        and the tile is reduced once after the loop. Reduced every step, each load fed
+        shuffles across lanes before the next was issued (ptxas kept one 16-byte load in
+        flight a thread: a row sum of W ran 3x slower than with its loads batched)."""
+        r, kind = a.reduced.id, "sum" if a.op == "matmul" else a.node.attrs["op"]
+        if a.node.dtype.is_int or kind not in ("sum", "max", "min") or r != loop.label or r not in x.dims \
+                or x.scale is not None or self.t.block[r] == 1 or loop.scaled[a]:  # rescaled each step: online softmax
+            return None
+        dims = tuple(d for d in self.canon if d in set(acc.dims) | {r})
+        if a.op == "matmul" and x.dims != dims:  # the product is added as it is laid out
+            return None
+        if id(a) not in deferred:
+            shape = [self.t.block[d] for d in dims]
+            init = f"tl.zeros({shape}, tl.float32)" if kind == "sum" else f"tl.full({shape}, {NEUTRAL[kind]}, tl.float32)"
+            deferred[id(a)] = (a, self.var(h, init, dims, "tl.float32", prefix="acc"))
+            self.stats.acc_elems += _prod(shape)
+        full = deferred[id(a)][1]
+        if any(d not in full.dims for d in x.dims):  # another segment's tile varies otherwise
+            raise ShapeError(f"scheduler: internal: reduce %{a.node.id}'s steps vary over {x.dims}, its tile over {full.dims}")
+        return full
+
+    def loop_body(self, body: Block, loop: Loop, accs, deferred: dict):
         x = loop.label
         off = f" + {self.windows[x].off}" if x in self.windows else ""
         body.lines.append(f"idx{x} = start{x}{off} + tl.arange(0, {self.t.block[x]})")
@@ -1027,12 +1065,20 @@ class Emitter:
                 body.lines.append(f"{acc.name} = {acc.name} * {factor}")
             if a.op == "matmul":
                 lhs, rhs = self.ensure(body, a.inputs[0]), self.ensure(body, a.inputs[1])
-                part = self.dot(body, a, lhs, rhs, acc.dims, acc=acc.name)
-                body.lines.append(f"{acc.name} = {part.name}")
+                part = self.dot(body, a, lhs, rhs, acc.dims, acc=acc.name, tile_acc=None if scale else (
+                    lambda dims, a=a, acc=acc: self.deferred_tile(body.parent, loop, a, Val("", dims, ""), acc, deferred)))
+                if part is not None:
+                    body.lines.append(f"{acc.name} = {part.name}")
                 continue
             kind = a.node.attrs["op"]
             x = self.value(body, a.inputs[0])
-            part = self.partial_reduce(body, a, x if kind in SCALED_REDUCE else self.unscaled(body, x))
+            x = x if kind in SCALED_REDUCE else self.unscaled(body, x)
+            full = None if a in loop.factors else self.deferred_tile(body.parent, loop, a, x, acc, deferred)
+            if full is not None:
+                step = self.var(body, self.masked(x, a.reduced.id, NEUTRAL[kind]), x.dims, "tl.float32")
+                body.lines.append(f"{full.name} = " + COMBINE[kind].format(a=full.name, b=self.align(step, full.dims)))
+                continue
+            part = self.partial_reduce(body, a, x)
             if a in loop.factors:
                 old = self.var(body, acc.name, acc.dims, acc.ty, prefix="old")
                 body.lines.append(f"{acc.name} = " + COMBINE[kind].format(a=acc.name, b=self.align(part, acc.dims)))
