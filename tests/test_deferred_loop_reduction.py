@@ -72,3 +72,58 @@ def test_specials_keep_their_meaning_in_the_lane_by_lane_accumulators():
             torch.testing.assert_close(g.double(), w, rtol=1e-6, atol=1e-6, equal_nan=True)
         assert math.isnan(got[1][1]) and math.isnan(got[2][1]) and got[1][2] == float("-inf")
         assert got[0][3] == 5.0 * 203 and got[1][3] == 5.0 and got[2][3] == 5.0
+
+
+SPLIT_ROWS = '''graph split_rows {{
+  %0 = input(name="x", shape=[s,k], dtype={dtype}) : {dtype}[s,k]
+  %1 = split(%0, axis={axis}, count=c, pad=0.0) : {shape}
+  %2 = reduce(%1, op="sum", axis=2, keepdim=0) : {dtype}[{kept}]
+  return y=%2
+}}'''
+
+
+@pytest.mark.parametrize("dtype, lanes", [("bf16", 8), ("f32", 4)])
+def test_split_counts_over_a_contiguous_axis_keep_chunks_16_byte_aligned(dtype, lanes):
+    """Chunks of 125 bf16 (K = 4096 in 33) start 250 bytes apart: every load narrows to
+    2 bytes. The counts offered there are moved up (to at most twice) to aligned ones."""
+    from cleave.scheduler.api import _split_candidates
+    from cleave.scheduler.target import H200
+
+    graph = parse_graph(SPLIT_ROWS.format(dtype=dtype, axis=1, shape=f"{dtype}[s,c,ceiling(k/c)]", kept="s,c"))
+    env = {"s": 64, "k": 4096}
+    counts = _split_candidates(graph, env, "c", 64, H200)
+    assert len(counts) > 3
+    assert all(-(-4096 // c) % lanes == 0 for c in counts if c > 1), counts
+
+
+def test_split_counts_over_a_strided_axis_are_left_as_they_are():
+    from cleave.scheduler.api import _split_candidates
+    from cleave.scheduler.target import H200
+
+    graph = parse_graph(SPLIT_ROWS.format(dtype="bf16", axis=0, shape="bf16[c,ceiling(s/c),k]", kept="c,ceiling(s/c)"))
+    counts = _split_candidates(graph, {"s": 4096, "k": 64}, "c", 64, H200)
+    assert 33 in counts, counts  # 16 programs an SM (132 of them): chunks of 125 rows, each row aligned
+
+
+GEMV = '''graph gemv {
+  %0 = input(name="x", shape=[s,k], dtype=bf16) : bf16[s,k]
+  %1 = input(name="v", shape=[k,1], dtype=f32) : f32[k,1]
+  %2 = matmul(%0, %1) : f32[s,1]
+  return y=%2
+}'''
+
+
+@pytest.mark.parametrize("env", [{"s": 7, "k": 203}, {"s": 70, "k": 96}])
+def test_a_contraction_off_the_tensor_cores_sums_once_after_its_loop(env):
+    """x·v (one column: no tensor-core tile) over a looped K: its products are added
+    lane by lane and summed once."""
+    graph = parse_graph(GEMV)
+    plans = schedule(graph, env, target=LOOPS, top_k=4)
+    for plan in plans:
+        run_and_check(graph, plan, env, seed=3)
+    looped = [k for p in plans for k in p.kernels if "for " in k.source]
+    assert looped
+    for kernel in looped:
+        inside, after = _loop_lines(kernel.source)
+        assert not any("tl.sum(" in line for line in inside), kernel.source
+        assert any("tl.sum(" in line for line in after), kernel.source
