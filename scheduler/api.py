@@ -10,6 +10,7 @@ from cleave import passes
 from cleave.ir import BindingError, Candidate, DType, Graph, ShapeError
 from cleave.ir import dims as D
 from cleave.ir.graph import rebuild
+from cleave.ir.ops import UNARY
 
 from . import row_halves, scale_after
 from .codegen import Emitter, fact_table
@@ -217,7 +218,11 @@ def _aligned_count(graph, sym, n: int, c: int) -> int:
     split = next(node for node in graph.live_nodes()
                  if node.op == "split" and sym in {s.name for s in node.attrs["count"].free_symbols})
     source = split.inputs[0]
-    if split.attrs["axis"] != len(source.shape) - 1:
+    while source.op == "cast" or source.op in UNARY:  # elementwise: the loads keep the input's layout
+        source = source.inputs[0]
+    # an input is row-major; a view's or a computed value's last axis need not be contiguous
+    # in memory (split-KV cuts Kᵀ's last axis, whose keys lie d elements apart)
+    if source.op != "input" or split.attrs["axis"] != len(source.shape) - 1:
         return c
     lanes = max(1, 16 // source.dtype.itemsize)
     return next((a for a in range(c, 2 * c + 1) if -(-n // a) % lanes == 0), c)

@@ -21,6 +21,7 @@ class Stats:
     gathered: set = field(default_factory=set)
     fixed_smem: dict = field(default_factory=dict)  # dot operands held across the loop (the q tile)
     acc_elems: int = 0
+    deferred: bool = False  # a loop accumulates a tile lane by lane (codegen.deferred_tile)
     tile_elems: int = 0  # the largest value computed in a loop (the score tile): registers
     loop_elems: int = 0  # the same, inside loops only: what is live beside the accumulators
     footprint: dict = field(default_factory=dict)  # buffer -> its size in bytes (L2 reuse bound)
