@@ -127,3 +127,20 @@ def test_a_contraction_off_the_tensor_cores_sums_once_after_its_loop(env):
         inside, after = _loop_lines(kernel.source)
         assert not any("tl.sum(" in line for line in inside), kernel.source
         assert any("tl.sum(" in line for line in after), kernel.source
+
+
+def test_split_counts_over_a_views_last_axis_are_left_as_they_are():
+    """Split-KV cuts Kᵀ's last axis: its keys lie a row apart in memory, so the chunk
+    alignment means nothing to the loads, and the decode's counts stay."""
+    from cleave.scheduler.api import _split_candidates
+    from cleave.scheduler.target import H200
+
+    graph = parse_graph('''graph split_keys {
+  %0 = input(name="k", shape=[s,d], dtype=bf16) : bf16[s,d]
+  %1 = permute(%0, perm=[1,0]) : bf16[d,s]
+  %2 = split(%1, axis=1, count=c, pad=0.0) : bf16[d,c,ceiling(s/c)]
+  %3 = reduce(%2, op="sum", axis=2, keepdim=0) : bf16[d,c]
+  return y=%3
+}''')
+    counts = _split_candidates(graph, {"s": 4096, "d": 64}, "c", 64, H200)
+    assert 33 in counts, counts
