@@ -40,7 +40,7 @@ from .. import passes
 from ..ir import BindingError, CleaveError
 from .context import Context, _user_level
 from .graph_breaks import Launcher, constant_getters, on_meta, untraceable_call
-from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch, _python_function
+from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch, TensorContents, _python_function
 from .launch import remember
 
 _log = logging.getLogger("cleave.compile")
@@ -312,6 +312,7 @@ class CompiledFunction:
             self._through_dynamo(guards.needs_dynamo)
             return None
         watch = StateWatch(modules.modules if modules is not None else [])
+        contents = TensorContents(guards)
         if dynamic is None:
             dynamic = self.dynamic if self.dynamic == "all" else self._spec(args) or None
         try:
@@ -327,6 +328,7 @@ class CompiledFunction:
             self.capture_error = str(err)
         finally:
             watch.restore()  # the trace's assignments undone: eager and dynamo make them, once a call
+            contents.restore()  # and its in-place changes of constant tensors
             changed = guards is not None and guards.put_back()  # a global list the trace appended to
         if watch.changed:
             self._through_dynamo("its forward changes its modules' state (assigns an attribute or a buffer, or "

@@ -28,6 +28,8 @@ import torch
 from torch.nn.modules import module as nn_module
 from torch.utils.hooks import RemovableHandle
 
+from ..ir.errors import CleaveError
+
 _SCALARS = (bool, int, float, complex, str)
 _MISSING = object()
 # nn.Module's own entries in a module's __dict__ (torch's list in _detect_attribute_assignment)
@@ -94,6 +96,15 @@ class Guards:
                 changed = changed or name
                 _refill(now if isinstance(now, (list, dict, set)) else vars(now), _copied(snapshot.held))
         return changed
+
+    def plain_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """The tensors fn reads that torch.export holds as constants, named: globals,
+        closure cells, modules' tensor attributes and the buffers of modules reached
+        through a global (parameters are left out: none is changed in place)."""
+        found = [(n, v) for _, n, v, _, _ in self.names] + [("a closure variable", v) for _, v, _, _ in self.cells]
+        if self.modules is not None:
+            found += [(key, t) for _, key, t, _, _ in self.modules.tensors]
+        return [(n, t) for n, t in found if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter)]
 
     @property
     def needs_dynamo(self) -> str | None:
@@ -199,6 +210,39 @@ class _ModuleTree:
             return False
         self.hook_counter = RemovableHandle.next_id
         return True
+
+
+class TensorContents:
+    """The contents of the constant tensors a capture's trace reaches (Guards.
+    plain_tensors), kept while torch.export traces: it runs forward on those tensors
+    themselves, so `self.count.add_(1)` (an attribute, no buffer) or `STEP.add_(1)` (a
+    global) happened in the trace and again when the call then ran, a step ahead for
+    good. Those the trace changed get their contents back; one too large to copy that
+    the trace changed is an error, not a result computed from changed state."""
+
+    LIMIT = 64 << 20  # bytes: a larger tensor is only watched
+
+    def __init__(self, guards):
+        tensors = guards.plain_tensors() if guards is not None else []
+        self.kept = [(name, t, _version(t), t.detach().clone() if _nbytes(t) <= self.LIMIT else None)
+                     for name, t in {id(t): (name, t) for name, t in tensors}.values()]
+
+    def restore(self) -> None:
+        for name, t, version, copy in self.kept:
+            # an inference tensor has no counter: its contents tell
+            changed = t._version != version if version is not None else copy is not None and not torch.equal(t, copy)
+            if not changed:
+                continue
+            if copy is None:
+                raise CleaveError(f"cleave: capturing changed {name} ({tuple(t.shape)}, {_nbytes(t)} bytes), a "
+                                   f"tensor held as a constant, in place, and it is too large to put back: register "
+                                   f"it as a buffer of the module (register_buffer), or pass it as an argument")
+            with torch.inference_mode(t.is_inference()), torch.no_grad():
+                t.detach().copy_(copy)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 class _State(NamedTuple):
@@ -353,7 +397,13 @@ def _guarded(value, versioned: bool = True) -> tuple:
     capture) and data pointer."""
     if not isinstance(value, torch.Tensor):
         return value, None, None
-    return value, value._version if versioned else None, _data_pointer(value)
+    return value, _version(value) if versioned else None, _data_pointer(value)
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """t's in-place change counter; None for a tensor made under torch.inference_mode,
+    which has none (reading it raised)."""
+    return None if t.is_inference() else t._version
 
 
 def _same(now, value, version, pointer) -> bool:
