@@ -64,7 +64,7 @@ def within(c, x) -> bool:
     return c.rank <= x.rank and all(D.is_one(a) or D.equal(a, b) for a, b in zip(c.shape[::-1], x.shape[::-1]))
 
 
-def _build(rule: Rule, side, shapes: dict, axes: dict) -> tuple[Graph, dict]:
+def _build(rule: Rule, side, shapes: dict, axes: dict, k: int = TOPK) -> tuple[Graph, dict]:
     g = Graph(f"{rule.name}.{side}")
     nodes = {}
     sizes = {c.args[0].name: c for c in rule.conditions if c.kind == "extent"}
@@ -77,7 +77,7 @@ def _build(rule: Rule, side, shapes: dict, axes: dict) -> tuple[Graph, dict]:
         if x.rank + a < 0:  # a scalar or lower-rank pick of x: the condition names no axis of it
             raise RuleError(f"rule {rule.name}: extent({name}, ...): {cond.args[1].name} has no axis {a}")
         nodes[name] = g.add("size", value=x.shape[a], dtype="f32")
-    low = Lowering(g, nodes, axes, {v: TOPK for v in _int_vars(rule)}, what=f"rule {rule.name} ({side})")
+    low = Lowering(g, nodes, axes, {v: k for v in _int_vars(rule)}, what=f"rule {rule.name} ({side})")
     out = low(getattr(rule, side))
     g.output(out, names=["out"])
     return g, nodes
@@ -130,7 +130,8 @@ def masked_vars(rule: Rule) -> tuple[str, ...]:
             if reduced and t.name not in flat and t.name not in out:
                 out.append(t.name)
         elif hasattr(t, "op"):
-            inner = reduced or t.op in REDUCE or t.op == "matmul" or t.op.startswith("topk")
+            # inf_to_zero's argument too: what it is for is an infinite element
+            inner = reduced or t.op in REDUCE or t.op in ("matmul", "inf_to_zero") or t.op.startswith("topk")
             for a in t.args:
                 walk(a, inner)
 
@@ -138,12 +139,12 @@ def masked_vars(rule: Rule) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _instance(rule: Rule, shapes: dict, axes: dict, axis: int) -> RuleInstance | None:
+def _instance(rule: Rule, shapes: dict, axes: dict, axis: int, k: int = TOPK) -> RuleInstance | None:
     """The instance at one shape assignment, or None where a side does not build, a
     condition fails, or the pick is degenerate."""
     try:
-        lhs, nodes = _build(rule, "lhs", shapes, axes)
-        rhs, _ = _build(rule, "rhs", shapes, axes)
+        lhs, nodes = _build(rule, "lhs", shapes, axes, k)
+        rhs, _ = _build(rule, "rhs", shapes, axes, k)
     except (RuleError, ValueError):
         return None
     if not (_holds(rule, nodes, axes) and _uses_axis(nodes, axis)):
@@ -160,21 +161,35 @@ def _merges(shapes: dict) -> list[dict]:
             for k in range(1, len(dims)) for group in itertools.combinations(dims[1:], k)]
 
 
-def _canonical(shapes: dict, axis: int) -> tuple:
-    """An assignment with its dims renamed in order of appearance."""
+def _canonical(shapes: dict, axis: int, axes: dict | None = None, k: int = TOPK) -> tuple:
+    """An assignment with its dims renamed in order of appearance (and the axes and
+    top-k count it is built at)."""
     names: dict = {}
     return axis, tuple(tuple(names.setdefault(d, f"d{len(names)}") if isinstance(d, sympy.Symbol) else d for d in shape)
-                       for shape in shapes.values())
+                       for shape in shapes.values()), tuple(sorted((axes or {}).items())), k
 
 
-def _equal_dims(rule: Rule, shapes: dict, axes: dict, axis: int) -> list[tuple[dict, RuleInstance]]:
+def _bindings(rule: Rule) -> list[tuple[dict, int]]:
+    """(axis of each axis variable, top-k count): every assignment of -1 and -2 to the
+    axis variables, not only all alike (a rule right only where two of them name one
+    axis was proven so), and the counts TOPK and TOPK - 1 where the rule has a count
+    variable (one right only at k = 3 was)."""
+    names = rule.axis_vars()
+    counts = (TOPK, TOPK - 1) if _int_vars(rule) else (TOPK,)
+    if not names:
+        return [({}, k) for k in counts]
+    return [(dict(zip(names, picks)), k) for picks in itertools.product((-1, -2), repeat=len(names))
+            for k in counts]
+
+
+def _equal_dims(rule: Rule, shapes: dict, axes: dict, axis: int, k: int = TOPK) -> list[tuple[dict, RuleInstance]]:
     """(assignment, instance) for each way of making dims of `shapes` equal (_merges)
     at which the rule builds: x square in matmul(x, x)."""
     merges = _merges(shapes)
     # making dims equal never stops a side from building: if all equal does not build, nothing does
-    if not merges or _instance(rule, merges[-1], axes, axis) is None:
+    if not merges or _instance(rule, merges[-1], axes, axis, k) is None:
         return []
-    return [(m, inst) for m in merges if (inst := _instance(rule, m, axes, axis)) is not None]
+    return [(m, inst) for m in merges if (inst := _instance(rule, m, axes, axis, k)) is not None]
 
 
 def instantiate(rule: Rule) -> list[RuleInstance]:
@@ -186,22 +201,23 @@ def instantiate(rule: Rule) -> list[RuleInstance]:
     free = [v for v in tensors if v not in sized]
     elementwise = _elementwise(rule)
     built: dict = {}  # canonical assignment -> (assignment, instance)
-    for axis in (-1, -2):
-        axes = {a: axis for a in rule.axis_vars()}
-        for choice in itertools.product(_shapes(axis), repeat=len(free)):
-            shapes = dict(zip(free, choice))
-            inst = _instance(rule, shapes, axes, axis)
-            if inst is not None:
-                built.setdefault(_canonical(shapes, axis), (shapes, inst))
-            elif not elementwise and (axis == -1 or axes):
-                # Not for an elementwise rule: its values are its full-shape instance's at any
-                # dims. Not at axis -2 for a rule of literal axes: there it would only get batched
-                # copies of its axis -1 instances (x[B, N, N]), for 1.6 times the library's proofs.
-                for merged, inst in _equal_dims(rule, shapes, axes, axis):
-                    built.setdefault(_canonical(merged, axis), (merged, inst))
+    for axes, k in _bindings(rule):
+        axis = min(axes.values(), default=-1) if axes else None
+        for axis in (-1, -2) if axis is None else (axis,):
+            for choice in itertools.product(_shapes(axis), repeat=len(free)):
+                shapes = dict(zip(free, choice))
+                inst = _instance(rule, shapes, axes, axis, k)
+                if inst is not None:
+                    built.setdefault(_canonical(shapes, axis, axes, k), (shapes, inst))
+                elif not elementwise and (axis == -1 or axes):
+                    # Not for an elementwise rule: its values are its full-shape instance's at any
+                    # dims. Not at axis -2 for a rule of literal axes: there it would only get batched
+                    # copies of its axis -1 instances (x[B, N, N]), for 1.6 times the library's proofs.
+                    for merged, inst in _equal_dims(rule, shapes, axes, axis, k):
+                        built.setdefault(_canonical(merged, axis, axes, k), (merged, inst))
     # an assignment that another becomes with some dims made equal is that one's graph at
     # bindings where they are: leave it out
-    special = {_canonical(m, k[0]) for k, (shapes, _) in built.items() for m in _merges(shapes)}
+    special = {_canonical(m, key[0])[:2] + key[2:] for key, (shapes, _) in built.items() for m in _merges(shapes)}
     key = _shape_relation if elementwise else _texts
     out: dict = {}  # key(instance) -> the first instance with it
     for k, (_, inst) in built.items():

@@ -1,0 +1,50 @@
+"""The verifier's instances bind a rule's variables more than one way: every axis
+variable to -1 and -2 independently (all were bound alike, so a rule right only where
+two of them name one axis was proven, and on a graph too large for the candidate check
+cleave returned 198.8 where eager gave 70662), a top-k count to 3 and 2 (one right only
+at k = 3 was proven), and inf_to_zero's argument may hold infinities
+(`inf_to_zero(x) => x` was proven, and a fully masked logsumexp row became NaN)."""
+from __future__ import annotations
+
+import pytest
+
+from cleave.rules.dsl import parse_rules
+from cleave.verify import check_rule
+
+RULES = {r.name: r for r in parse_rules("""
+family probe phase rewrite
+
+rule sum-of-max-is-max: rsum(rmax(x, a), b) => rmax(rmax(x, a), b)
+  why: wrong: right only where a and b are one axis
+
+rule neg-max-sum: rsum(rmax(neg(x), a), b) => neg(rmin(rmin(x, a), b))
+  why: wrong: right only where a and b are one axis
+
+rule topk-any-is-3: topk_values(x, k, -1) => topk_values(x, 3, -1)
+  why: wrong: right only at k = 3
+
+rule min-of-topk-is-third: rmin(topk_values(x, k, -1), -1) => rmin(topk_values(x, 3, -1), -1)
+  why: wrong: right only at k = 3
+
+rule inf-to-zero-is-identity: inf_to_zero(x) => x
+  why: wrong at infinite x
+
+rule sums-commute: rsum(rsum(x, a), b) => rsum(rsum(x, b), a)
+  why: sums over two axes in either order
+
+rule maxes-commute: rmax(rmax(x, a), b) => rmax(rmax(x, b), a)
+  why: maxima over two axes in either order
+""", source="bindings.rules")}
+
+
+@pytest.mark.parametrize("name", ["sum-of-max-is-max", "neg-max-sum", "topk-any-is-3", "min-of-topk-is-third",
+                                  "inf-to-zero-is-identity"])
+def test_a_rule_right_only_at_one_binding_is_refused(name):
+    v = check_rule(RULES[name], use_cache=False)
+    assert v.verdict == "unsound", v.explain()
+
+
+@pytest.mark.parametrize("name", ["sums-commute", "maxes-commute"])
+def test_a_rule_right_at_every_binding_is_proven(name):
+    v = check_rule(RULES[name], use_cache=False)
+    assert v.verdict == "proven", v.explain()
