@@ -1033,9 +1033,9 @@ class Emitter:
         if a.node.dtype.is_int or kind not in ("sum", "max", "min") or r != loop.label or r not in x.dims \
                 or x.scale is not None or self.t.block[r] == 1 or loop.scaled[a]:  # rescaled each step: online softmax
             return None
-        dims = tuple(d for d in self.canon if d in set(acc.dims) | {r})
-        if a.op == "matmul" and x.dims != dims:  # the product is added as it is laid out
-            return None
+        # the step's own dims: a step constant along one of the result's (a [64] masked sum
+        # into a [256] row) stays its size, broadcast once after the loop
+        dims = x.dims
         if id(a) not in deferred:
             shape = [self.t.block[d] for d in dims]
             init = f"tl.zeros({shape}, tl.float32)" if kind == "sum" else f"tl.full({shape}, {NEUTRAL[kind]}, tl.float32)"

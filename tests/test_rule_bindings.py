@@ -48,3 +48,17 @@ def test_a_rule_right_only_at_one_binding_is_refused(name):
 def test_a_rule_right_at_every_binding_is_proven(name):
     v = check_rule(RULES[name], use_cache=False)
     assert v.verdict == "proven", v.explain()
+
+
+def test_a_rhs_log_outside_the_lhs_domain_is_not_proven():
+    """z3 assumed both sides' log arguments positive: log((a+100)(b+100)) =>
+    log(a+100) + log(b+100) was proven, and is NaN where both factors are negative.
+    The right side's domain must now follow from the left side's."""
+    (rule,) = parse_rules("""
+family probe phase rewrite
+
+rule split-log: log(mul(add(a, const(100)), add(b, const(100)))) => add(log(add(a, const(100))), log(add(b, const(100))))
+  why: wrong where both factors are negative
+""", source="domain.rules")
+    v = check_rule(rule, use_cache=False)
+    assert v.verdict != "proven", v.explain()

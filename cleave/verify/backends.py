@@ -39,6 +39,7 @@ class Z3Backend(_FieldOps):
         self.log_args: dict[int, z3.ArithRef] = {}
         self.sqrt_args: dict[int, z3.ArithRef] = {}
         self.premises: list[z3.BoolRef] = []
+        self.obligations: list[z3.BoolRef] = []  # the rhs's domain, where the lhs's does not imply it
         self._extrema: dict[int, tuple] = {}  # id of a max/min term -> (kind, its leaves)
         self._canon: dict[tuple, z3.ArithRef] = {}
 

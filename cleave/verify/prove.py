@@ -68,7 +68,14 @@ def _scalarise_both(inst: RuleInstance, env, backend, fixed: dict):
     alg = Algebra(backend)
     inputs = {**input_arrays(inst.lhs, env, alg), **fixed}
     lhs = scalarise(inst.lhs, env, inputs, alg)
+    assumed = len(getattr(backend, "premises", ()))
     rhs = scalarise(inst.rhs, env, {k: v for k, v in inputs.items() if k in inst.rhs.inputs}, alg)
+    if assumed < len(getattr(backend, "premises", ())):
+        # the rhs's domain (its log and sqrt arguments) is not assumed: it must follow from
+        # the lhs's, or log((a+100)(b+100)) => log(a+100) + log(b+100) is proven
+        lhs_domain = {p.get_id() for p in backend.premises[:assumed]}
+        backend.obligations = [p for p in backend.premises[assumed:] if p.get_id() not in lhs_domain]
+        del backend.premises[assumed:]
     return inputs, lhs, rhs
 
 
@@ -111,7 +118,7 @@ def _prove_z3_case(inst: RuleInstance, binding: Binding, timeout_ms: int, fixed:
     except Unsupported as err:
         return ProofResult("unknown", "", f"z3 lowering: {err}")
     alg = Algebra(backend)
-    differs = []
+    differs = [z3.Not(p) for p in backend.obligations]
     for a, b in zip(lhs, rhs):
         for idx in np.ndindex(*a.shape):
             x, y = a[idx], b[idx]
