@@ -188,6 +188,22 @@ def test_eager_error_on_the_capture_path_is_unchained():
     _assert_eager_error_unchained(lambda: compiled(torch.randn(5, 3), torch.randn(4, 3)))
 
 
+def test_eager_error_after_a_model_changed_dtype_is_unchained():
+    """A model moved to bf16 after its first call, then called with f32: the capture is
+    made again (its parameters changed dtype), and eager's dtype error comes without
+    cleave's StateChanged before it."""
+    model = torch.nn.Linear(16, 16).eval()
+    compiled = cleave.compile(model)
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        compiled(x)
+        model.to(torch.bfloat16)
+        with pytest.raises(RuntimeError, match="dtype") as info:
+            compiled(x)
+    text = "".join(traceback.format_exception(info.value))
+    assert "During handling of the above exception" not in text and "StateChanged" not in text, text
+
+
 # -- 8. explain ------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_explain_refuses_another_backend(backend):

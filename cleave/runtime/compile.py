@@ -117,13 +117,16 @@ class CompiledFunction:
                     remember(self._seen, exact, fast)
                 return result
         except StateChanged:  # a parameter the capture read changed shape, dtype or tying: capture again
-            self._forget_captures()
-            self.calls -= 1
-            return self(*args)
+            pass
         except Exception as err:
             if isinstance(err.__context__, BindingError):  # the launcher ran eager: its error is the user's
                 raise err from None
             raise
+        # outside the handler: an error of this call (eager's, for a model moved to bf16 and
+        # called with f32) is raised without StateChanged chained before it
+        self._forget_captures()
+        self.calls -= 1
+        return self(*args)
 
     def prepare(self, *args):
         """Search (or load) and schedule for the shapes of `args` without running: the
