@@ -61,6 +61,7 @@ class CompiledFunction:
         self._seen: dict[tuple, object] = {}  # exact arguments (_call_key) -> runner: skips the signature
         self._guards: Guards | None = None  # what the runners baked in besides the arguments
         self._dynamo = None
+        self._rnn_noted = False  # whether the recurrent modules fn calls were looked for
         self._spec_fitted = False  # whether `dynamic` fit a call: it is checked against the first
         self._said: set[str] = set()  # the warnings about `dynamic` given
         self._static_shapes: dict[tuple, set] = {}  # (argument, rank, dtype) -> its shapes captured
@@ -390,6 +391,7 @@ class CompiledFunction:
         for name, a in zip(self._params(len(args)), args):
             for axis in spec.get(name, ()):
                 torch._dynamo.maybe_mark_dynamic(a, axis)
+        self._note_recurrent_modules()
         try:
             with _fake_tensor_logs_held():
                 return self._dynamo(*args, **kwargs)
@@ -398,6 +400,25 @@ class CompiledFunction:
         finally:
             DYNAMO_HOOK_GUARDS.call_done()
         return self._eager_instead(args, kwargs, failure)  # outside the except: eager's error unchained
+
+    def _note_recurrent_modules(self) -> None:
+        """dynamo does not trace nn.RNN, GRU or LSTM (torch._dynamo.config.allow_rnn): the
+        frame that calls one runs eagerly, with no graph for cleave and nothing said."""
+        if self._rnn_noted:
+            return
+        self._rnn_noted = True
+        if isinstance(self.fn, torch.nn.Module):
+            modules = self.fn.named_modules()
+        else:
+            guards = Guards.read_by(self.fn)
+            reached = guards.modules.modules if guards is not None and guards.modules is not None else []
+            modules = ((type(m).__name__, m) for m in reached)
+        for path, m in modules:
+            if isinstance(m, torch.nn.RNNBase):
+                self.ctx.warn_eager(self.name, f"it calls {path or 'itself'} (a {type(m).__name__}), a recurrent "
+                                               f"module, which torch.compile does not trace: the function calling "
+                                               f"it runs eagerly")
+                return
 
     def _eager_instead(self, args, kwargs, failure):
         """Dynamo could not trace this call (nothing of it ran): eager raises its own error
