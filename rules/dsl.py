@@ -252,17 +252,22 @@ def _walk_axes(t):
 
 
 def _parse_axis(node, where: str, op: str) -> Axis:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+    if _int_constant(node):
         return _literal_axis(node.value, where, op)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
-        return _literal_axis(-int(node.operand.value), where, op)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and _int_constant(node.operand):
+        return _literal_axis(-node.operand.value, where, op)
     if isinstance(node, ast.Name):
         return Axis(node.id)
-    if isinstance(node, ast.BinOp) and isinstance(node.left, ast.Name) and isinstance(node.right, ast.Constant):
+    if isinstance(node, ast.BinOp) and isinstance(node.left, ast.Name) and _int_constant(node.right):
         sign = {ast.Sub: -1, ast.Add: 1}.get(type(node.op))
         if sign:
-            return Axis(node.left.id, sign * int(node.right.value))
+            return Axis(node.left.id, sign * node.right.value)
     raise RuleError(f"{where}: cannot read an axis from {ast.unparse(node)!r} (use -1, a, a-1)")
+
+
+def _int_constant(node) -> bool:
+    """An int literal (not a bool, a float or a string: -1.5 was read as axis -1)."""
+    return isinstance(node, ast.Constant) and type(node.value) is int
 
 
 def _literal_axis(value: int, where: str, op: str) -> Axis:
@@ -284,9 +289,9 @@ def _parse_arg(kind: str, node, where: str, op: str):
     if kind == "k":
         if isinstance(node, ast.Name):
             return Var(node.id)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        if _int_constant(node) and node.value >= 1:
             return node.value
-        raise RuleError(f"{where}: a top-k count is a variable or an int, not {ast.unparse(node)!r}")
+        raise RuleError(f"{where}: a top-k count is a variable or an int of at least 1, not {ast.unparse(node)!r}")
     text = ast.unparse(node).replace(" ", "")
     if text not in PADS:
         raise RuleError(f"{where}: a split pad is one of {', '.join(PADS)}, not {text!r}")
@@ -441,6 +446,11 @@ def _check(rule: Rule) -> None:
     _one_kind_each(rule, where)
     lhs_vars = set(_walk_vars(rule.lhs))
     lhs_axes = {a.var for a in _walk_axes(rule.lhs)}
+    shifted = sorted(lhs_axes - {a.var for a in _walk_axes(rule.lhs) if a.offset == 0} - {None})
+    if shifted:  # egglog binds a variable only where it matches bare ("Variable _a is ungrounded")
+        raise RuleError(f"{where}: axis variable(s) {', '.join(shifted)} appear on the left only with an offset "
+                        f"({', '.join(str(a) for a in _walk_axes(rule.lhs) if a.var in shifted)}): a pattern binds "
+                        f"an axis variable where it stands alone; write it bare there (b for a-1, and b+1 for a)")
     _unbound(where, "rhs variable(s)", _walk_vars(rule.rhs), lhs_vars)
     _unbound(where, "rhs axis variable(s)", (a.var for a in _walk_axes(rule.rhs) if a.var), lhs_axes)
     for c in rule.conditions:

@@ -161,3 +161,18 @@ def test_an_unconfirmed_counterexample_names_the_ops_z3_did_not_know():
     verdict = check_rule(rule, use_cache=False)
     assert verdict.verdict == "unknown"
     assert "z3 holds erf as an unknown function with only the laws it was given" in " ".join(verdict.notes)
+
+
+# -- axes and counts the parser read wrong or let through -------------------------
+@pytest.mark.parametrize("body, message", [
+    ("rsum(exp(x), -1.5) => rsum(exp(x), -1)", "cannot read an axis from '-1.5'"),  # was read as -1
+    ("rsum(exp(x), a - 1.5) => rsum(exp(x), a-1)", "cannot read an axis from 'a - 1.5'"),
+    ("rsum(exp(x), -'a') => rsum(exp(x), -1)", "cannot read an axis from \"-'a'\""),  # a bare ValueError
+    ("topk_values(x, 0, -1) => topk_values(x, 1, -1)", "a top-k count is a variable or an int of at least 1"),
+    # egglog failed with "Variable _a is ungrounded" after the rule was proven
+    ("rsum(mul(x, const(2)), a-1) => mul(rsum(x, a-1), const(2))", "axis variable(s) a appear on the left only "
+                                                                     "with an offset (a-1)"),
+])
+def test_an_axis_or_count_the_search_cannot_use_is_refused_at_its_line(body, message):
+    assert message in _parse_error(f"rule r: {body}\n  why: t\n")
+    assert _parse_error(f"rule r: {body}\n  why: t\n").startswith("mine.rules:3: ")
