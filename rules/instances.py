@@ -23,7 +23,7 @@ from cleave.ir import Graph, RuleInstance
 from cleave.ir import dims as D
 from cleave.ir.ops import BINARY, UNARY
 
-from .dsl import REDUCE, Rule, RuleError, Var
+from .dsl import REDUCE, Rule, RuleError, Var, _walk_vars
 from .lower import Lowering, condition_vars, split_count
 
 M, N, P, B = (D.symbol(n) for n in ("M", "N", "P", "B"))
@@ -201,13 +201,24 @@ def instantiate(rule: Rule) -> list[RuleInstance]:
     free = [v for v in tensors if v not in sized]
     elementwise = _elementwise(rule)
     built: dict = {}  # canonical assignment -> (assignment, instance)
+    sides = [set(_walk_vars(rule.lhs)), set(_walk_vars(rule.rhs))] if elementwise else None
+    outcomes: set = set()  # an elementwise rule's sides' output shapes, per instance built
     for axes, k in _bindings(rule):
         axis = min(axes.values(), default=-1) if axes else None
         for axis in (-1, -2) if axis is None else (axis,):
             for choice in itertools.product(_shapes(axis), repeat=len(free)):
                 shapes = dict(zip(free, choice))
+                if sides is not None:
+                    # an elementwise side's shape is its variables' broadcast: an assignment
+                    # whose sides come out as an earlier one's adds nothing, and building
+                    # every one took a minute for five variables (6^5 assignments)
+                    outcome = _broadcast_outcome(sides, shapes, axis)
+                    if outcome is None or outcome in outcomes:
+                        continue
                 inst = _instance(rule, shapes, axes, axis, k)
                 if inst is not None:
+                    if sides is not None:
+                        outcomes.add(outcome)
                     built.setdefault(_canonical(shapes, axis, axes, k), (shapes, inst))
                 elif not elementwise and (axis == -1 or axes):
                     # Not for an elementwise rule: its values are its full-shape instance's at any
@@ -227,6 +238,35 @@ def instantiate(rule: Rule) -> list[RuleInstance]:
         raise RuleError(f"{rule.source}: rule {rule.name}: no small instance builds on both sides "
                         "(check the shapes its patterns imply)")
     return list(out.values())
+
+
+def _broadcast_outcome(sides: list[set], shapes: dict, axis: int) -> tuple | None:
+    """Each side's output shape as its variables' shapes broadcast (dims renamed in order
+    of appearance), or None where they do not broadcast."""
+    names: dict = {}
+    out = []
+    for names_used in sides:
+        shape: tuple = ()
+        for v in sorted(names_used):
+            shape = _broadcast(shape, shapes.get(v, ()))
+            if shape is None:
+                return None
+        out.append(tuple(names.setdefault(d, f"d{len(names)}") if isinstance(d, sympy.Symbol) else d for d in shape))
+    return axis, tuple(out)
+
+
+def _broadcast(a: tuple, b: tuple) -> tuple | None:
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
+    dims = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            dims.append(x)
+        elif x == 1:
+            dims.append(y)
+        else:
+            return None
+    return tuple(dims)
 
 
 def _elementwise(rule: Rule) -> bool:

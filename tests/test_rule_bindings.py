@@ -62,3 +62,22 @@ rule split-log: log(mul(add(a, const(100)), add(b, const(100)))) => add(log(add(
 """, source="domain.rules")
     v = check_rule(rule, use_cache=False)
     assert v.verdict != "proven", v.explain()
+
+
+def test_an_elementwise_rule_builds_one_instance_per_outcome(monkeypatch):
+    """Six tensor variables: every assignment of six candidate shapes each (6^6, twice)
+    was built before deduplication, seven minutes; assignments whose sides broadcast to
+    shapes seen already are skipped now."""
+    from cleave.rules import instances
+
+    (rule,) = parse_rules("""
+family probe phase rewrite
+
+rule six: add(add(add(add(add(a, b), c), d), e), g) => add(a, add(b, add(c, add(d, add(e, g)))))
+  why: associativity
+""", source="six.rules")
+    built = []
+    original = instances._instance
+    monkeypatch.setattr(instances, "_instance", lambda *args: built.append(1) or original(*args))
+    assert instances.instantiate(rule)
+    assert len(built) < 1000, len(built)  # 93312 before (6^6 at each of two axes)
