@@ -73,11 +73,17 @@ def all_rules() -> list[Rule]:
 
 def load_file(path) -> list[Rule]:
     """Rules from a text file of `family`/`rule` blocks (see dsl.py)."""
+    if not str(path).strip():  # Path("") is ".", read as a directory
+        raise RuleError("a rule file path is empty")
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise RuleError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except IsADirectoryError:
+        raise RuleError(f"{path}: a directory, not a rule file") from None
+    except FileNotFoundError:
+        raise RuleError(f"{path}: no such rule file") from None
     return _checked(parse_rules(text, source=str(path)))
 
 

@@ -50,7 +50,14 @@ def test_verify_names_the_unsound_rule(tmp_path, capsys):
 def test_a_missing_rule_file_is_one_clear_line(command, tmp_path, capsys):
     path = tmp_path / "missing.txt"
     assert main(["rules", command, str(path)]) == 2
-    assert capsys.readouterr().err == f"cleave rules: error: [Errno 2] No such file or directory: '{path}'\n"
+    assert capsys.readouterr().err == f"cleave rules: error: {path}: no such rule file\n"
+
+
+@pytest.mark.parametrize("path, message", [("", "a rule file path is empty"),  # was "Is a directory: '.'"
+                                           (".", ".: a directory, not a rule file")])
+def test_an_empty_path_or_a_directory_is_one_clear_line(path, message, capsys):
+    assert main(["rules", "list", path]) == 2
+    assert capsys.readouterr().err == f"cleave rules: error: {message}\n"
 
 
 def test_listing_a_file_without_rules_is_an_error(tmp_path, capsys):
