@@ -74,7 +74,7 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
         for origin, constraint in _nonempty_constraints(c.graph, rules, c.derivation):
             c.graph._constrain(constraint)
     if verify:
-        candidates = verified(graph, candidates, shapes)
+        candidates = verified(graph, candidates, shapes, cancelling=_cancelling(rules, sat.fired))
     _warn_unused_own_rules(graph, rules, sat.fired, candidates)
     stats = {"seconds": round(time.perf_counter() - start, 3), "rule_check_seconds": round(verify_seconds, 3),
              "saturation_seconds": round(sat.seconds, 3),
@@ -87,6 +87,13 @@ def _release(sat) -> None:
     """Frees the saturated e-graph now, not at the search's end: extraction and
     verification need only the classes read from it."""
     sat.egraph = None
+
+
+def _cancelling(rules, fired: dict) -> list[str]:
+    """The rules that fired whose right side is one of their variables."""
+    from cleave.rules.dsl import Var
+
+    return sorted(r.name for r in rules if isinstance(r.rhs, Var) and fired.get(r.name))
 
 
 class RuleNotUsed(UserWarning):
@@ -119,19 +126,26 @@ class CandidateRejected(UserWarning):
     derivation, or in the search) or could not be checked."""
 
 
-def verified(graph: Graph, candidates: list[Candidate], shapes: dict | None = None) -> list[Candidate]:
+def verified(graph: Graph, candidates: list[Candidate], shapes: dict | None = None,
+             cancelling: list[str] = ()) -> list[Candidate]:
     """The candidates that interpret equal to `graph` at a small binding, and at `shapes`
     when given. Those that differ, or that no binding lets the check interpret, are left
-    out with one CandidateRejected warning naming the rules of each one's derivation; the
-    graph as written stands in when none is left (it computes what the program does)."""
+    out with one CandidateRejected warning naming the rules of each one's derivation, and
+    the rules that fired whose right side is a bare variable (`cancelling`: derivations
+    never list them); the graph as written stands in when none is left (it computes what
+    the program does)."""
     reference = Reference(graph)
     kept, rejected = [], {}
+    unlisted = f"rules derivations do not list ({', '.join(cancelling)}, which cancel terms)" if cancelling \
+        else "no rule (the input graph, decoded)"
     for cand in candidates:
         try:
             _check(reference, cand.graph, shapes)
         except CandidateMismatch as err:
             reason = f"{type(err).__name__}: {str(err).splitlines()[0]}"
-            rejected.setdefault(reason, []).append(" + ".join(cand.derivation) or "no rule (the input graph, decoded)")
+            derived = " + ".join(cand.derivation)
+            rejected.setdefault(reason, []).append(
+                f"{derived} and perhaps {unlisted}" if derived and cancelling else derived or unlisted)
             continue
         kept.append(cand)
     if rejected:
