@@ -38,3 +38,16 @@ def test_the_library_alone_warns_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuleNotUsed)
         cleave.search(_graph())
+
+
+def test_a_rule_a_graph_condition_leaves_out_is_named(tmp_path):
+    """A rule of the user's gated by moderate_values() on a graph holding a constant near
+    f32's range was dropped before the search without a word."""
+    import torch
+
+    path = tmp_path / "gated.rules"
+    path.write_text("family probe phase rewrite\n\nrule fold-2-3: mul(mul(x, const(2)), const(3)) => mul(x, const(6))\n"
+                    "  if moderate_values()\n  why: 2 * 3 = 6\n")
+    graph = cleave.capture(lambda x: (x * 2) * 3 + (x > 1e30) * 3e38, torch.randn(3, 4))
+    with pytest.warns(RuleNotUsed, match=r"rule\(s\) fold-2-3 \(moderate_values\(\)\) left out"):
+        cleave.search(graph, rules=[path], progress=False)

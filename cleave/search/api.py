@@ -57,6 +57,7 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
     budgets = Budgets(iterations or d.iterations, enodes or d.enodes, seconds or d.seconds)
     enc = encode(graph)
     holds = _graph_conditions(enc)
+    _warn_own_rules_left_out(graph, rules, holds)
     rules = [r for r in rules if all(holds[c.kind] for c in r.conditions if c.kind in holds)]
     sat = saturate(enc, rules, budgets, progress)
     classes = read(sat.egraph)
@@ -87,6 +88,19 @@ def _release(sat) -> None:
     """Frees the saturated e-graph now, not at the search's end: extraction and
     verification need only the classes read from it."""
     sat.egraph = None
+
+
+def _warn_own_rules_left_out(graph: Graph, rules, holds: dict) -> None:
+    """Say which of the user's own rules a condition on the whole graph leaves out of this
+    search (the library's are left out quietly: that is what the conditions are for)."""
+    from cleave.rules import all_rules
+
+    library = {r.name for r in all_rules()}
+    out = [f"{r.name} ({', '.join(f'{c.kind}()' for c in r.conditions if not holds.get(c.kind, True))})"
+           for r in rules if r.name not in library and any(not holds.get(c.kind, True) for c in r.conditions)]
+    if out:
+        warnings.warn(RuleNotUsed(f"search of {graph.name}: rule(s) {', '.join(out)} left out: the condition does not "
+                                  f"hold for this graph (see docs/rules.md on graph conditions)"), stacklevel=3)
 
 
 def _cancelling(rules, fired: dict) -> list[str]:
