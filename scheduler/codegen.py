@@ -195,6 +195,11 @@ def _reads_no_accumulator(inst, label: int, t: Tiling) -> bool:
 SCALED_REDUCE = ("max", "min", "sum")  # reductions a positive factor commutes with
 
 
+def _acc_kind(a) -> str:
+    """How a loop accumulator combines its steps: a MatMul's sums."""
+    return "sum" if a.op == "matmul" else a.node.attrs["op"]
+
+
 def takes_scaled(inst, k: int) -> bool:
     """Whether inst reads input k as a scaled product with its factor beside it (the
     factor is positive and finite: scale_after.py): an f32 cast, a where filling 0 or
@@ -812,9 +817,9 @@ class Emitter:
 
     def dot(self, b: Block, inst, a: Val, c: Val, dims, acc: str | None = None, tile_acc=None) -> Val | None:
         """The contraction of a and c over the instance's reduced label, plus `acc`. With
-        `tile_acc` (the loop's reduced label -> an accumulator or None) a product off the
-        tensor cores is added lane by lane to the accumulator it returns (deferred_tile),
-        and None is returned."""
+        `tile_acc` (the product's dims -> an accumulator of them, or None) a product off
+        the tensor cores is added lane by lane to the accumulator it returns
+        (deferred_tile), and None is returned."""
         k = inst.reduced.id
         m = self.dims(inst.labels)
         na, nc = inst.node.inputs
@@ -986,7 +991,7 @@ class Emitter:
         accs = {}
         for a in loop.accs:
             dims = self.dims(a.labels)
-            kind = "sum" if a.op == "matmul" else a.node.attrs["op"]
+            kind = _acc_kind(a)
             shape = [self.t.block[d] for d in dims]
             # an integer reduction stays in its integer type: exact (and a count of segment ids
             # may index a load)
@@ -1014,7 +1019,7 @@ class Emitter:
             h.lines.append(f"for start{x} in range({render(seg.lo)}, {render(seg.hi)}, {bx}):")
             h.lines += ["    " + line for line in body.lines]
         for a, full in deferred.values():
-            kind, acc = "sum" if a.op == "matmul" else a.node.attrs["op"], accs[id(a)]
+            kind, acc = _acc_kind(a), accs[id(a)]
             out = tuple(d for d in full.dims if d != x)
             part = self.var(h, REDUCE_IN_TILE[kind].format(x=full.name, axis=full.dims.index(x)), out, "tl.float32")
             h.lines.append(f"{acc.name} = " + COMBINE[kind].format(a=acc.name, b=self.align(part, acc.dims)))
@@ -1025,11 +1030,11 @@ class Emitter:
     def deferred_tile(self, h: Block, loop: Loop, a, x: Val, acc: Val, deferred: dict) -> Val | None:
         """The accumulator, shaped as the step's tile, of a float sum, max or min (or a
         contraction off the tensor cores) over the loop's label that nothing in the loop
-        reads or rescales: each step adds its tile lane by lane,
-        and the tile is reduced once after the loop. Reduced every step, each load fed
-        shuffles across lanes before the next was issued (ptxas kept one 16-byte load in
-        flight a thread: a row sum of W ran 3x slower than with its loads batched)."""
-        r, kind = a.reduced.id, "sum" if a.op == "matmul" else a.node.attrs["op"]
+        reads or rescales: each step adds its tile lane by lane, and the tile is reduced
+        once after the loop. Reduced every step, each load could feed shuffles across
+        lanes before the next was issued (ptxas kept one 16-byte load in flight a thread
+        in the MatMul->RowSum row sum that took 3x its twin's time)."""
+        r, kind = a.reduced.id, _acc_kind(a)
         if a.node.dtype.is_int or kind not in ("sum", "max", "min") or r != loop.label or r not in x.dims \
                 or x.scale is not None or self.t.block[r] == 1 or loop.scaled[a]:  # rescaled each step: online softmax
             return None
