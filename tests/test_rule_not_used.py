@@ -51,3 +51,25 @@ def test_a_rule_a_graph_condition_leaves_out_is_named(tmp_path):
     graph = cleave.capture(lambda x: (x * 2) * 3 + (x > 1e30) * 3e38, torch.randn(3, 4))
     with pytest.warns(RuleNotUsed, match=r"rule\(s\) fold-2-3 \(moderate_values\(\)\) left out"):
         cleave.search(graph, rules=[path], progress=False)
+
+
+def test_a_rule_whose_candidate_was_rejected_is_not_said_to_cost_more(tmp_path):
+    """Its candidate failed the check against the reference interpreter (x + y - y is NaN
+    where the program's bias is -inf), and RuleNotUsed said its results "cost more"."""
+    import torch
+
+    path = tmp_path / "cancel.rules"
+    path.write_text("family probe phase rewrite\n\nrule add-sub-one: sub(add(x, y), y) => mul(x, const(1))\n"
+                    "  if within(y, x)\n  why: (x + y) - y = x\n")
+
+    def masked(x, m):
+        bias = torch.where(m, 0.0, float("-inf"))
+        return (x + bias) - bias
+
+    graph = cleave.capture(masked, torch.randn(2, 4), torch.rand(2, 4) > 0.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cleave.search(graph, rules=[path], progress=False)
+    said = [str(w.message) for w in caught if issubclass(w.category, RuleNotUsed)]
+    assert any("add-sub-one" in m and "rejected their candidates" in m for m in said), said
+    assert not any("add-sub-one" in m and "cost more" in m for m in said), said

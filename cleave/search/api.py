@@ -74,9 +74,12 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
         c.graph.name = graph.name
         for origin, constraint in _nonempty_constraints(c.graph, rules, c.derivation):
             c.graph._constrain(constraint)
+    ranked = candidates
     if verify:
         candidates = verified(graph, candidates, shapes, cancelling=_cancelling(rules, sat.fired))
-    _warn_unused_own_rules(graph, rules, sat.fired, candidates)
+    kept = set(map(id, candidates))
+    rejected = {name for c in ranked if id(c) not in kept for name in c.derivation}
+    _warn_unused_own_rules(graph, rules, sat.fired, candidates, rejected, sat.stopped)
     stats = {"seconds": round(time.perf_counter() - start, 3), "rule_check_seconds": round(verify_seconds, 3),
              "saturation_seconds": round(sat.seconds, 3),
              "enodes": sat.enodes, "eclasses": len(classes), "iterations": sat.iterations,
@@ -114,12 +117,14 @@ class RuleNotUsed(UserWarning):
     """A rule of the user's fired, yet no candidate's derivation lists it."""
 
 
-def _warn_unused_own_rules(graph, rules, fired: dict, candidates) -> None:
+def _warn_unused_own_rules(graph, rules, fired: dict, candidates, rejected: set = frozenset(),
+                           stopped: str | None = None) -> None:
     """Say which of the user's own rules (not the library's) fired without reaching a
-    candidate: a researcher's exp(x)·exp(y) => exp(x + y) fired and was never
-    extracted (an exp of an operand that is no difference may overflow, so extraction
-    leaves it out), and nothing said so. A rule whose right side is one of its
-    variables only cancels terms: derivations never list it."""
+    candidate, and why where it is known: a researcher's exp(x)·exp(y) => exp(x + y)
+    fired and was never extracted (an exp of an operand that is no difference may
+    overflow, so extraction leaves it out), and nothing said so; a rule whose candidate
+    the check rejected (`rejected`) was said to "cost more". A rule whose right side is
+    one of its variables only cancels terms: derivations never list it."""
     from cleave.rules import all_rules
     from cleave.rules.dsl import Var
 
@@ -127,11 +132,19 @@ def _warn_unused_own_rules(graph, rules, fired: dict, candidates) -> None:
     builds = {r.name for r in rules if not isinstance(r.rhs, Var)}
     used = {name for c in candidates for name in c.derivation}
     unused = sorted(n for n in fired if n in builds and n not in library and n not in used)
+    refused = [n for n in unused if n in rejected]
+    if refused:
+        warnings.warn(RuleNotUsed(
+            f"search of {graph.name}: rule(s) {', '.join(refused)} fired, but the check against the reference "
+            "interpreter rejected their candidates (the CandidateRejected warning says where they differ)"),
+            stacklevel=3)
+    unused = [n for n in unused if n not in rejected]
     if unused:
+        budget = f"; the search stopped at a budget ({stopped}), so they may not have been ranked" if stopped else ""
         warnings.warn(RuleNotUsed(
             f"search of {graph.name}: rule(s) {', '.join(unused)} fired, but no candidate kept uses them: "
             "their results cost more than the candidates kept, or are forms the extraction leaves out (an exp "
-            "or exp2 of an operand that is not a difference x - m, which may overflow; docs/rules.md)"),
+            f"or exp2 of an operand that is not a difference x - m, which may overflow; docs/rules.md){budget}"),
             stacklevel=3)
 
 
