@@ -39,6 +39,7 @@ class Z3Backend(_FieldOps):
         self.log_args: dict[int, z3.ArithRef] = {}
         self.sqrt_args: dict[int, z3.ArithRef] = {}
         self.premises: list[z3.BoolRef] = []
+        self.domains: set[int] = set()  # the premises that are log and sqrt domains (not divisors)
         self.obligations: list[z3.BoolRef] = []  # the rhs's domain, where the lhs's does not imply it
         self._extrema: dict[int, tuple] = {}  # id of a max/min term -> (kind, its leaves)
         self._canon: dict[tuple, z3.ArithRef] = {}
@@ -139,12 +140,14 @@ class Z3Backend(_FieldOps):
         a = z3.simplify(_real(a))
         self.log_args.setdefault(a.get_id(), a)
         self.premises.append(a > 0)
+        self.domains.add(self.premises[-1].get_id())
         return self._f("log")(a)
 
     def sqrt(self, a):
         a = z3.simplify(_real(a))
         self.sqrt_args.setdefault(a.get_id(), a)
         self.premises.append(a >= 0)
+        self.domains.add(self.premises[-1].get_id())
         return self._f("sqrt")(a)
 
     def uf(self, name, *args):

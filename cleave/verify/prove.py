@@ -73,9 +73,12 @@ def _scalarise_both(inst: RuleInstance, env, backend, fixed: dict):
     if assumed < len(getattr(backend, "premises", ())):
         # the rhs's domain (its log and sqrt arguments) is not assumed: it must follow from
         # the lhs's, or log((a+100)(b+100)) => log(a+100) + log(b+100) is proven
+        # (a divisor's non-zero premise stays assumed: the divisors stage refuses new ones)
         lhs_domain = {p.get_id() for p in backend.premises[:assumed]}
-        backend.obligations = [p for p in backend.premises[assumed:] if p.get_id() not in lhs_domain]
+        added = backend.premises[assumed:]
+        backend.obligations = [p for p in added if p.get_id() in backend.domains and p.get_id() not in lhs_domain]
         del backend.premises[assumed:]
+        backend.premises += [p for p in added if p.get_id() not in backend.domains]
     return inputs, lhs, rhs
 
 
@@ -118,7 +121,8 @@ def _prove_z3_case(inst: RuleInstance, binding: Binding, timeout_ms: int, fixed:
     except Unsupported as err:
         return ProofResult("unknown", "", f"z3 lowering: {err}")
     alg = Algebra(backend)
-    differs = [z3.Not(p) for p in backend.obligations]
+    outside = [z3.Not(p) for p in backend.obligations]  # the rhs's domain left, asked first: a real model
+    differs = []
     for a, b in zip(lhs, rhs):
         for idx in np.ndindex(*a.shape):
             x, y = a[idx], b[idx]
@@ -128,7 +132,7 @@ def _prove_z3_case(inst: RuleInstance, binding: Binding, timeout_ms: int, fixed:
             elif not same:  # differs for every input: any input is a counterexample
                 gen = torch.Generator().manual_seed(0)
                 return _confirm(inst, binding, random_inputs(inst.lhs, env, STYLES[0][1], gen), _unknown_ops(inst, backend))
-    if not differs:
+    if not differs and not outside:
         return ProofResult("proven", "z3")
     laws = backend.laws()
     memo: dict[int, frozenset] = {}
@@ -136,6 +140,9 @@ def _prove_z3_case(inst: RuleInstance, binding: Binding, timeout_ms: int, fixed:
     for d in differs:
         by_inputs.setdefault(_variables(d, memo), []).append(d)
     queries = [([law for law in laws if _variables(law, memo) <= wanted], group) for wanted, group in by_inputs.items()]
+    if outside:  # the lhs's domain alone (no function laws): a model of it is real arithmetic
+        wanted = frozenset().union(*(_variables(d, memo) for d in outside))
+        queries.insert(0, ([p for p in backend.premises if _variables(p, memo) <= wanted], outside))
     for premises, group in queries:
         left_ms = int((deadline - time.perf_counter()) * 1000)
         if left_ms <= 0:
