@@ -171,11 +171,15 @@ def dynamic_split_counts(splits, dynamic_splits) -> list[dict[str, int]]:
     return [dict(zip(splits, c)) for c in itertools.product(*ladders) if sum(v > 1 for v in c) <= 1]
 
 
+def _split_node(graph, sym):
+    """The split whose count is symbol `sym`, or None."""
+    return next((node for node in graph.live_nodes()
+                 if node.op == "split" and sym in {s.name for s in node.attrs["count"].free_symbols}), None)
+
+
 def _split_extent(graph, sym):
-    for node in graph.live_nodes():
-        if node.op == "split" and sym in {s.name for s in node.attrs["count"].free_symbols}:
-            return node.inputs[0].shape[node.attrs["axis"]]
-    return None
+    split = _split_node(graph, sym)
+    return split.inputs[0].shape[split.attrs["axis"]] if split is not None else None
 
 
 def _representative(graph, env, counts: dict, dynamic) -> dict:
@@ -215,8 +219,7 @@ def _aligned_count(graph, sym, n: int, c: int) -> int:
     cuts a tensor's contiguous axis: every chunk but the first starts where its loads
     align, or they narrow to the alignment (x·(W·1) split 33 ways over K, chunks of 125
     bf16: 2-byte loads; 9 ways over N, 456: 16-byte ones)."""
-    split = next(node for node in graph.live_nodes()
-                 if node.op == "split" and sym in {s.name for s in node.attrs["count"].free_symbols})
+    split = _split_node(graph, sym)
     source = split.inputs[0]
     while source.op == "cast" or source.op in UNARY:  # elementwise: the loads keep the input's layout
         source = source.inputs[0]

@@ -57,7 +57,10 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
     budgets = Budgets(iterations or d.iterations, enodes or d.enodes, seconds or d.seconds)
     enc = encode(graph)
     holds = _graph_conditions(enc)
-    _warn_own_rules_left_out(graph, rules, holds)
+    from cleave.rules import all_rules
+
+    library = {r.name for r in all_rules()}
+    _warn_own_rules_left_out(graph, rules, holds, library)
     rules = [r for r in rules if all(holds[c.kind] for c in r.conditions if c.kind in holds)]
     sat = saturate(enc, rules, budgets, progress)
     classes = read(sat.egraph)
@@ -79,7 +82,7 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
         candidates = verified(graph, candidates, shapes, cancelling=_cancelling(rules, sat.fired))
     kept = set(map(id, candidates))
     rejected = {name for c in ranked if id(c) not in kept for name in c.derivation}
-    _warn_unused_own_rules(graph, rules, sat.fired, candidates, rejected, sat.stopped)
+    _warn_unused_own_rules(graph, rules, library, sat.fired, candidates, rejected, sat.stopped)
     stats = {"seconds": round(time.perf_counter() - start, 3), "rule_check_seconds": round(verify_seconds, 3),
              "saturation_seconds": round(sat.seconds, 3),
              "enodes": sat.enodes, "eclasses": len(classes), "iterations": sat.iterations,
@@ -93,12 +96,10 @@ def _release(sat) -> None:
     sat.egraph = None
 
 
-def _warn_own_rules_left_out(graph: Graph, rules, holds: dict) -> None:
-    """Say which of the user's own rules a condition on the whole graph leaves out of this
-    search (the library's are left out quietly: that is what the conditions are for)."""
-    from cleave.rules import all_rules
-
-    library = {r.name for r in all_rules()}
+def _warn_own_rules_left_out(graph: Graph, rules, holds: dict, library: set) -> None:
+    """Say which of the user's own rules (not named in `library`) a condition on the whole
+    graph leaves out of this search (the library's are left out quietly: that is what the
+    conditions are for)."""
     out = [f"{r.name} ({', '.join(f'{c.kind}()' for c in r.conditions if not holds.get(c.kind, True))})"
            for r in rules if r.name not in library and any(not holds.get(c.kind, True) for c in r.conditions)]
     if out:
@@ -117,18 +118,16 @@ class RuleNotUsed(UserWarning):
     """A rule of the user's fired, yet no candidate's derivation lists it."""
 
 
-def _warn_unused_own_rules(graph, rules, fired: dict, candidates, rejected: set = frozenset(),
-                           stopped: str | None = None) -> None:
+def _warn_unused_own_rules(graph, rules, library: set, fired: dict, candidates, rejected: set,
+                           stopped: str | None) -> None:
     """Say which of the user's own rules (not the library's) fired without reaching a
     candidate, and why where it is known: a researcher's exp(x)·exp(y) => exp(x + y)
     fired and was never extracted (an exp of an operand that is no difference may
     overflow, so extraction leaves it out), and nothing said so; a rule whose candidate
     the check rejected (`rejected`) was said to "cost more". A rule whose right side is
     one of its variables only cancels terms: derivations never list it."""
-    from cleave.rules import all_rules
     from cleave.rules.dsl import Var
 
-    library = {r.name for r in all_rules()}
     builds = {r.name for r in rules if not isinstance(r.rhs, Var)}
     used = {name for c in candidates for name in c.derivation}
     unused = sorted(n for n in fired if n in builds and n not in library and n not in used)
