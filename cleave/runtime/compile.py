@@ -34,6 +34,7 @@ import warnings
 
 import torch
 from torch._dynamo.decorators import skip as _dynamo_skip
+from torch._dynamo.utils import counters as _dynamo_counters
 from torch.utils import _pytree as pytree
 
 from .. import passes
@@ -392,6 +393,7 @@ class CompiledFunction:
             for axis in spec.get(name, ()):
                 torch._dynamo.maybe_mark_dynamic(a, axis)
         self._note_recurrent_modules()
+        breaks = dict(_dynamo_counters["graph_break"])
         try:
             with _fake_tensor_logs_held():
                 return self._dynamo(*args, **kwargs)
@@ -399,7 +401,20 @@ class CompiledFunction:
             failure = err
         finally:
             DYNAMO_HOOK_GUARDS.call_done()
+            self._note_graph_breaks(breaks)
         return self._eager_instead(args, kwargs, failure)  # outside the except: eager's error unchained
+
+    def _note_graph_breaks(self, before: dict) -> None:
+        """What dynamo left between its graphs (an op whose output shape depends on the
+        data, `print`, a branch on a tensor's value) runs eagerly, and dynamo says nothing:
+        name each break this call's tracing met (dynamo counts them by reason)."""
+        for reason, count in list(_dynamo_counters["graph_break"].items()):
+            if count > before.get(reason, 0):
+                lines = [ln.strip() for ln in str(reason).splitlines() if ln.strip()]
+                said = lines[:1] + [ln.removeprefix("Explanation:").strip() for ln in lines[1:]
+                                    if ln.startswith("Explanation:")]
+                self.ctx.warn_eager(f"part of {self.name}", f"torch.compile breaks its graph there "
+                                                            f"({': '.join(said)})")
 
     def _note_recurrent_modules(self) -> None:
         """dynamo does not trace nn.RNN, GRU or LSTM (torch._dynamo.config.allow_rnn): the
