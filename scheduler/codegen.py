@@ -945,9 +945,15 @@ class Emitter:
             # which of the k results each lane holds: a label's index, or a constant
             # where the k axis is a single index (argmax is topk with k = 1)
             kexpr = code(inst.view[node.attrs["axis"]], self.names(dims))
-            pos = x.dims.index(r)
             dtype = node.inputs[0].dtype  # an integer topk compares in its own type (exact)
             ty = TL[dtype] if dtype.is_int else "tl.float32"
+            blocks = [self.t.block[d] for d in dims]
+            if r not in x.dims:  # an axis of one element (no lanes): k = 1 takes it, at index 0
+                b.cache[key] = (self.var(b, f"{self.align(x, dims)}.to({ty}) + tl.zeros({blocks}, {ty})", dims, ty),
+                                self.var(b, f"tl.zeros({blocks}, tl.int64)", dims, "tl.int64"))
+                vals, idxs = b.cache[key]
+                return vals if node.attrs["which"] == "values" else idxs
+            pos = x.dims.index(r)
             lowest = int_neutral("max", dtype) if dtype.is_int else 'float("-inf")'
             work = self.var(b, self.masked(x, r, lowest, ty), x.dims, ty)
             vals = self.var(b, f"tl.zeros({[self.t.block[d] for d in dims]}, {ty})", dims, ty)

@@ -296,6 +296,19 @@ def _on_a_vector(t, x, fn, dim):
     return t.add("reshape", fn(t.add("reshape", x, shape=(D.dim(1),)), 0), shape=())
 
 
+def _rank0_as_vector(fn):
+    """A rule over `dim` taking a 0-d tensor's dim 0 or -1, as torch does: x as a vector
+    of one element, each result reshaped back to 0-d."""
+    def wrapped(t, node, a):
+        x = a["self"]
+        if x.rank or a.get("dim") is None:
+            return fn(t, node, a)
+        out = fn(t, node, {**a, "self": t.add("reshape", x, shape=(D.dim(1),)), "dim": 0, "keepdim": False})
+        scalar = [o if not o.rank else t.add("reshape", o, shape=()) for o in (out if isinstance(out, tuple) else (out,))]
+        return tuple(scalar) if isinstance(out, tuple) else scalar[0]
+    return wrapped
+
+
 @rule("logsumexp")
 def _logsumexp(t, node, a):
     x = a["self"]
@@ -365,6 +378,7 @@ rule("cumprod", check=_float_result)(_prefix_reduction("prod", 1))
 
 
 @rule("logcumsumexp", check=floats_only)
+@_rank0_as_vector
 def _logcumsumexp(t, node, a):
     x = a["self"]
     axis = a["dim"] % x.rank
@@ -388,7 +402,7 @@ def _running_extreme(largest: bool):
         last = t.add("where", t.add("where", upto, hit, t.const(False, "bool")), at, t.const(-1, "i64"))
         values = t.add("reshape", best, shape=tuple(x.shape))
         return values, t.add("reduce", last, op="max", axis=axis, keepdim=False)
-    return fn
+    return _rank0_as_vector(fn)
 
 
 rule("cummax")(_running_extreme(True))
@@ -401,7 +415,7 @@ def _extreme_dim(op):
         axis = a["dim"] % x.rank
         values = t.add("reduce", x, op=op, axis=axis, keepdim=bool(keep))
         return values, _arg_extreme(t, x, axis, op == "max", keep)
-    return fn
+    return _rank0_as_vector(fn)
 
 
 def _arg(largest):
@@ -412,7 +426,7 @@ def _arg(largest):
             index = _arg_extreme(t, x, 0, largest, False)
             return t.add("reshape", index, shape=t.out_shape(node)) if a.get("keepdim") else index
         return _arg_extreme(t, x, a["dim"] % x.rank, largest, a.get("keepdim", False))
-    return fn
+    return _rank0_as_vector(fn)
 
 
 def _no_bool(a, n):
@@ -426,6 +440,7 @@ rule("argmin", check=_no_bool)(_arg(False))
 
 
 @rule("topk", check=lambda a, n: None if isinstance(a["k"], int) else "k must be a Python int")
+@_rank0_as_vector
 def _topk(t, node, a):
     x, k = a["self"], a["k"]
     axis = a["dim"] % x.rank
