@@ -171,12 +171,34 @@ def symbol_clash(symbol: str, arguments: set[str]) -> str | None:
 
 
 class _Wrap(torch.nn.Module):
-    def __init__(self, fn):
+    def __init__(self, fn, grads: dict):
         super().__init__()
         self.fn = _as_forward(fn)
+        # what the trace saw of autograd, in the caller's dict (export puts back a copy of
+        # the module's attributes after tracing): "flipped", an input made to require
+        # grad (x.requires_grad_()); "out", an output requiring grad where no input does
+        self.grads = grads
 
     def forward(self, *args):
-        return self.fn(*args)
+        leaves = [a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
+        before = [a.requires_grad for a in leaves]
+        out = self.fn(*args)
+        self.grads["flipped"] = any(a.requires_grad and not b for a, b in zip(leaves, before))
+        self.grads["out"] = not any(before) and any(isinstance(o, torch.Tensor) and o.requires_grad
+                                                    for o in torch.utils._pytree.tree_leaves(out))
+        return out
+
+
+def _refuse_autograd_state(grads: dict, ep, fn) -> None:
+    """Tensors the function makes require grad (`x.requires_grad_()`, a factory's
+    `requires_grad=True`) carry autograd state the exported graph drops: its kernels'
+    results would come back without it. An output requiring grad because a parameter,
+    buffer or constant does is the launcher's to run eagerly (it checks them per call)."""
+    state = list(ep.state_dict.values()) + list(ep.constants.values())
+    if grads.get("flipped") or (grads.get("out") and not any(getattr(t, "requires_grad", False) for t in state)):
+        raise CaptureError(f"capture: {getattr(fn, '__name__', fn)!s} makes tensors that require grad "
+                           f"(requires_grad_(), or a factory's requires_grad=True), whose autograd state a "
+                           f"capture would drop")
 
 
 def _as_forward(fn):
@@ -207,7 +229,9 @@ def _export(fn, params, inputs, named, auto: bool):
     def trace(examples=inputs):
         with _quiet_torch():
             with recorded_comparisons() as comparisons:
-                ep = export(_Wrap(fn), _traceable(params, examples, named), dynamic_shapes=(tuple(specs),))
+                grads = {}
+                ep = export(_Wrap(fn, grads), _traceable(params, examples, named), dynamic_shapes=(tuple(specs),))
+            _refuse_autograd_state(grads, ep, fn)
             # export keeps in-place ops; functionalized, each becomes a new value (an output)
             if not _mutates(ep):
                 return ep, comparisons
