@@ -62,6 +62,7 @@ class CompiledFunction:
         self._seen: dict[tuple, object] = {}  # exact arguments (_call_key) -> runner: skips the signature
         self._guards: Guards | None = None  # what the runners baked in besides the arguments
         self._dynamo = None
+        self._dynamo_hooks = None  # the global module hooks self._dynamo's frames were traced with
         self._rnn_noted = False  # whether the recurrent modules fn calls were looked for
         self._spec_fitted = False  # whether `dynamic` fit a call: it is checked against the first
         self._said: set[str] = set()  # the warnings about `dynamic` given
@@ -386,8 +387,12 @@ class CompiledFunction:
 
     # -- graph breaks through dynamo --------------------------------------
     def _call_dynamo(self, args, kwargs):
-        if self._dynamo is None:
+        hooks = _global_module_hooks()
+        if self._dynamo is None or hooks != self._dynamo_hooks:
+            # torch.compile guards no global module hook: a frame compiled before one was
+            # registered would skip it. A new backend object compiles the frames again.
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
+        self._dynamo_hooks = hooks
         spec = self._spec(args)
         for name, a in zip(self._params(len(args)), args):
             for axis in spec.get(name, ()):
@@ -682,6 +687,15 @@ _AUTOCAST_DEVICES = ("cpu", "cuda")
 def _autocast_state() -> tuple:
     """Per device type, whether autocast is on and to which dtype."""
     return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES)
+
+
+def _global_module_hooks() -> tuple:
+    """Which global module hooks are registered (`register_module_forward_hook` and the
+    like), by their handles' ids."""
+    module = torch.nn.modules.module
+    return tuple(tuple(getattr(module, name, {})) for name in (
+        "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+        "_global_backward_hooks"))
 
 
 def _dynamo_compile(fn, ctx: Context, name: str):
