@@ -166,3 +166,22 @@ def test_a_max_over_a_dynamic_axis_empty_at_run_time_raises_eagers_error(ctx, fn
     with pytest.warns(UserWarning, match="1 <= n"), pytest.raises(error):
         f(empty)
     assert torch.equal(f(x), fn(x))
+
+
+def test_an_error_met_while_dynamo_traces_reads_as_eagers():
+    """An in-place indexed write sends the function through dynamo's graphs; at an empty
+    batch its trace meets eager's IndexError, which dynamo passed on with the user code
+    and its logging advice appended (and 33 frames of its own)."""
+    def bump_first_row(x):
+        x[0, :] += 1
+        return x.sum(1)
+
+    compiled = cleave.compile(bump_first_row)
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(compiled(x.clone()), bump_first_row(x.clone()))
+    empty = torch.randn(0, 3)
+    with pytest.raises(IndexError) as eager:
+        bump_first_row(empty.clone())
+    with pytest.raises(IndexError) as got:
+        compiled(empty)
+    assert str(got.value) == str(eager.value)

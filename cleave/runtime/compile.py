@@ -404,6 +404,14 @@ class CompiledFunction:
                 return self._dynamo(*args, **kwargs)
         except torch._dynamo.exc.TorchRuntimeError as err:  # tracing with fake tensors failed
             failure = err
+        except Exception as err:
+            # eager's own error (an index out of range), met while dynamo traced: said as
+            # eager says it, without the user code and the logging advice dynamo appends
+            message = err.args[0] if err.args and isinstance(err.args[0], str) else ""
+            if _DYNAMO_SUFFIX not in message:
+                raise
+            err.args = (message.split(_DYNAMO_SUFFIX)[0],) + err.args[1:]
+            raise err.with_traceback(None) from None
         finally:
             DYNAMO_HOOK_GUARDS.call_done()
             self._note_graph_breaks(breaks)
@@ -687,6 +695,9 @@ _AUTOCAST_DEVICES = ("cpu", "cuda")
 def _autocast_state() -> tuple:
     """Per device type, whether autocast is on and to which dtype."""
     return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES)
+
+
+_DYNAMO_SUFFIX = "\n\nfrom user code:"  # where dynamo's text starts in an error it passes on
 
 
 def _global_module_hooks() -> tuple:
