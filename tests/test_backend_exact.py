@@ -265,6 +265,24 @@ def test_degenerate_reductions_and_an_ignored_addend_are_torchs(ctx):
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
 
 
+def test_a_product_with_alpha_zero_is_skipped_as_torch_skips_it(ctx):
+    """addmm and addmv with alpha=0 ignore the product, NaN or inf in the operands
+    included (cleave multiplied it by 0: NaN); with beta=0 too, zeros. baddbmm computes
+    it (CPU eager)."""
+    def skipped(c, a, b, v, bias):
+        return (torch.addmm(c, a, b, alpha=0), torch.addmm(bias, a, b, alpha=0, beta=2.5),
+                torch.baddbmm(c[None], a[None], b[None], alpha=0, beta=0), torch.addmv(bias, b, v, alpha=0))
+
+    f = torch.compile(skipped, backend="cleave")
+    a = torch.tensor([[float("nan"), 1.0, 2.0], [float("inf"), 0.0, 1.0]])
+    args = (torch.randn(2, 3), a, torch.full((3, 3), float("inf")), torch.randn(3), torch.randn(3))
+    got, want = f(*args), skipped(*args)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and torch.equal(g.nan_to_num(7.0), w.nan_to_num(7.0)), (g, w)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
 def test_var_of_integers_raises_as_eager_does():
     f = torch.compile(lambda i: i.var(1), backend="cleave")
     with pytest.raises(RuntimeError, match="floating point"):

@@ -9,7 +9,7 @@ import torch
 
 from ..ir import Constraint
 from ..ir import dims as D
-from .aten_elementwise import binary
+from .aten_elementwise import binary, fill
 from .aten_map import meta_args, rule
 from .errors import CaptureError, UnsupportedOpError
 
@@ -530,9 +530,18 @@ def _linear(t, node, a):
     return out if a.get("bias") is None else t.add("add", out, a["bias"])
 
 
-@rule("addmm", "baddbmm", kernel_check=_contraction_check)
+@rule("addmm", "baddbmm", "addmv", kernel_check=_contraction_check)
 def _addmm(t, node, a):
-    prod = matmul(t, a["mat1"] if "mat1" in a else a["batch1"], a["mat2"] if "mat2" in a else a["batch2"])
+    if a.get("alpha", 1) == 0 and "batch1" not in a:
+        # addmm and addmv skip the product then (BLAS): a NaN or inf in it does not
+        # propagate; baddbmm computes it on the CPU
+        if a.get("beta", 1) == 0:
+            return fill(t, node, 0)
+        kept = a["self"] if a.get("beta", 1) == 1 else binary(t, "mul", a["self"], a["beta"])
+        return broadcast(t, kept, t.out_shape(node))
+    left, right = (a[k] for k in (("mat1", "mat2") if "mat1" in a else ("batch1", "batch2") if "batch1" in a
+                                  else ("mat", "vec")))
+    prod = matmul(t, left, right)
     if a.get("alpha", 1) != 1:
         prod = binary(t, "mul", prod, a["alpha"])
     if a.get("beta", 1) == 0:  # torch ignores the input then: a NaN or inf in it does not propagate
