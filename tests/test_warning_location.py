@@ -32,3 +32,14 @@ def test_an_op_a_decomposition_made_names_what_the_user_called():
     said = [str(w.message) for w in caught if "is not supported" in str(w.message)]
     assert any("aten.rand_like.default (of dropout)" in m for m in said), said
     assert set(out.unique().tolist()) <= {0.0, 4.0}
+
+
+def test_a_library_modules_op_is_not_placed_in_cleaves_own_code():
+    """cleave.compile calls a module through a wrapper of its own: a graph break inside
+    torch.nn's Embedding named that wrapper's line as the op's source."""
+    embedding = torch.nn.Embedding(10, 4, max_norm=1.0)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        cleave.compile(embedding)(torch.tensor([1, 2, 3]))
+    said = [str(w.message) for w in caught if "embedding_renorm" in str(w.message)]
+    assert said and not any("cleave/" in m or "cleave\\" in m for m in said), said

@@ -38,15 +38,15 @@ class UnsupportedOpError(CaptureError):
 
 def source_of(fx_node) -> str | None:
     """The innermost user frame ('file:line') of the node's recorded stack trace,
-    skipping frames inside torch and inside this frontend."""
+    skipping frames inside torch and inside cleave (the wrapper calling a module); torch's
+    innermost frame where the op is all torch's (a module of torch.nn called directly)."""
     trace = fx_node.meta.get("stack_trace") if hasattr(fx_node, "meta") else None
     if not trace:
         return None
-    frames = _FRAME.findall(trace)
-    own = os.path.dirname(os.path.abspath(__file__))
+    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frames = [(path, line) for path, line in _FRAME.findall(trace) if not os.path.abspath(path).startswith(own)]
     for path, line in reversed(frames):
-        full = os.path.abspath(path)
-        if not full.startswith(_torch_dir()) and not full.startswith(own):
+        if not os.path.abspath(path).startswith(_torch_dir()):
             return f"{path}:{line}"
     return f"{frames[-1][0]}:{frames[-1][1]}" if frames else None
 
