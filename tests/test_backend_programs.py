@@ -89,6 +89,28 @@ def test_a_region_that_passes_a_size_across_a_graph_break_compiles(ctx):
     assert any("view_as_complex" in u for u in st["unsupported"]), st
 
 
+def test_complex_and_polar_are_graph_breaks_named_by_the_op(ctx):
+    """torch.complex and torch.polar decomposed into in-place writes of a complex
+    tensor's parts, on which AOTAutograd failed an assertion: the frame ran eagerly with
+    that assertion as its warning. Now each is a graph break naming the op, and the real
+    parts around it compile."""
+    def f(a, b):
+        return torch.complex(a.exp(), b).abs() * 2
+
+    def g(a, b):
+        return torch.view_as_real(torch.polar(a.abs() + 1, b)).sum(-1)
+
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for fn in (f, g):
+            a, b = torch.randn(3, 7), torch.randn(3, 7)
+            _close(torch.compile(fn, backend="cleave")(a, b), fn(a, b), 1e-5)
+    said = [str(w.message) for w in caught]
+    assert not any("AOTAutograd" in m for m in said), said
+    st = ctx.stats()
+    assert any("aten.complex" in u for u in st["unsupported"]) and any("aten.polar" in u for u in st["unsupported"]), st
+
+
 def test_arange_with_a_step_compiles_exactly(ctx):
     """RoPE's inverse frequencies (`arange(0, d, 2)`) and counting down from a dynamic
     extent: start + i·step in i64, cast once (ran eagerly: 'only step 1')."""

@@ -26,7 +26,18 @@ def table() -> dict:
 
     merged = {**decomposition_table, **core_aten_decompositions(), **FUSED_LAYERS}
     return {op: _checked_against_eager_kernel(op, fn) for op, fn in merged.items()
-            if not _mapped(op) and not _lifts_a_constant(op)}
+            if not _mapped(op) and not _lifts_a_constant(op) and not _writes_complex_parts(op)}
+
+
+# torch.complex and torch.polar decompose into an empty complex tensor whose real and
+# imaginary views are written in place: AOTAutograd's functionalization fails an internal
+# assertion on those writes and the whole frame ran eagerly, its warning that assertion.
+# Kept whole, they are graph breaks named by the op (cleave has no complex dtype).
+COMPLEX_BUILDERS = {"complex", "polar"}
+
+
+def _writes_complex_parts(op) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and op._schema.name.split("::")[-1] in COMPLEX_BUILDERS
 
 
 # The tracer turns a tensor constant of the user's code (`torch.tensor([1, 3])`, the
