@@ -74,3 +74,15 @@ def test_cumsum_captures_as_a_reduction_over_the_triangle():
     f = cleave.compile(lambda x: torch.cumsum(x * 2, dim=0), verbose=False)
     x = torch.randn(())
     assert torch.equal(f(x), torch.cumsum(x * 2, dim=0))
+
+
+@pytest.mark.parametrize("op", [torch.cummax, torch.cummin])
+def test_a_running_extremes_value_is_the_input_at_its_index(op):
+    """Over a run of 0.0 and -0.0 the running max keeps either sign, while the index is
+    the tie's last position: the value is read back at the index, bit for bit torch's."""
+    x = torch.tensor([[-0.0, 0.0, -0.0, 0.0, 1.0, -0.0], [0.0, -0.0, 0.0, -0.0, -1.0, 0.0]])
+    values, indices = cleave.compile(lambda a: op(a, 1), verbose=False)(x)
+    want_values, want_indices = op(x, 1)
+    assert torch.equal(indices, want_indices)
+    assert torch.equal(values.signbit(), want_values.signbit()) and torch.equal(values, want_values)
+    assert torch.equal(values.signbit(), x.gather(1, indices).signbit())

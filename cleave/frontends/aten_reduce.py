@@ -400,8 +400,12 @@ def _running_extreme(largest: bool):
         # it is not a candidate (the upper triangle is outside the loop's bounds anyway)
         upto = t.add("le", at, t.add("iota", shape=tuple(seen.shape), axis=axis + 1, dtype="i64"))
         last = t.add("where", t.add("where", upto, hit, t.const(False, "bool")), at, t.const(-1, "i64"))
-        values = t.add("reshape", best, shape=tuple(x.shape))
-        return values, t.add("reduce", last, op="max", axis=axis, keepdim=False)
+        index = t.add("reduce", last, op="max", axis=axis, keepdim=False)
+        if not x.dtype.is_float:
+            return t.add("reshape", best, shape=tuple(x.shape)), index
+        # read back at the index, as torch's value is: over 0.0 and -0.0 the max keeps
+        # either sign, while the index is the last of the tie
+        return t.add("gather", x, index, axis=axis), index
     return _rank0_as_vector(fn)
 
 
