@@ -303,3 +303,18 @@ def test_an_int_argument_goes_through_dynamo_from_the_first_call_and_says_so():
     assert f.stats["operators"] == 1, f.stats  # the first call compiled
     for n in (4, 5):
         _close(f(x, n), _first_columns(x, n))
+
+
+def _scaled_by_keyword(x, **options):
+    return (x * options["scale"]).softmax(-1)
+
+
+def test_a_keyword_argument_goes_through_dynamo_and_says_so():
+    """A keyword left after binding (**kwargs, keyword-only) sent the function through
+    dynamo without the warning a positional number gets."""
+    f = cleave.compile(_scaled_by_keyword, verbose=False)
+    x = torch.randn(4, 8)
+    with pytest.warns(UserWarning, match="keyword argument\\(s\\) 'scale': whole-function capture takes positional"):
+        _close(f(x, scale=3.0), _scaled_by_keyword(x, scale=3.0))
+    assert "keyword" in f.capture_error
+    _close(f(x, scale=2.0), _scaled_by_keyword(x, scale=2.0))

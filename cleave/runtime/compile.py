@@ -90,7 +90,9 @@ class CompiledFunction:
             return self._call_subclass_eagerly(args, kwargs)
         if on_meta(args) or kwargs and on_meta(kwargs.values()):  # shapes only: eager infers them
             return self.fn(*args, **kwargs)
-        if self._dynamo is not None or kwargs:
+        if kwargs and self._dynamo is None:
+            return self._call_keywords(args, kwargs)
+        if self._dynamo is not None:
             return self._call_dynamo(args, kwargs)
         if self._guards is not None and not self._guards.hold():
             self._forget_captures()
@@ -244,6 +246,15 @@ class CompiledFunction:
             return captures[0]
         captures.append(runner)
         return runner
+
+    def _call_keywords(self, args, kwargs):
+        """Keywords left after binding (keyword-only parameters, **kwargs): said once, as a
+        positional argument that is not a tensor is."""
+        self.capture_error = (f"keyword argument(s) {', '.join(map(repr, kwargs))}: whole-function capture takes "
+                              f"positional arguments")
+        warnings.warn(f"cleave.compile: {self.name}'s {self.capture_error}; {self.name} runs through "
+                      f"torch.compile's graphs (cleave compiles them) from now on", stacklevel=3)
+        return self._call_dynamo(args, kwargs)
 
     def _call_non_tensors(self, args, name: str, value):
         self.capture_error = (f"argument {name!r} is a {type(value).__name__}: whole-function capture takes "
