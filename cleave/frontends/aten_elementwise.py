@@ -434,7 +434,8 @@ rule("ones", "ones_like", "new_ones")(lambda t, n, a: fill(t, n, 1))
 rule("zeros", "zeros_like", "new_zeros")(lambda t, n, a: fill(t, n, 0))
 rule("full", "full_like", "new_full", check=_scalars_fit("fill_value"))(
     lambda t, n, a: fill(t, n, a["fill_value"]))
-rule("scalar_tensor", check=_scalars_fit("s", in_op_math=True))(lambda t, n, a: fill(t, n, a["s"]))
+rule("scalar_tensor", "prims.scalar_tensor", check=_scalars_fit("s", in_op_math=True))(
+    lambda t, n, a: fill(t, n, a["s"]))
 
 
 def _arange_check(a, n):

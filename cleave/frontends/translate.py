@@ -181,6 +181,10 @@ class Translator:
             for p in parts[1:]:
                 out = self.add(op, out, p)
             return out
+        if isinstance(expr, _TO_FLOAT):  # a size as a float: the size, in dtype
+            return self._scalar_expr(expr.args[0], dtype)
+        if isinstance(expr, _TRUE_DIV):  # 0.1 / n (label smoothing over a class count)
+            return self.add("div", *(self._scalar_expr(a, dtype) for a in expr.args))
         raise UnsupportedOpError(self.op, self.loc, f"scalar {expr} has no IR form")
 
     def out_shape(self, fx_node) -> tuple:
@@ -190,12 +194,17 @@ class Translator:
         return ir_dtype(fx_node.meta["val"].dtype, self.op, self.loc)
 
 
+# torch's sympy functions for a size made a float, and true division
+_TO_FLOAT = (torch.utils._sympy.functions.ToFloat,)
+_TRUE_DIV = (torch.utils._sympy.functions.FloatTrueDiv, torch.utils._sympy.functions.IntTrueDiv)
+
+
 def scalar_has_ir_form(expr: sympy.Expr) -> bool:
     """Whether Translator._scalar_expr builds `expr`: a number, an integer (a size),
-    or powers, sums and products of such. A float of a size through math.log2
-    (Bloom's ALiBi slopes from the head count) is not."""
+    or powers, sums, products, float casts and true quotients of such. A float of a
+    size through math.log2 (Bloom's ALiBi slopes from the head count) is not."""
     if expr.is_number or expr.is_integer:
         return True
-    if isinstance(expr, (sympy.Pow, sympy.Add, sympy.Mul)):
+    if isinstance(expr, (sympy.Pow, sympy.Add, sympy.Mul) + _TO_FLOAT + _TRUE_DIV):
         return all(scalar_has_ir_form(a) for a in expr.args)
     return False
