@@ -491,7 +491,10 @@ def _window(em, x, masks, program) -> Window | None:
     def define(name, bound):
         return program.define(f"{name}{x}", bound, free_symbols(bound))
 
-    lo, hi = (define(f"range_{side}", _shifted(ends[side], base)) for side in ("lo", "hi"))
+    # the merged index starts at 0: a mask's bound below it (a sliding window's first
+    # rows, i - w + 1 < 0) must not start the range there, where no lane masks the load
+    lo = define("range_lo", maximum(_shifted(ends["lo"], base), 0))
+    hi = define("range_hi", _shifted(ends["hi"], base))
     span = define("span", maximum(hi - lo, 0))
     length = define("window", Tiles(sympy.ceiling(span / em.labels[c].extent), em.t.block[x], up=True))
     off = define("off", lo + tid(c) * length - base)
