@@ -12,6 +12,7 @@ import operator
 
 import sympy
 import torch
+from torch.utils._sympy.functions import FloatTrueDiv, IntTrueDiv, ToFloat
 
 from ..interpreter import IR_DTYPES, TORCH_DTYPES
 from ..ir import DimMismatch, Graph, Node, ShapeError
@@ -195,8 +196,8 @@ class Translator:
 
 
 # torch's sympy functions for a size made a float, and true division
-_TO_FLOAT = (torch.utils._sympy.functions.ToFloat,)
-_TRUE_DIV = (torch.utils._sympy.functions.FloatTrueDiv, torch.utils._sympy.functions.IntTrueDiv)
+_TO_FLOAT = (ToFloat,)
+_TRUE_DIV = (FloatTrueDiv, IntTrueDiv)
 
 
 def scalar_has_ir_form(expr: sympy.Expr) -> bool:
