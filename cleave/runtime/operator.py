@@ -106,6 +106,8 @@ class CompiledOperator:
                                  rule_digest(rules) if rules is not None else None)
         if self.f32_matmul != "highest":  # torch's default keeps its key, and its cache entries
             self.fields["f32_matmul"] = self.f32_matmul
+        if graph.constraints:  # the same graph traced on another branch of its sizes serves other shapes
+            self.fields["constraints"] = sorted(str(c) for c in graph.constraints)
         self.key = operator_key(self.fields)
         self.entry = entry or entry_dir(self.key)
         self.stats = {k: 0 for k in STAT_KEYS}
