@@ -39,3 +39,19 @@ def test_a_derived_scalar_compiles_at_every_size(fn, make):
             got = compiled(*args)
         torch.testing.assert_close(got, fn(*args))
     assert compiled.stats["graph_breaks"] == 0 and compiled.stats["failed"] == 0, compiled.stats
+
+
+def test_sdpas_default_scale_over_a_dynamic_head_dim_compiles():
+    """SDPA scales by sqrt(1 / sqrt(d)) on each side (torch's FloatPow of a FloatTrueDiv):
+    over a dynamic head dim that scalar was a graph break quoting sympy, and SDPA ran
+    eagerly at every width."""
+    def causal(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    compiled = torch.compile(causal, backend="cleave", dynamic=True)
+    gen = torch.Generator().manual_seed(6)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        for s, d in ((7, 24), (9, 40)):
+            q, k, v = (torch.randn(1, 3, s, d, generator=gen) for _ in range(3))
+            torch.testing.assert_close(compiled(q, k, v), causal(q, k, v), rtol=1e-4, atol=1e-5)

@@ -12,7 +12,7 @@ import operator
 
 import sympy
 import torch
-from torch.utils._sympy.functions import FloatTrueDiv, IntTrueDiv, ToFloat
+from torch.utils._sympy.functions import FloatPow, FloatTrueDiv, IntTrueDiv, ToFloat
 
 from ..interpreter import IR_DTYPES, TORCH_DTYPES
 from ..ir import DimMismatch, Graph, Node, ShapeError
@@ -166,15 +166,13 @@ class Translator:
             return self.const(float(expr) if not expr.is_integer else int(expr), dtype)
         if expr.is_integer:
             return self.add("size", value=expr, dtype=dtype)
-        if isinstance(expr, sympy.Pow):
-            base = self._scalar_expr(expr.base, dtype)
-            if expr.exp == sympy.Rational(1, 2):
-                return self.add("sqrt", base)
-            if expr.exp == sympy.Rational(-1, 2):
-                return self.add("rsqrt", base)
-            if expr.exp == -1:
-                return self.add("recip", base)
-            return self.add("pow", base, self._scalar_expr(expr.exp, dtype))
+        if isinstance(expr, (sympy.Pow,) + _FLOAT_POW):  # SDPA's default scale over a dynamic d: d ** -0.5
+            base, exp = expr.args
+            base = self._scalar_expr(base, dtype)
+            special = {0.5: "sqrt", -0.5: "rsqrt", -1.0: "recip"}.get(float(exp)) if exp.is_number else None
+            if special is not None:
+                return self.add(special, base)
+            return self.add("pow", base, self._scalar_expr(exp, dtype))
         if isinstance(expr, (sympy.Add, sympy.Mul)):
             op = "add" if isinstance(expr, sympy.Add) else "mul"
             parts = [self._scalar_expr(a, dtype) for a in expr.args]
@@ -198,6 +196,7 @@ class Translator:
 # torch's sympy functions for a size made a float, and true division
 _TO_FLOAT = (ToFloat,)
 _TRUE_DIV = (FloatTrueDiv, IntTrueDiv)
+_FLOAT_POW = (FloatPow,)
 
 
 def scalar_has_ir_form(expr: sympy.Expr) -> bool:
@@ -206,6 +205,6 @@ def scalar_has_ir_form(expr: sympy.Expr) -> bool:
     size through math.log2 (Bloom's ALiBi slopes from the head count) is not."""
     if expr.is_number or expr.is_integer:
         return True
-    if isinstance(expr, (sympy.Pow, sympy.Add, sympy.Mul) + _TO_FLOAT + _TRUE_DIV):
+    if isinstance(expr, (sympy.Pow, sympy.Add, sympy.Mul) + _TO_FLOAT + _TRUE_DIV + _FLOAT_POW):
         return all(scalar_has_ir_form(a) for a in expr.args)
     return False
