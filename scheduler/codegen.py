@@ -1408,8 +1408,9 @@ def module(functions: list[Function]) -> str:
     function is defined before the one that calls it)."""
     body = "\n".join(ln for fn in functions for ln in fn.lines)
     src = ["import os", "", "import triton", "import triton.language as tl", "",
+           INTERPRETED_LINE,
            "# Triton's CPU interpreter computes bf16 tl.dot wrongly; it gets fp32 operands there.",
-           "DOT_BF16 = tl.constexpr(tl.float32 if os.environ.get(\"TRITON_INTERPRET\") == \"1\" else tl.bfloat16)",
+           "DOT_BF16 = tl.constexpr(tl.float32 if INTERPRETED else tl.bfloat16)",
            ""] + ROUND_BF16 + ["", ""] + \
         (FIRST_AT_LEAST + ["", ""] if any(fn.searched for fn in functions) else []) + math_helpers(body)
     for i, fn in enumerate(functions):
@@ -1429,11 +1430,14 @@ def math_helpers(body: str) -> list[str]:
 
 
 
+# Whether Triton's CPU interpreter runs the kernel: TRITON_INTERPRET read as Triton reads
+# it (1, true, on, yes, y); `== "1"` alone let "true" run bf16 dots the interpreter gets wrong.
+INTERPRETED_LINE = ("INTERPRETED = tl.constexpr(os.environ.get(\"TRITON_INTERPRET\", \"\").lower() "
+                    "in (\"1\", \"true\", \"on\", \"yes\", \"y\"))")
+
 # A cast to bf16 rounds to nearest even on the GPU; Triton's CPU interpreter truncates,
 # so there the rounding is done on the bits first (the cast is then exact).
 ROUND_BF16 = [
-    "INTERPRETED = tl.constexpr(os.environ.get(\"TRITON_INTERPRET\") == \"1\")",
-    "",
     "",
     "@triton.jit",
     "def to_bf16(x):",

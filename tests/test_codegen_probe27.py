@@ -20,7 +20,7 @@ import torch
 import cleave
 from cleave.ir import Candidate, Separable, ShapeError, parse_graph
 from cleave.scheduler import schedule
-from cleave.scheduler.codegen import Emitter, math_helpers
+from cleave.scheduler.codegen import INTERPRETED_LINE, Emitter, math_helpers
 from cleave.scheduler.loops import Loop
 from kernel_check import run_and_check
 
@@ -59,7 +59,7 @@ def _helper_kernel(tmp_path, expr: str):
     """A kernel computing `expr` of loaded a and b with the codegen's MATH helpers."""
     body = f"    tl.store(out_ptr + i, {expr})"
     src = "\n".join(["import os", "import triton", "import triton.language as tl",
-                     "INTERPRETED = tl.constexpr(os.environ.get(\"TRITON_INTERPRET\") == \"1\")", "", ""]
+                     INTERPRETED_LINE, "", ""]
                     + math_helpers(body)
                     + ["@triton.jit", "def kernel(a_ptr, b_ptr, out_ptr, N: tl.constexpr):",
                        "    i = tl.arange(0, N)", "    a = tl.load(a_ptr + i)", "    b = tl.load(b_ptr + i)", body, ""])

@@ -338,7 +338,7 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
 # Triton's CPU interpreter keeps the launch's grid in module state: two threads
 # launching at once read each other's grid ("x >= grid_dim[0]"). Interpreted launches
 # take turns; compiled ones run concurrently, each on its thread's lane.
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRETED = knobs.runtime.interpret  # as Triton reads TRITON_INTERPRET (1, true, on, yes, y)
 _INTERPRETER_LOCK = threading.Lock()
 
 

@@ -32,12 +32,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import warnings
 from time import perf_counter
 from typing import Callable, Union
 
 import torch
+from triton import knobs
 
 from .. import progress
 from ..scheduler.plan import Plan
@@ -147,7 +147,7 @@ def fastest_kernels(plans: list[Plan], ranking: list[int], inputs: dict[str, tor
     each call: profile.graph_timer)."""
     if time is None:
         device = next(iter(inputs.values())).device
-        if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        if device.type != "cuda" or knobs.runtime.interpret:
             return None
 
         def time(plan: Plan, slot: int | None = None) -> Callable[[], float]:

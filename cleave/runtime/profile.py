@@ -3,10 +3,10 @@ the cost model's order."""
 from __future__ import annotations
 
 import math
-import os
 from typing import Callable
 
 import torch
+from triton import knobs
 
 from ..scheduler.plan import Plan
 from .launch import launch
@@ -17,7 +17,7 @@ def rank(plans: list[Plan], inputs: dict[str, torch.Tensor]) -> list[int]:
     if not plans:
         raise ValueError("profile: no plans to choose from")
     device = next(iter(inputs.values())).device
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or len(plans) == 1:
+    if device.type != "cuda" or knobs.runtime.interpret or len(plans) == 1:
         return list(range(len(plans)))
     times = []
     for plan in plans:

@@ -1,0 +1,24 @@
+"""TRITON_INTERPRET is read as Triton reads it (1, true, on, yes, y), in the runtime and
+in the generated kernels. Only "1" counted before: under TRITON_INTERPRET=true Triton
+interpreted the kernels while they took the GPU path, and a bf16 MatMul came back off
+by 1e10 (the interpreter's bf16 dot), with no warning."""
+import os
+import subprocess
+import sys
+import textwrap
+
+PROGRAM = textwrap.dedent("""
+    import torch, cleave
+    torch.manual_seed(0)
+    x, w = torch.randn(32, 64, dtype=torch.bfloat16), torch.randn(64, 48, dtype=torch.bfloat16)
+    got = cleave.compile(lambda a, b: a @ b, verbose=False)(x, w)
+    want = (x.double() @ w.double()).to(torch.bfloat16)
+    print((got.float() - want.float()).abs().max().item() / want.float().abs().max().item())
+""")
+
+
+def test_another_spelling_triton_accepts_interprets_exactly(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "true", "CLEAVE_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.strip().splitlines()[-1]) < 1e-2, done.stdout
