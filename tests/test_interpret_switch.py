@@ -22,3 +22,22 @@ def test_another_spelling_triton_accepts_interprets_exactly(tmp_path):
     done = subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.strip().splitlines()[-1]) < 1e-2, done.stdout
+
+
+def test_without_a_gpu_or_the_interpreter_the_warning_says_what_to_set(tmp_path):
+    """CPU tensors with TRITON_INTERPRET unset: the fallback's warning quoted Triton's
+    "0 active drivers ([]). There should only be one." """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CLEAVE_CACHE_DIR"] = str(tmp_path)
+    program = textwrap.dedent("""
+        import warnings, torch, cleave
+        x = torch.randn(5, 7)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = cleave.compile(lambda a: (a * 2).exp(), verbose=False)(x)
+        assert torch.equal(got, (x * 2).exp())
+        print([str(w.message) for w in caught if "cleave" in str(w.message)])
+    """)
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "set TRITON_INTERPRET=1" in done.stdout and "active drivers" not in done.stdout, done.stdout

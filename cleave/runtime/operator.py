@@ -136,6 +136,9 @@ class CompiledOperator:
         except Exception as err:  # the first launch compiles the kernels: a failure there is a build failure
             if id(plan) in self._launched:
                 raise
+            if _no_gpu_nor_interpreter(inputs):
+                raise CompileFailure("there is no GPU here for its kernels: set TRITON_INTERPRET=1 to run them on "
+                                     "the CPU with Triton's interpreter") from err
             raise CompileFailure(f"its kernels failed on their first launch ({_reason(err)})") from err
         if not any(self._empty_outputs(self._env(dict(shapes)))):  # else kernels were skipped, uncompiled
             self._launched.add(id(plan))
@@ -483,6 +486,13 @@ def _symbol_locations(graph: Graph) -> dict[str, tuple[str, int]] | None:
             if isinstance(d, sympy.Symbol):
                 where.setdefault(d.name, (name, axis))
     return where if {s.name for s in graph.symbols()} <= set(where) else None
+
+
+def _no_gpu_nor_interpreter(inputs: dict[str, torch.Tensor]) -> bool:
+    """CPU tensors with Triton's interpreter off: Triton finds no driver to launch on."""
+    from triton import knobs
+
+    return not knobs.runtime.interpret and all(t.device.type == "cpu" for t in inputs.values())
 
 
 def _reason(err: BaseException) -> str:
