@@ -173,3 +173,27 @@ def test_a_negative_index_on_a_symbolic_extent_says_what_to_write():
     g.output(g.input("x", ("n",), "f32")["n-3":], names=["o"])
     x = torch.arange(7.0)
     assert torch.equal(interpret(g, {"x": x})[0], x[-3:])
+
+
+# -- input dims that are no size at some or every binding --------------------------
+def test_an_input_dim_negative_at_every_binding_is_refused_naming_the_line():
+    text = 'graph t {\n  %0 = input(name="x", shape=[-s,8], dtype=f32) : f32[-s,8]\n  return y=%0\n}'
+    with pytest.raises(ShapeError, match=r"line 2: input 'x' dim 0: -s is negative at every binding"):
+        parse_graph(text)
+
+
+def test_an_input_dim_negative_at_some_bindings_is_a_constraint():
+    """`s - 100` parsed and reached torch.randn with -96 rows in the candidate check."""
+    g = Graph("g")
+    g.output(g.input("x", ("s - 100", 8)).exp(), names=["y"])
+    assert any("input 'x' dim 0" in str(c) for c in g.constraints)
+    with pytest.raises(cleave.ir.BindingError, match="input 'x' dim 0"):
+        g.check({"s": 4})
+    assert g.bind({"x": (3, 8)}) == {"s": 103}
+
+
+@pytest.mark.parametrize("dim", ["Mod(s,0)", "s % 0"])
+def test_a_dim_dividing_by_zero_is_a_shape_error_naming_the_line(dim):
+    text = f'graph t {{\n  %0 = input(name="x", shape=[{dim},8], dtype=f32) : f32[{dim},8]\n  return y=%0\n}}'
+    with pytest.raises(cleave.CleaveError, match="line 2"):
+        parse_graph(text)

@@ -36,8 +36,8 @@ def dim(value: DimLike, symbols: dict[str, sympy.Symbol] | None = None) -> Dim:
         names["cdiv"] = cdiv
         try:
             expr = sympy.sympify(text, locals=names)
-        except (sympy.SympifyError, SyntaxError, TypeError, AttributeError):
-            expr = None
+        except (sympy.SympifyError, SyntaxError, TypeError, AttributeError, ArithmeticError, ValueError):
+            expr = None  # ArithmeticError: Mod(s, 0); ValueError: what sympy's parser wraps
         if not isinstance(expr, sympy.Expr) or (expr.is_number and not expr.is_integer):
             raise ShapeError(f"cannot read a dimension from {value!r}: a dimension is an int, a symbol name "
                              f"or an expression of them ('b*h', 'L/s', 'cdiv(n, 64)')")

@@ -185,6 +185,9 @@ class Graph:
             raise ShapeError(f"input {name!r} is declared twice")
         node = self.add("input", name=name, shape=_input_shape(name, shape), dtype=dtype)
         self.inputs[name] = node
+        for i, d in enumerate(node.shape):  # `s - 100`: a binding must keep it a size
+            if d.is_nonnegative is not True:
+                self._constrain(Constraint("le", D.dim(0), d, f"input {name!r} dim {i}"))
         return node
 
     def const(self, value, dtype="f32") -> Node:
@@ -388,6 +391,8 @@ def _input_shape(name: str, shape) -> tuple[Dim, ...]:
             dims.append(D.dim(d))
         except (ValueError, TypeError) as err:  # ShapeError is a ValueError
             raise ShapeError(f"input {name!r} dim {i}: {err}") from None
+        if dims[-1].is_negative:
+            raise ShapeError(f"input {name!r} dim {i}: {D.fmt(dims[-1])} is negative at every binding")
         for s in sorted(dims[-1].free_symbols, key=str):
             why = kernel_name_clash(s.name)
             if why:

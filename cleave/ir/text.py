@@ -133,7 +133,7 @@ def parse_graph(text: str):
         except CleaveError as err:  # the builder's (a ShapeError): its class kept, the line added
             err.args = (f"line {lineno}: {err.args[0]}", *err.args[1:])
             raise
-        except (ValueError, TypeError, sympy.SympifyError) as err:
+        except (ValueError, TypeError, ArithmeticError, sympy.SympifyError) as err:
             raise ParseError(f"line {lineno}: {line!r}: {err}") from None
     if not graph.outputs:
         raise ParseError(f"line {lines[-1][0]}: the graph ends without a 'return' line (e.g. 'return out=%3')")
