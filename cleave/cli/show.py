@@ -60,11 +60,12 @@ def _show(args) -> int:
         print(dot if program is None else to_svg(dot, program), end="")
         return 0
     print(graph.text(), end="")
+    # as comments, so that the printed graph reads back (`cleave show NAME > g.cir`, edit, optimize)
     if graph.constraints:
-        print("constraints:\n" + "\n".join(f"  {c}" for c in graph.constraints))
+        print("# constraints:\n" + "\n".join(f"#   {c}" for c in graph.constraints))
     if args.target in workloads.names():
         for preset, env in workloads.get(args.target).presets.items():
-            print(f"preset {preset}: " + " ".join(f"{k}={v}" for k, v in env.items()))
+            print(f"# preset {preset}: " + " ".join(f"{k}={v}" for k, v in env.items()))
     for i, c in enumerate(candidates):
         marked = " ".join(f"%{n}" for n in sorted(rewritten(graph, c.graph))) or "none"
         print(f"# candidate {i}: cost {c.cost}\n# derivation: {', '.join(c.derivation) or '(input graph)'}\n"
