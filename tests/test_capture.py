@@ -272,3 +272,12 @@ def test_nodes_carry_the_source_line():
     g = cleave.capture(fn, torch.randn(3))
     exp = next(n for n in g.nodes if n.op == "exp")
     assert exp.loc.endswith(f"test_capture.py:{fn.__code__.co_firstlineno + 1}")
+
+
+def test_capture_without_an_example_for_each_argument_says_so():
+    """torch.export's error was about its dynamic-shapes structure ("inputs has 0
+    elements, but dynamic_shapes has 1")."""
+    with pytest.raises(CaptureError, match=r"cannot take 0 example input\(s\) \(missing a required argument: 'x'\)"):
+        cleave.capture(lambda x: x.exp())
+    with pytest.raises(CaptureError, match="cannot take 2 example input"):
+        cleave.capture(lambda x: x.exp(), torch.randn(3), torch.randn(3))

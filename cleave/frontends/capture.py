@@ -81,6 +81,7 @@ def capture_program(fn, *example_inputs, dynamic=None, name=None) -> Captured:
     """`capture`, plus where the graph's other inputs come from and which outputs are
     inputs' new values (what a runtime needs to run it in the function's place)."""
     params = param_names(fn, len(example_inputs))
+    _check_arity(fn, len(example_inputs))
     for pname, x in zip(params, example_inputs):
         if not isinstance(x, torch.Tensor):
             raise CaptureError(f"capture: example input {pname!r} is a {type(x).__name__}, not a tensor "
@@ -119,6 +120,22 @@ def param_names(fn, count: int) -> list[str]:
     start = len(names)
     names += [f"{rest}_{i - start}" if rest else f"x{i}" for i in range(start, count)]
     return names[:count]
+
+
+def _check_arity(fn, count: int) -> None:
+    """A call of fn with `count` positional examples binds its signature (torch.export's
+    own error is about its dynamic-shapes structure)."""
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*range(count))
+    except TypeError as err:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise CaptureError(f"capture: {name}{sig} cannot take {count} example input(s) ({err}); give an "
+                           f"example tensor for each argument") from None
 
 
 def _dynamic_axes(params, inputs, dynamic) -> dict[str, dict[int, str]]:
