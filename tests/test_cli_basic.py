@@ -149,3 +149,13 @@ def test_explain_on_cuda_without_a_gpu_is_one_line(capsys):
     assert main(["explain", "layernorm", "--device", "cuda"]) == 2
     assert capsys.readouterr().err == ("cleave explain: error: --device cuda: no CUDA device here "
                                        "(use --device cpu with TRITON_INTERPRET=1)\n")
+
+
+def test_trace_build_into_a_file_is_refused_before_any_search(tmp_path, capsys):
+    """`--out` naming a file exited 0 and printed "replay with ... --artifact FILE",
+    with nothing written (warnings about "the cache" aside)."""
+    out = tmp_path / "artifact"
+    out.write_text("")
+    assert main(["trace", "build", "traces/workloads/gqa_decode.jsonl", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out}: cannot write the artifact there" in err and "searching" not in err

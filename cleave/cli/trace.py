@@ -152,8 +152,15 @@ def _replay(args) -> int:
 
 
 def _build(args) -> int:
-    from ..runtime.replay import build
+    from pathlib import Path
 
+    from ..ir import CleaveError
+    from ..runtime.replay import build
+    from ..storage import unwritable
+
+    why = unwritable(Path(args.out))  # before the search: a build writes there or is nothing
+    if why is not None:
+        raise CleaveError(f"--out {args.out}: cannot write the artifact there ({why})")
     print(f"searching and scheduling {args.trace} into {args.out} ...", file=sys.stderr, flush=True)
     summary = build(args.trace, args.out, scale=args.scale, const=_const(args), top_k=args.top_k)
     for entry in summary["entries"]:
