@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import cleave
-from cleave import fidelity
+from cleave import fidelity, workloads
 from cleave.ir import BindingError, parse_graph
 from cleave.rules import all_rules
 
@@ -64,6 +64,14 @@ def test_search_shapes_name_symbols_of_the_graph():
         cleave.search(_row_sum(), shapes={"zz": 4}, progress=False)
     with pytest.raises(ValueError, match=r"search: shapes must be a dict \{symbol: extent\}, got \[1\]"):
         cleave.search(_row_sum(), shapes=[1], progress=False)
+
+
+def test_search_shapes_that_break_the_graphs_constraints_are_refused():
+    """moe_routing's topk keeps 8 <= e: at e = 4 every candidate failed the check, and
+    the warning blamed the rules that derived them."""
+    graph = workloads.get("moe_routing").graph
+    with pytest.raises(ValueError, match=r"search: shapes \{'t': 4, 'e': 4\} break the graph's constraint 8 <= e"):
+        cleave.search(graph, shapes={"t": 4, "e": 4}, progress=False)
 
 
 def test_search_shapes_may_hold_an_empty_axis():

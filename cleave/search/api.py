@@ -299,6 +299,13 @@ def _check_shapes(graph: Graph, shapes) -> None:
                              f"(its symbols: {', '.join(sorted(known)) or 'none, every dim is static'})")
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
             raise ValueError(f"search: shapes[{name!r}] must be an integer >= 0, got {value!r}")
+    for c in graph.constraints:  # else the check at these shapes rejects every candidate, blaming rules
+        try:
+            holds = c.holds(dict(shapes))
+        except KeyError:  # a constraint on symbols the shapes leave open
+            continue
+        if not holds:
+            raise ValueError(f"search: shapes {dict(shapes)} break the graph's constraint {c}")
 
 
 def _resolved_rules(rules) -> list:
