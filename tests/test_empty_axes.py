@@ -160,3 +160,24 @@ def test_operator_at_an_empty_shape_compiles_and_times_nothing(monkeypatch, tmp_
     (got,) = op({"x": x})
     assert got.shape == (0, 5) and op.stats["tunings"] == 0
     assert not op._launched  # nothing was compiled at b=0
+
+
+def _rms_matmul(x, w):
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)) @ w
+
+
+def _row_share_sum(x, w):
+    return (x / x.sum(-1, keepdim=True)).sum(-1)
+
+
+@pytest.mark.parametrize("fn", [_rms_matmul, _row_share_sum])
+def test_a_rewritten_scale_over_an_axis_empty_at_run_time_is_eagers(fn):
+    """At k = 0 a row's scale is 0/0 = NaN and eager multiplies it into an empty row (then
+    summed or contracted: 0). rowscale-after-matmul and sum-pull-div move it out of the
+    reduction, NaN came back; at an empty reduced axis the graph as written serves."""
+    f = cleave.compile(fn, dynamic={"x": {1: "k"}, "w": {0: "k"}}, verbose=False)
+    gen = torch.Generator().manual_seed(2)
+    for k in (9, 0, 5, 0):
+        x, w = torch.rand(3, k, generator=gen) + 0.5, torch.randn(k, 5, generator=gen)
+        torch.testing.assert_close(f(x, w), fn(x, w), equal_nan=True, rtol=1e-5, atol=1e-5)
+    assert f.stats["graph_breaks"] == 0 and f.stats["failed"] == 0, f.stats

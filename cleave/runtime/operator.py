@@ -96,6 +96,7 @@ class CompiledOperator:
                  entry=None, rules=None, candidates: int = 1):
         self.graph = graph
         self._read = {s.name for s in graph.symbols()}
+        self._reduced = _reduced_symbols(graph)
         self.dynamic = set(dynamic) & self._read
         self.device = torch.device(device)
         self.top_k = top_k
@@ -167,6 +168,11 @@ class CompiledOperator:
         try:
             spec = self._spec(static, env)
             if not _fitting(spec.plans, env):  # a split leaves a chunk empty here (every chunk, at n = 0)
+                spec = self._spec(static, env, as_written=True)
+            elif spec.candidate.derivation and any(env.get(s) == 0 for s in self._reduced):
+                # An axis the graph reduces over is empty: a rewrite that moves a row's scale
+                # out of the reduction (rowscale-after-matmul, sum-pull-factor) turns eager's
+                # NaN times an empty row (then summed: 0) into NaN; the graph as written is eager's.
                 spec = self._spec(static, env, as_written=True)
             plan = self._choose(spec, env, inputs)
         except (CompileFailure, BindingError, NotReadyDuringCapture):
@@ -486,6 +492,12 @@ def _symbol_locations(graph: Graph) -> dict[str, tuple[str, int]] | None:
             if isinstance(d, sympy.Symbol):
                 where.setdefault(d.name, (name, axis))
     return where if {s.name for s in graph.symbols()} <= set(where) else None
+
+
+def _reduced_symbols(graph: Graph) -> set[str]:
+    """The symbols of the axes some reduction or MatMul of the graph reduces over."""
+    contracted = {s for n in graph.live_nodes() if n.op == "matmul" for s in n.inputs[0].shape[-1].free_symbols}
+    return {s.name for s in graph.reduced_symbols() | contracted}
 
 
 def _no_gpu_nor_interpreter(inputs: dict[str, torch.Tensor]) -> bool:
