@@ -147,6 +147,18 @@ def test_bad_dynamic_spec_is_refused_at_compile(spec, error, match):
         cleave.compile(_mul_sum, dynamic=spec)
 
 
+def test_a_builtins_arguments_are_named_by_position():
+    """torch.bmm's parameters cannot be read: the capture names them x0, x1, and a spec
+    naming `input` matched nothing (a search per shape, silently)."""
+    with pytest.raises(ValueError, match="bmm's parameters cannot be read: name its arguments by position, x0, x1"):
+        cleave.compile(torch.bmm, dynamic={"input": {0: "b"}})
+    compiled = cleave.compile(torch.bmm, dynamic={"x0": {0: "b", 1: "n"}, "x1": {0: "b"}}, verbose=False)
+    for b, n in ((3, 7), (2, 9)):
+        x, y = torch.randn(b, n, 33), torch.randn(b, 33, 5)
+        torch.testing.assert_close(compiled(x, y), torch.bmm(x, y))
+    assert compiled.stats["searches"] + compiled.stats["from_cache"] == 1, compiled.stats
+
+
 @pytest.mark.parametrize("spec, match", [
     ({"x": {5: "n"}}, "argument 'x' has rank 2; dynamic axis 5 is out of range"),
     ({"x": {0: "n", -2: "m"}}, "dynamic axes name axis 0 twice"),

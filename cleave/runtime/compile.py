@@ -820,6 +820,11 @@ def _checked_dynamic(fn, dynamic):
             raise ValueError(f"cleave.compile: dynamic names argument {pname!r}, but {_function_name(fn)} takes "
                              f"{', '.join(params[0]) or 'no positional arguments'}"
                              + (f" (and *{params[1]}: {params[1]}_0, {params[1]}_1, ...)" if params[1] else ""))
+        if params is None and not (isinstance(pname, str) and re.fullmatch(r"x\d+", pname)):
+            # a builtin (torch.bmm): the capture names its arguments by position, and any
+            # other name would match nothing, the spec ignored
+            raise ValueError(f"cleave.compile: dynamic names argument {pname!r}, but {_function_name(fn)}'s "
+                             f"parameters cannot be read: name its arguments by position, x0, x1, ...")
         if not isinstance(axes, dict):
             raise TypeError(f"cleave.compile: dynamic[{pname!r}] must be a dict {{axis: symbol}}, not {axes!r}")
         for axis, symbol in axes.items():
