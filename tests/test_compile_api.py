@@ -159,6 +159,15 @@ def test_a_builtins_arguments_are_named_by_position():
     assert compiled.stats["searches"] + compiled.stats["from_cache"] == 1, compiled.stats
 
 
+def test_an_op_the_capture_cannot_map_is_named_in_capture_error():
+    """torch.mv has no mapping of its own (the backend's decompositions lower it): the
+    function went through dynamo with capture_error None, and nothing said why."""
+    compiled = cleave.compile(torch.mv, verbose=False)
+    a, v = torch.randn(5, 7), torch.randn(7)
+    torch.testing.assert_close(compiled(a, v), torch.mv(a, v))
+    assert "aten.mv" in compiled.capture_error
+
+
 @pytest.mark.parametrize("spec, match", [
     ({"x": {5: "n"}}, "argument 'x' has rank 2; dynamic axis 5 is out of range"),
     ({"x": {0: "n", -2: "m"}}, "dynamic axes name axis 0 twice"),

@@ -335,10 +335,10 @@ class CompiledFunction:
         try:
             with passes.recording(self.ctx.pass_seconds), passes.timed("capture"), _marks_kept(args):
                 captured, structure = _capture(self.fn, args, dynamic, self.name, watch)
-        except UnsupportedOpError:  # dynamo cuts the function around that op (its warning names it)
+        except UnsupportedOpError as err:  # dynamo cuts the function around that op (its warning names it)
             if again:  # in another branch only: the signature's first capture stands
                 return _NOT_CAPTURED
-            self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
+            self._through_dynamo(str(err))  # where the decompositions lower the op, no warning: say why here
             return None
         except CaptureError as err:
             captured = None
