@@ -158,4 +158,4 @@ def test_trace_build_into_a_file_is_refused_before_any_search(tmp_path, capsys):
     out.write_text("")
     assert main(["trace", "build", "traces/workloads/gqa_decode.jsonl", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"--out {out}: cannot write the artifact there" in err and "searching" not in err
+    assert f"--out {out}: cannot write the artifact there (it is a file)" in err and "searching" not in err

@@ -151,14 +151,28 @@ def _replay(args) -> int:
     return 0
 
 
-def _build(args) -> int:
+def _unwritable_dir(path: str) -> str | None:
+    """Why a build could not make and fill directory `path` (None where it could),
+    asked without creating it: the build's other checks may still refuse it."""
+    import os
     from pathlib import Path
 
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        return "it is a file"
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def _build(args) -> int:
     from ..ir import CleaveError
     from ..runtime.replay import build
-    from ..storage import unwritable
 
-    why = unwritable(Path(args.out))  # before the search: a build writes there or is nothing
+    why = _unwritable_dir(args.out)  # before the search: a build writes there or is nothing
     if why is not None:
         raise CleaveError(f"--out {args.out}: cannot write the artifact there ({why})")
     print(f"searching and scheduling {args.trace} into {args.out} ...", file=sys.stderr, flush=True)
