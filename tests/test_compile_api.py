@@ -147,6 +147,14 @@ def test_bad_dynamic_spec_is_refused_at_compile(spec, error, match):
         cleave.compile(_mul_sum, dynamic=spec)
 
 
+@pytest.mark.parametrize("thing", [42, "f", None])
+def test_compile_of_what_cannot_be_called_is_refused_at_compile(thing):
+    """It failed at the first call, inside torch.compile ("A callable function is
+    expected"), after a warning calling the argument a tensor-less int."""
+    with pytest.raises(TypeError, match="cleave.compile takes a function or an nn.Module, not"):
+        cleave.compile(thing)
+
+
 def test_a_builtins_arguments_are_named_by_position():
     """torch.bmm's parameters cannot be read: the capture names them x0, x1, and a spec
     naming `input` matched nothing (a search per shape, silently)."""

@@ -907,6 +907,8 @@ def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbos
     unsound one with its counterexample), and they are part of the operators' cache key.
     `candidates`: how many of the search's first candidates each operator schedules and
     ranks by the cost model (`cleave trace build` ranks 3; each costs a schedule)."""
+    if not callable(fn):  # else the first call fails inside torch.compile
+        raise TypeError(f"cleave.compile takes a function or an nn.Module, not {type(fn).__name__} {fn!r:.60}")
     dynamic = _checked_dynamic(fn, dynamic)
     if not (isinstance(top_k, int) and top_k >= 1):
         raise ValueError(f"top_k must be an int >= 1, not {top_k!r}")
