@@ -153,19 +153,17 @@ def _replay(args) -> int:
 
 def _unwritable_dir(path: str) -> str | None:
     """Why a build could not make and fill directory `path` (None where it could),
-    asked without creating it: the build's other checks may still refuse it."""
-    import os
+    asked of its nearest existing directory: a --const the build then refuses leaves
+    nothing behind."""
     from pathlib import Path
 
+    from ..storage import unwritable
+
     target = Path(path)
-    if target.exists() and not target.is_dir():
-        return "it is a file"
     existing = next(p for p in (target, *target.parents) if p.exists())
     if not existing.is_dir():
-        return f"{existing} is a file"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable"
-    return None
+        return "it is a file" if existing == target else f"{existing} is a file"
+    return unwritable(existing)
 
 
 def _build(args) -> int:

@@ -539,8 +539,7 @@ def _addmm(t, node, a):
             return fill(t, node, 0)
         kept = a["self"] if a.get("beta", 1) == 1 else binary(t, "mul", a["self"], a["beta"])
         return broadcast(t, kept, t.out_shape(node))
-    left, right = (a[k] for k in (("mat1", "mat2") if "mat1" in a else ("batch1", "batch2") if "batch1" in a
-                                  else ("mat", "vec")))
+    left, right = next((a[x], a[y]) for x, y in (("mat1", "mat2"), ("batch1", "batch2"), ("mat", "vec")) if x in a)
     prod = matmul(t, left, right)
     if a.get("alpha", 1) != 1:
         prod = binary(t, "mul", prod, a["alpha"])

@@ -26,28 +26,23 @@ def table() -> dict:
 
     merged = {**decomposition_table, **core_aten_decompositions(), **FUSED_LAYERS}
     return {op: _checked_against_eager_kernel(op, fn) for op, fn in merged.items()
-            if not _mapped(op) and not _lifts_a_constant(op) and not _writes_complex_parts(op)}
+            if not _mapped(op) and not _kept_whole(op)}
 
 
-# torch.complex and torch.polar decompose into an empty complex tensor whose real and
-# imaginary views are written in place: AOTAutograd's functionalization fails an internal
-# assertion on those writes and the whole frame ran eagerly, its warning that assertion.
-# Kept whole, they are graph breaks named by the op (cleave has no complex dtype).
-COMPLEX_BUILDERS = {"complex", "polar"}
+# Ops left undecomposed although a table decomposes them:
+# - lift, lift_fresh: the tracer turns a tensor constant of the user's code
+#   (`torch.tensor([1, 3])`, the scalar `y[0, 0] = nan` writes) into a fake tensor when it
+#   meets these; decomposed first, the real constant reaches fake-tensor dispatch and
+#   tracing fails.
+# - complex, polar: they decompose into an empty complex tensor whose real and imaginary
+#   views are written in place, on which AOTAutograd's functionalization fails an
+#   internal assertion (the whole frame ran eagerly, its warning that assertion). Kept
+#   whole, they are graph breaks named by the op (cleave has no complex dtype).
+KEPT_WHOLE = {"lift", "lift_fresh", "complex", "polar"}
 
 
-def _writes_complex_parts(op) -> bool:
-    return isinstance(op, torch._ops.OpOverload) and op._schema.name.split("::")[-1] in COMPLEX_BUILDERS
-
-
-# The tracer turns a tensor constant of the user's code (`torch.tensor([1, 3])`, the
-# scalar `y[0, 0] = nan` writes) into a fake tensor when it meets these ops: decomposed
-# first, the real constant reaches fake-tensor dispatch and tracing fails.
-LIFTS = {"lift", "lift_fresh"}
-
-
-def _lifts_a_constant(op) -> bool:
-    return isinstance(op, torch._ops.OpOverload) and op._schema.name.split("::")[-1] in LIFTS
+def _kept_whole(op) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and op._schema.name.split("::")[-1] in KEPT_WHOLE
 
 
 def _mapped(op) -> bool:

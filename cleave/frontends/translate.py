@@ -166,7 +166,7 @@ class Translator:
             return self.const(float(expr) if not expr.is_integer else int(expr), dtype)
         if expr.is_integer:
             return self.add("size", value=expr, dtype=dtype)
-        if isinstance(expr, (sympy.Pow,) + _FLOAT_POW):  # SDPA's default scale over a dynamic d: d ** -0.5
+        if isinstance(expr, (sympy.Pow, FloatPow)):  # SDPA's default scale over a dynamic d: d ** -0.5
             base, exp = expr.args
             base = self._scalar_expr(base, dtype)
             special = {0.5: "sqrt", -0.5: "rsqrt", -1.0: "recip"}.get(float(exp)) if exp.is_number else None
@@ -180,9 +180,9 @@ class Translator:
             for p in parts[1:]:
                 out = self.add(op, out, p)
             return out
-        if isinstance(expr, _TO_FLOAT):  # a size as a float: the size, in dtype
+        if isinstance(expr, ToFloat):  # a size as a float: the size, in dtype
             return self._scalar_expr(expr.args[0], dtype)
-        if isinstance(expr, _TRUE_DIV):  # 0.1 / n (label smoothing over a class count)
+        if isinstance(expr, (FloatTrueDiv, IntTrueDiv)):  # 0.1 / n (label smoothing over a class count)
             return self.add("div", *(self._scalar_expr(a, dtype) for a in expr.args))
         raise UnsupportedOpError(self.op, self.loc, f"scalar {expr} has no IR form")
 
@@ -193,10 +193,9 @@ class Translator:
         return ir_dtype(fx_node.meta["val"].dtype, self.op, self.loc)
 
 
-# torch's sympy functions for a size made a float, and true division
-_TO_FLOAT = (ToFloat,)
-_TRUE_DIV = (FloatTrueDiv, IntTrueDiv)
-_FLOAT_POW = (FloatPow,)
+# what _scalar_expr builds: sympy's arithmetic, and torch's float cast, true division
+# and float power of sizes
+_SCALAR_FUNCTIONS = (sympy.Pow, sympy.Add, sympy.Mul, ToFloat, FloatTrueDiv, IntTrueDiv, FloatPow)
 
 
 def scalar_has_ir_form(expr: sympy.Expr) -> bool:
@@ -205,6 +204,6 @@ def scalar_has_ir_form(expr: sympy.Expr) -> bool:
     size through math.log2 (Bloom's ALiBi slopes from the head count) is not."""
     if expr.is_number or expr.is_integer:
         return True
-    if isinstance(expr, (sympy.Pow, sympy.Add, sympy.Mul) + _TO_FLOAT + _TRUE_DIV + _FLOAT_POW):
+    if isinstance(expr, _SCALAR_FUNCTIONS):
         return all(scalar_has_ir_form(a) for a in expr.args)
     return False

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import sympy
 import torch
+from triton import knobs
 
 from .. import passes, progress
 from ..interpreter import TORCH_DTYPES, interpret
@@ -502,8 +503,6 @@ def _reduced_symbols(graph: Graph) -> set[str]:
 
 def _no_gpu_nor_interpreter(inputs: dict[str, torch.Tensor]) -> bool:
     """CPU tensors with Triton's interpreter off: Triton finds no driver to launch on."""
-    from triton import knobs
-
     return not knobs.runtime.interpret and all(t.device.type == "cpu" for t in inputs.values())
 
 
