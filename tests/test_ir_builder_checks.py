@@ -197,3 +197,30 @@ def test_a_dim_dividing_by_zero_is_a_shape_error_naming_the_line(dim):
     text = f'graph t {{\n  %0 = input(name="x", shape=[{dim},8], dtype=f32) : f32[{dim},8]\n  return y=%0\n}}'
     with pytest.raises(cleave.CleaveError, match="line 2"):
         parse_graph(text)
+
+
+# -- reshapes no binding satisfies, and text that defines a graph twice ---------------
+@pytest.mark.parametrize("target, message", [
+    (("s", 3), r"8\*s elements\), target \[s, 3\] has 3\*s: equal only where both are empty"),
+    (("s+1", 8), r"target \[s\+1, 8\] has 8\*s\+8: never equal"),
+])
+def test_a_reshape_no_binding_satisfies_is_refused(target, message):
+    with pytest.raises(ShapeError, match=message):
+        _node(("s", 8)).reshape(target)
+
+
+def test_a_reshape_some_bindings_satisfy_is_a_constraint():
+    x = _node(("s", 8))
+    x.reshape(("t", 4))
+    assert any(c.kind == "eq" and "reshape" in c.origin for c in x.graph.constraints)
+
+
+@pytest.mark.parametrize("lines, message", [
+    (['%0 = input(name="y", shape=[4], dtype=f32) : f32[4]', "return o=%0"], r"line 3: %0 is defined twice"),
+    (["return o=%0", "return p=%0"], r"line 4: 'return p=%0' follows the 'return' line"),
+    (["return o=%0", "%1 = exp(%0) : f32[4]"], r"line 4: .* follows the 'return' line"),
+])
+def test_parse_graph_refuses_a_graph_defined_twice(lines, message):
+    body = "\n  ".join(['%0 = input(name="x", shape=[4], dtype=f32) : f32[4]', *lines])
+    with pytest.raises(cleave.ir.ParseError, match=message):
+        parse_graph(f"graph t {{\n  {body}\n}}")

@@ -209,6 +209,14 @@ def _infer_reshape(x, *, shape):
     if before.is_number and after.is_number:
         _fail("reshape", f"operand 0 has shape {D.fmt_shape(x.shape)} ({before} elements), "
                          f"target {D.fmt_shape(shape)} has {after}")
+    gap = sympy.expand(before - after)
+    if gap.is_number:  # 8*s against 8*s + 8: no binding
+        _fail("reshape", f"operand 0 has shape {D.fmt_shape(x.shape)} ({D.fmt(before)} elements), target "
+                         f"{D.fmt_shape(shape)} has {D.fmt(after)}: never equal")
+    ratio = before / after if not after.is_zero else None  # sympy cancels common factors itself
+    if ratio is not None and ratio.is_number and ratio != 1:  # 8*s against 3*s: no binding but empties
+        _fail("reshape", f"operand 0 has shape {D.fmt_shape(x.shape)} ({D.fmt(before)} elements), target "
+                         f"{D.fmt_shape(shape)} has {D.fmt(after)}: equal only where both are empty")
     # Symbolic and not provably equal: the binding must satisfy it.
     return Result(tuple(shape), x.dtype, (("eq", before, after, "reshape"),))
 

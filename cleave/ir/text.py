@@ -142,6 +142,8 @@ def parse_graph(text: str):
 
 def _parse_line(graph, nodes: dict, line: str, lineno: int) -> None:
     """One `return` or `%N = op(...) : type` line, added to `graph` (`nodes`: %N -> node)."""
+    if graph.outputs:
+        raise ParseError(f"line {lineno}: {line!r} follows the 'return' line, which ends a graph")
     ret = _RETURN.match(line)
     if ret:
         pairs = [p.split("=") for p in _split_args(ret.group(1))]
@@ -154,6 +156,8 @@ def _parse_line(graph, nodes: dict, line: str, lineno: int) -> None:
     if not m:
         raise ParseError(f"line {lineno}: cannot read {line!r}")
     nid, op, args, dtype, shape = m.groups()
+    if int(nid) in nodes:
+        raise ParseError(f"line {lineno}: %{nid} is defined twice")
     spec = SPECS.get(op)
     if spec is None:
         raise ParseError(f"line {lineno}: unknown op {op!r}")
