@@ -152,3 +152,11 @@ def test_explain_reports_outputs_equal_to_eager_with_nan_and_inf_as_equal():
 def test_compile_refuses_rules_that_are_not_paths(rules):
     with pytest.raises(TypeError, match="rules: a rule file's path"):
         cleave.compile(lambda x: x + 1, rules=rules)
+
+
+def test_compile_refuses_an_artifact_that_is_a_file(tmp_path):
+    """It warned about "the cache" at the first call and kept its plans in memory."""
+    path = tmp_path / "plans.json"
+    path.write_text("{}")
+    with pytest.raises(NotADirectoryError, match="artifact must be a directory.*plans.json' is a file"):
+        cleave.compile(lambda x: x + 1, artifact=path)

@@ -56,3 +56,39 @@ def test_no_warning_without_a_break():
     assert not said
     for x, out in zip(xs, outs):
         torch.testing.assert_close(out, plain(x))
+
+
+def cache_write_at_tensor_position(cache, k, pos):
+    cache[:, pos] = k
+    return cache * 2
+
+
+def test_a_tensor_valued_index_is_named_at_its_line():
+    """The warning named aten._local_scalar_dense and AOTAutograd, not the user's line."""
+    compiled = torch.compile(cache_write_at_tensor_position, backend="cleave")
+    cache, k = torch.zeros(2, 8, 3), torch.randn(2, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(cache.clone(), k, torch.tensor(5))
+    expected = cache_write_at_tensor_position(cache.clone(), k, torch.tensor(5))
+    assert torch.equal(out, expected)
+    said = " ".join(str(w.message) for w in caught if str(w.message).startswith("cleave:"))
+    line = cache_write_at_tensor_position.__code__.co_firstlineno + 1
+    assert f"indexes with a one-element tensor's value at {__file__}:{line}" in said, said
+    assert "a Python int index compiles" in said
+
+
+@pytest.mark.parametrize("path", ["cleave", "dynamo"])
+def test_a_diagonal_over_a_dynamic_size_compiles(path):
+    """einsum("ii") is an as_strided with stride n + 1: at a second shape (dynamic) the
+    stride, an fx node's size, was refused as "not a size: s27 + 1"."""
+    def trace(x):
+        return torch.einsum("ii", x) + torch.diagonal(x * 2).sum()
+
+    torch._dynamo.reset()
+    compiled = cleave.compile(trace) if path == "cleave" else torch.compile(trace, backend="cleave")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (3, 5, 4):
+            x = torch.randn(n, n)
+            torch.testing.assert_close(compiled(x), trace(x))

@@ -23,6 +23,7 @@ from .aten_layout import storage_dependent
 from .errors import CaptureError, Unify, UnsupportedOpError, source_of
 from .layout_sink import sink_layouts
 from .narrowing import aten_refusal
+from .output_layout import eager_order, kernels_lay_out
 from .unify import resolved
 from .masks import simplify_masks
 from .regroup import regroup_repeated_operands
@@ -52,6 +53,9 @@ class Captured:
     # whether an op reads the inputs' storage (as_strided), which the graph reads as
     # contiguous from offset 0 as the example inputs were: other layouts run eagerly
     reads_storage: bool = False
+    # graph output -> the stride order eager lays it out in, where that is not row-major
+    # (output_layout.eager_order): the runtime computes it permuted so
+    output_orders: dict = field(default_factory=dict)
 
 
 def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:
@@ -409,16 +413,16 @@ def _translate(ep, comparisons, params, named, auto: bool, graph_name: str, read
     _no_float_of_a_size(ep)
     _guarded_ranges(ep, symbols, graph)
     constrain_to_decisions(graph, symbols, comparisons)
-    writes, views = {}, []
+    writes, views, orders = {}, [], {}
     for node in ep.graph.nodes:
         if node.op == "call_function" and not aten_map.is_ignored(node):
             t.translate(node)
         elif node.op == "output":
-            writes = _outputs(t, graph, node, ep.graph_signature, user_names)
+            writes, orders = _outputs(t, graph, node, ep.graph_signature, user_names)
             views = _view_outputs(node, ep.graph_signature, graph.output_names)
     reads_storage = any(storage_dependent(n) for n in ep.graph.nodes)
     return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes, views,
-                    constants=constants, reads_storage=reads_storage)
+                    constants=constants, reads_storage=reads_storage, output_orders=orders)
 
 
 def _no_float_of_a_size(ep) -> None:
@@ -464,7 +468,8 @@ def _view_outputs(node, signature, names) -> list[str]:
     ops returning an alias of their first operand only (views, in-place ops, the pieces
     of `chunk`, `split` and `unbind`), a placeholder or an input's new value where an
     in-place op changed it (`x.mul_(2); return x, x.t()`); and those sharing the value
-    they alias with another output (`return y, y`, `return z, z.t()`)."""
+    they alias with another output (`return y, y`, `return z, z.t()`); and views eager
+    lays out so that no kernel writes them (`y[:, ::2]`, `y[1:]`, an `expand`)."""
     from torch.export.graph_signature import OutputKind
 
     written = {raw for raw, spec in zip(node.args[0], signature.output_specs)
@@ -484,10 +489,11 @@ def _view_outputs(node, signature, names) -> list[str]:
             raw = raw.args[0]
         return raw
 
-    user = [(name, aliased(raw)) for name, raw, spec in zip(names, node.args[0], signature.output_specs)
+    user = [(name, raw, aliased(raw)) for name, raw, spec in zip(names, node.args[0], signature.output_specs)
             if spec.kind == OutputKind.USER_OUTPUT]
-    bases = [base for _, base in user if isinstance(base, torch.fx.Node)]
-    return [name for name, base in user if base is None or bases.count(base) > 1]
+    bases = [base for _, _, base in user if isinstance(base, torch.fx.Node)]
+    return [name for name, raw, base in user if base is None or bases.count(base) > 1
+            or isinstance(raw, torch.fx.Node) and not kernels_lay_out(raw.meta.get("val"))]
 
 
 def state_input_name(key: str, taken: set[str]) -> str:
@@ -516,12 +522,14 @@ def constant_node(t, value: torch.Tensor, node, constants: dict, taken: set):
     return t.graph.add("reshape", out, shape=tuple(value.shape), loc=source) if value.dim() else out
 
 
-def _outputs(t, graph, node, signature, user_names) -> dict[str, str]:
+def _outputs(t, graph, node, signature, user_names) -> tuple[dict[str, str], dict]:
     """The function's outputs, named out / out0, out1, ..., then the new value of each
-    input an in-place op changed, named <input>_inplace. Returns {output: input} for those."""
+    input an in-place op changed, named <input>_inplace. Returns {output: input} for
+    those, and the outputs eager lays out in another order than row-major
+    (Captured.output_orders)."""
     from torch.export.graph_signature import OutputKind
 
-    values, names, writes = [], [], {}
+    values, names, writes, orders = [], [], {}, {}
     specs = signature.output_specs
     user = sum(spec.kind == OutputKind.USER_OUTPUT for spec in specs)
     for k, (raw, spec) in enumerate(zip(node.args[0], specs)):
@@ -530,6 +538,9 @@ def _outputs(t, graph, node, signature, user_names) -> dict[str, str]:
             if not hasattr(v, "graph"):
                 raise UnsupportedOpError("output", source_of(node), f"output {k} is {v!r}, not a tensor")
             names.append(fresh_name("out" if user == 1 else f"out{len(names)}", graph.inputs))
+            order = eager_order(raw.meta.get("val")) if isinstance(raw, torch.fx.Node) else None
+            if order is not None:
+                orders[names[-1]] = order
         elif spec.kind == OutputKind.USER_INPUT_MUTATION:
             target = user_names[spec.target]
             names.append(fresh_name(f"{target}_inplace", graph.inputs))
@@ -540,4 +551,4 @@ def _outputs(t, graph, node, signature, user_names) -> dict[str, str]:
                                      f"{spec.target!r}, which cleave does not write back")
         values.append(v)
     graph.output(*values, names=names)
-    return writes
+    return writes, orders

@@ -25,6 +25,7 @@ from . import aten_map
 from .capture import Captured, constant_node
 from .errors import Unify, UnsupportedOpError, source_of
 from .masks import simplify_masks
+from .output_layout import eager_order
 from .layout_sink import sink_layouts
 from .regroup import regroup_repeated_operands
 from .symbols import SymbolMap
@@ -99,6 +100,7 @@ def _translate(gm, name: str, placeholders, reads: dict) -> Captured:
     graph = Graph(name)
     t = Translator(graph, symbols)
     constants: dict = {}
+    orders: dict = {}
     for node in placeholders:
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
@@ -114,10 +116,10 @@ def _translate(gm, name: str, placeholders, reads: dict) -> Captured:
         elif node.op == "call_function" and not aten_map.is_ignored(node):
             t.translate(node)
         elif node.op == "output":
-            _outputs(t, graph, node)
+            orders = _outputs(t, graph, node)
     size_inputs = _size_inputs(graph, placeholders, t, signed)
     return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), constants=constants,
-                    size_inputs=size_inputs)
+                    size_inputs=size_inputs, output_orders=orders)
 
 
 def _size_inputs(graph: Graph, placeholders, t, signed: dict) -> list[tuple[str, str, str]]:
@@ -156,12 +158,17 @@ def _at_least_zero(val: torch.SymInt) -> bool:
     return env is not None and env.bound_sympy(val.node.expr).lower >= 0
 
 
-def _outputs(t, graph, node) -> None:
+def _outputs(t, graph, node) -> dict:
     """Declare the graph's outputs: tensors the kernels compute (the launcher makes the
-    views and sizes a region returns on the host, graph_breaks.plan_outputs)."""
+    views and sizes a region returns on the host, graph_breaks.plan_outputs). Returns
+    those eager lays out in another order than row-major (Captured.output_orders)."""
     raw = node.args[0]
-    values = [t.value(v) for v in (raw if isinstance(raw, (tuple, list)) else [raw])]
+    raw = list(raw) if isinstance(raw, (tuple, list)) else [raw]
+    values = [t.value(v) for v in raw]
     for k, v in enumerate(values):
         if not hasattr(v, "graph"):
             raise UnsupportedOpError("output", source_of(node), f"output {k} is {v!r}, not a tensor")
-    graph.output(*values, names=[fresh_name(f"out{k}", graph.inputs) for k in range(len(values))])
+    names = [fresh_name(f"out{k}", graph.inputs) for k in range(len(values))]
+    graph.output(*values, names=names)
+    orders = {name: eager_order(r.meta.get("val")) for name, r in zip(names, raw) if isinstance(r, torch.fx.Node)}
+    return {name: order for name, order in orders.items() if order is not None}

@@ -106,6 +106,8 @@ class Translator:
         return raw
 
     def size(self, val):
+        if isinstance(val, sympy.Expr):  # a size an fx node computed, translated already (a stride n + 1)
+            return val
         try:
             return self.symbols.to_expr(val)
         except (TypeError, ValueError) as err:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import itertools
 import warnings
 
+import torch
+
 from .. import passes
 from .context import Context
 from .graph_breaks import build
@@ -66,10 +68,36 @@ def partitioning_backend(ctx: Context, name: str | None = None):
             raise
         except Exception as err:  # noqa: BLE001 - lowering failed inside torch: run the frame as traced
             first = (str(err).strip().splitlines() or [""])[0][:200]
-            ctx.warn_eager(region, f"lowering it through AOTAutograd failed ({type(err).__name__}: {first})")
+            why = f"lowering it through AOTAutograd failed ({type(err).__name__}: {first})"
+            if type(err).__name__ == "DataDependentOutputException":
+                why = _value_as_index(gm) or why
+            ctx.warn_eager(region, why)
             ctx.eager_regions += 1
             return gm.forward
     return backend
+
+
+def _value_as_index(gm) -> str | None:
+    """Where dynamo's graph indexes with a one-element integer tensor (`cache[:, pos] = k`,
+    pos a 0-d tensor): the index is the tensor's value, which AOTAutograd cannot trace
+    (aten._local_scalar_dense); None where no such index is found."""
+    import operator
+
+    from ..frontends.errors import source_of
+
+    def scalar_tensor(arg) -> bool:
+        val = arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else None
+        return isinstance(val, torch.Tensor) and val.numel() == 1 and not val.is_floating_point() \
+            and val.dtype != torch.bool
+
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in (operator.getitem, operator.setitem) and len(n.args) > 1:
+            index = n.args[1] if isinstance(n.args[1], tuple) else (n.args[1],)
+            if any(scalar_tensor(i) for i in index):
+                at = f" at {source_of(n)}" if source_of(n) else ""
+                return (f"it indexes with a one-element tensor's value{at} (aten._local_scalar_dense), which a "
+                        f"traced graph cannot hold; a Python int index compiles")
+    return None
 
 
 def cleave_backend(gm, example_inputs, mode=None, options=None):

@@ -31,6 +31,7 @@ import os
 import re
 import threading
 import warnings
+from pathlib import Path
 
 import torch
 from torch._dynamo.decorators import skip as _dynamo_skip
@@ -40,6 +41,7 @@ from torch.utils import _pytree as pytree
 from .. import passes
 from ..ir import BindingError, CleaveError
 from .context import Context, _user_level
+from ..frontends.output_layout import permute_outputs
 from .graph_breaks import Launcher, constant_getters, on_meta, untraceable_call
 from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch, TensorContents, _python_function
 from .launch import remember
@@ -361,7 +363,8 @@ class CompiledFunction:
         if captured is not None and captured.views:
             # eager returns these outputs as views of an input (writing to one writes the
             # input); dynamo's graphs, through AOTAutograd, regenerate them as views
-            self.capture_error = f"output(s) {', '.join(captured.views)} are views of an input or of one another"
+            self.capture_error = (f"output(s) {', '.join(captured.views)} are views of an input or of one another, "
+                                  f"or views no kernel writes as eager lays them out")
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
             return None
         if captured is None and again:
@@ -380,13 +383,14 @@ class CompiledFunction:
         graph = captured.graph
         symbols = _dynamic_symbols(graph, dynamic, params)
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        unpermute = permute_outputs(graph, captured.output_orders)
         op = self.ctx.operator(graph, symbols, device)
         module = self.fn if isinstance(self.fn, torch.nn.Module) else None
         flat = not _is_plain(structure)
         launcher = Launcher(op, self.ctx, params, not structure.is_leaf(), _flat_outputs(self.fn) if flat else self.fn,
                             self.name,
                             state=_state_getters(module, captured.state) | constant_getters(captured.constants, device),
-                            writes=captured.writes, reads_storage=captured.reads_storage)
+                            writes=captured.writes, reads_storage=captured.reads_storage, unpermute=unpermute)
         return _Restructured(launcher, structure) if flat else launcher
 
     def _through_dynamo(self, reason: str) -> None:
@@ -916,6 +920,9 @@ def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbos
         raise ValueError(f"candidates must be an int >= 1, not {candidates!r}")
     if verbose not in (None, True, False):
         raise TypeError(f"verbose must be None, True or False, not {verbose!r}")
+    if artifact is not None and Path(artifact).exists() and not Path(artifact).is_dir():
+        raise NotADirectoryError(f"artifact must be a directory (`cleave trace build --out DIR`, or a new one that "
+                                 f"compiled.prepare fills), and {str(artifact)!r} is a file")
     return CompiledFunction(fn, dynamic, device, top_k, artifact, verbose, _proven_rules(rules), candidates)
 
 

@@ -18,6 +18,7 @@ from torch.fx.passes.split_module import split_module
 
 from .. import passes
 from ..frontends.aten_layout import storage_dependent
+from ..frontends.output_layout import eager_order, permute_outputs
 from ..ir import BindingError
 from .launch import remember
 from .context import Context
@@ -229,20 +230,20 @@ def host_outputs(gm: torch.fx.GraphModule, kernel: list, host: dict):
 
 def _unlike_eager(kernel: list, host: dict) -> str | None:
     """Why a host-made output would not be eager's, or None: it reads a tensor that eager
-    lays out otherwise than the kernels write it (contiguous, from offset 0; an
-    elementwise op keeps a transposed input's strides), so a view of it has other strides."""
+    lays out otherwise than the kernels give it (row-major from offset 0, or dense in
+    another order: output_layout), so a view of it has other strides."""
     from ..frontends.errors import op_name, source_of
 
     kernel = set(kernel)
     for node in host:
         for base in node.all_input_nodes:
             val = base.meta.get("val")
-            if base in kernel and not _row_major(val):
+            if base in kernel and not _row_major(val) and eager_order(val) is None:
                 layout = f"strides {tuple(val.stride())}, offset {val.storage_offset()}" \
                     if isinstance(val, torch.Tensor) else "a layout it does not record"
                 at = f" (at {source_of(node)})" if source_of(node) else ""
                 return (f"{op_name(node)}{at} reads the result of {op_name(base)}, which eager lays out with "
-                        f"{layout}, where the kernels write it contiguous from offset 0")
+                        f"{layout}, where the kernels write it densely from offset 0")
     return None
 
 
@@ -323,10 +324,11 @@ class Region:
             return self.gm  # between two breaks): no tensor names the device, and there is nothing to fuse
         symbols = {s.name for s in graph.symbols()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        unpermute = permute_outputs(graph, captured.output_orders)
         op = self.ctx.operator(graph, symbols, device)  # search and schedule run lazily, on its first call
         return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, self.name,
                         state=constant_getters(captured.constants, device), host=self.host,
-                        size_inputs=size_carriers(captured.size_inputs, device))
+                        size_inputs=size_carriers(captured.size_inputs, device), unpermute=unpermute)
 
 
 def size_carriers(size_inputs: list[tuple[str, str, str]], device) -> dict:
@@ -362,8 +364,9 @@ class Launcher:
 
     def __init__(self, op, ctx: Context, names, tuple_output: bool, eager, where: str,
                  state: dict | None = None, writes: dict[str, str] | None = None, host=None,
-                 size_inputs: dict | None = None, reads_storage: bool = False):
+                 size_inputs: dict | None = None, reads_storage: bool = False, unpermute: dict | None = None):
         self.op, self.ctx, self.names, self.tuple_output = op, ctx, list(names), tuple_output
+        self.unpermute = unpermute or {}  # output index -> the permutation giving eager's layout (permute_outputs)
         self.eager_fn, self.where, self.failed = eager, where, False
         self.host = host  # (*args, *results) -> the outputs, views and sizes made (host_outputs)
         self.state = state or {}
@@ -425,7 +428,7 @@ class Launcher:
     def _finish(self, args, outs):
         for i, position in self.writebacks:
             args[position].copy_(outs[i])
-        results = [outs[i] for i in self.results]
+        results = [outs[i].permute(self.unpermute[i]) if i in self.unpermute else outs[i] for i in self.results]
         if self.host is not None:
             return self.host(*args, *results)
         return tuple(results) if self.tuple_output else results[0]

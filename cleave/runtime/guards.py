@@ -957,6 +957,8 @@ def _source(instructions: list, spine: list[int]) -> str:
         ins = instructions[k]
         if ins.opname in _ATTRIBUTE_LOADS:
             text += f".{ins.argval}"
+        elif ins.opname == "BINARY_SUBSCR" and before is None:  # `(x * 2)[:1].expand(...)`: of an expression
+            text += "(...)[...]"
         elif ins.opname == "BINARY_SUBSCR":
             key = _constant(instructions[before + 1:k])
             text += "[...]" if key is _MISSING else f"[{key!r}]"
