@@ -566,8 +566,11 @@ class Emitter:
             lit = float_literal(value) if n.dtype.is_float else str(int(value))
             return self.var(b, f"tl.full([], {lit}, {ty})", (), ty)
         if op == "size":  # an integer size stays one: it may index a load (flip over a dynamic axis)
-            ty = "tl.float32" if n.dtype.is_float else TL[n.dtype]
-            return self.var(b, f"tl.zeros([], {ty}) + {code(n.attrs['value'])}", (), ty)
+            if n.dtype.is_float:
+                return self.var(b, f"tl.zeros([], tl.float32) + {code(n.attrs['value'])}", (), "tl.float32")
+            # computed wide, then wrapped into its type as torch wraps 300 beside an int8 (44)
+            ty = TL[n.dtype]
+            return self.var(b, f"(tl.zeros([], tl.int64) + {code(n.attrs['value'])}).to({ty})", (), ty)
         if op == "iota":
             e = code(inst.view[n.attrs["axis"]], self.index_names(b, inst.view, dims))
             return self.var(b, e, dims, "tl.int32")

@@ -143,3 +143,70 @@ def test_a_python_int_out_of_a_narrow_type_wraps_into_it(fn):
         warnings.simplefilter("error")
         got = cleave.compile(fn, verbose=False)(x)
     _exact(got, fn(x))
+
+
+# -- session 33's probe: integer operands of other widths, as torch computes them ---------
+def _both_paths(fn, *args, dynamic=False):
+    import warnings
+
+    import cleave
+
+    want = fn(*args)
+    torch._dynamo.reset()
+    for compiled in (cleave.compile(fn, verbose=False), torch.compile(fn, backend="cleave", dynamic=dynamic)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # compiled, no eager fallback
+            _exact(compiled(*args), want)
+
+
+def test_an_integer_to_a_float_power_is_computed_in_floats():
+    """i8 ** 2.0 took 2.0 for the int 2 and squared in int8 (124 ** 2.0 gave 16.0)."""
+    i8 = torch.tensor([124, -100, 3, 7], dtype=torch.int8)
+    u8 = torch.tensor([200, 17, 3, 7], dtype=torch.uint8)
+    _both_paths(lambda a, b: (a ** 2.0, torch.pow(a, 3.0), a ** -2.0, b ** 2.0, a ** 0.0, a ** 2), i8, u8)
+
+
+def test_alpha_scales_in_the_result_type():
+    """torch.sub(int32, int8, alpha=3) multiplied the int8 by 3 in int8 (wrapping)."""
+    a = torch.tensor([0, 10, -5, 7], dtype=torch.int32)
+    b = torch.tensor([100, -128, 127, 50], dtype=torch.int8)
+    _both_paths(lambda a, b: (torch.sub(a, b, alpha=3), torch.add(a, b, alpha=100), torch.rsub(b, a, alpha=3)), a, b)
+
+
+def test_a_zero_dim_integer_wraps_into_the_tensors_type():
+    """torch.maximum(int8, tensor(300)) is int8 with 300 read as 44; it was computed in int64."""
+    i = torch.tensor([-128, -100, 7, 44, 100, 127], dtype=torch.int8)
+    s = torch.tensor(300)
+    _both_paths(lambda i, s: (torch.maximum(i, s), torch.minimum(i, s), i // s, i % s, i == s, i < s), i, s)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16])
+def test_a_dynamic_int_argument_wraps_into_the_tensors_type(dtype):
+    """A SymInt beside an int8 was used at int32 width (i // 300 was i // 300, not i // 44);
+    beside a uint8 the kernel failed to build (mixed signedness) and ran eagerly."""
+    import warnings
+
+    def f(i, s):
+        return i // s, i % s, i == s, i < s, i * s
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="cleave", dynamic=True)
+    i = torch.tensor([0, 100, 44, 7, 127, 3], dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for s in (3, 300, 70000, 7):
+            _exact(compiled(i, s), f(i, s))
+
+
+def test_a_returned_cast_of_an_input_is_no_view():
+    """x.to(torch.int8) returned was taken for a view of x (aten.to's schema may alias),
+    and cleave.compile sent the function through dynamo."""
+    import cleave
+
+    def f(x):
+        return x.to(torch.int8), x.half(), x * 2
+
+    compiled = cleave.compile(f, verbose=False)
+    x = torch.randn(3, 5) * 50
+    _exact(compiled(x), f(x))
+    assert compiled.capture_error is None

@@ -81,7 +81,14 @@ def _zero_dim_as_the_other(t, x, y, op=None):
         if a.rank == 0 < b.rank and a.dtype != b.dtype and a.dtype.is_float and b.dtype.is_float:
             scalar = _cast(t, a, op_math(b.dtype) if _full_scalar(op, second=a is y) else b.dtype)
             return (scalar, b) if a is x else (b, scalar)
+        if a.rank == 0 < b.rank and a.dtype != b.dtype and _integer(a.dtype) and _integer(b.dtype):
+            scalar = _cast(t, a, b.dtype)  # wrapped into the tensor's type: 300 beside an int8 is 44
+            return (scalar, b) if a is x else (b, scalar)
     return x, y
+
+
+def _integer(dtype) -> bool:
+    return not dtype.is_float and dtype != DType.bool
 
 
 def _cast(t, x, dtype):
@@ -218,14 +225,22 @@ def _add_sub(t, node, a):
     if node.target._schema.name.endswith("add") and node.meta["val"].dtype == torch.bool:
         return _or(t, node, a)  # True + True is True: an add of 1-bit integers wraps to False
     if a.get("alpha", 1) != 1:
-        other = binary(t, "mul", other, a["alpha"])
+        other = _scaled(t, node, other, a["alpha"])
     return binary(t, node.target._schema.name.split("::")[-1], a["self"], other)
 
 
 @rule("rsub")
 def _rsub(t, node, a):
-    x = a["self"] if a.get("alpha", 1) == 1 else binary(t, "mul", a["self"], a["alpha"])
+    x = a["self"] if a.get("alpha", 1) == 1 else _scaled(t, node, a["self"], a["alpha"])
     return binary(t, "sub", a["other"], x)
+
+
+def _scaled(t, node, x, alpha):
+    """alpha * x as torch computes it inside add/sub: in the result's type (an int8 x times
+    3 beside an int32 does not wrap at 8 bits)."""
+    if hasattr(x, "graph") and x.rank > 0:
+        x = _cast(t, x, t.out_dtype(node))
+    return binary(t, "mul", x, alpha)
 
 
 def _integer_power_check(a, n):
@@ -243,6 +258,9 @@ def _pow(t, node, a):
     base, exp = a["self"], a["exponent"]
     if not hasattr(base, "graph"):  # pow.Scalar: number ** tensor
         return binary(t, "pow", base, exp)
+    want = t.out_dtype(node)
+    if want.is_float and not base.dtype.is_float:  # int ** 2.0: a float power in torch, never wrapping
+        base = t.add("cast", base, dtype=want)
     if isinstance(exp, (int, float)) and not isinstance(exp, bool):
         if exp == 0 and not base.dtype.is_float:  # torch: 1, in the base's integer type
             return t.add("broadcast", t.const(1, base.dtype), shape=base.shape)

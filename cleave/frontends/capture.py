@@ -484,7 +484,7 @@ def _view_outputs(node, signature, names) -> list[str]:
                 raw = raw.args[0]
                 continue
             returns = raw.target._schema.returns if isinstance(raw.target, torch._ops.OpOverload) else ()
-            if not (returns and returns[0].alias_info is not None):
+            if not (returns and returns[0].alias_info is not None) or _converts(raw):
                 return raw
             raw = raw.args[0]
         return raw
@@ -494,6 +494,16 @@ def _view_outputs(node, signature, names) -> list[str]:
     bases = [base for _, _, base in user if isinstance(base, torch.fx.Node)]
     return [name for name, raw, base in user if base is None or bases.count(base) > 1
             or isinstance(raw, torch.fx.Node) and not kernels_lay_out(raw.meta.get("val"))]
+
+
+def _converts(node: torch.fx.Node) -> bool:
+    """Whether node is a `.to()` / `.type_as()` that converts (another dtype or device):
+    its schema says it may return self, and it does only where nothing changes."""
+    if node.target._schema.name not in ("aten::to", "aten::type_as"):
+        return False
+    val, src = node.meta.get("val"), getattr(node.args[0], "meta", {}).get("val")
+    return isinstance(val, torch.Tensor) and isinstance(src, torch.Tensor) and \
+        (val.dtype != src.dtype or val.device != src.device)
 
 
 def state_input_name(key: str, taken: set[str]) -> str:
