@@ -5,6 +5,7 @@ parameters are replaced. A capture that cannot serve such a function recaptures 
 it through dynamo; a plain module is still captured once."""
 from __future__ import annotations
 
+import collections
 import copy
 import warnings
 
@@ -477,3 +478,114 @@ def test_the_globals_of_a_user_modules_function_it_calls_are_guarded():
     torch.testing.assert_close(f(x), x * 2 + 1)
     settings.SCALE = 5.0
     torch.testing.assert_close(f(x), x * 5 + 1)
+
+
+# -- session 33's probes: changes no version counter tells, and objects the guards copied --
+SCALE_T = torch.tensor([0.5])
+HEAD = nn.Linear(3, 2)
+HEAD.logit_scale = nn.Parameter(torch.tensor(2.0))
+
+
+def _reads_one_element_tensors(x):
+    return HEAD(x) * HEAD.logit_scale.exp() + x.sum(-1, keepdim=True) * SCALE_T
+
+
+def test_one_element_tensors_changed_without_a_version_are_read_at_each_call():
+    """They were baked into the graph as numbers under a version guard: `.data` writes
+    (CLIP's `logit_scale.data.clamp_`), numpy writes and inference tensors bump no version,
+    and the first value was served."""
+    x = torch.randn(4, 3)
+    f = cleave.compile(_reads_one_element_tensors, verbose=False)
+    saved = SCALE_T.clone(), HEAD.logit_scale.detach().clone()
+    try:
+        with torch.no_grad():
+            _close(f(x), _reads_one_element_tensors(x))
+            HEAD.logit_scale.data.clamp_(0, 1.0)
+            _close(f(x), _reads_one_element_tensors(x))
+            SCALE_T.data.mul_(8)
+            _close(f(x), _reads_one_element_tensors(x))
+            SCALE_T.numpy()[0] = -3.0
+            _close(f(x), _reads_one_element_tensors(x))
+    finally:
+        SCALE_T.data.copy_(saved[0])
+        HEAD.logit_scale.data.copy_(saved[1])
+    assert f.capture_error is None
+
+
+with torch.inference_mode():
+    INFERENCE_T = torch.tensor(2.0)
+
+
+def _reads_an_inference_tensor(x):
+    return x * INFERENCE_T
+
+
+def test_a_one_element_inference_tensor_changed_in_place_is_read_at_each_call():
+    x = torch.randn(5)
+    f = cleave.compile(_reads_an_inference_tensor, verbose=False)
+    _close(f(x), _reads_an_inference_tensor(x))
+    with torch.inference_mode():
+        INFERENCE_T.mul_(8)
+    _close(f(x), _reads_an_inference_tensor(x))
+
+
+Cfg = collections.namedtuple("Cfg", "scale bias")
+NAMED = Cfg(2.0, 1.0)
+NESTED = {"cfg": Cfg(3.0, 0.5), "order": collections.OrderedDict(a=2.0)}
+SHAPE = torch.Size([2, 3])
+
+
+def _reads_named_tuples(x):
+    y = x * NAMED.scale + NAMED.bias + NESTED["cfg"].scale * NESTED["order"]["a"]
+    return y.reshape(-1, *SHAPE[1:])
+
+
+def test_named_tuples_and_dict_subclasses_in_globals_are_read_and_left_as_they_are():
+    """Their guards copied them as plain tuples and dicts: the first call raised
+    (AttributeError, `vars()` of a tuple), put plain tuples back into the user's dict, and
+    an OrderedDict that was only read was taken for one the trace changed."""
+    x = torch.randn(4, 3)
+    f = cleave.compile(_reads_named_tuples, verbose=False)
+    _close(f(x), _reads_named_tuples(x))
+    assert type(NESTED["cfg"]) is Cfg and type(NESTED["order"]) is collections.OrderedDict
+    assert f.capture_error is None
+
+
+def test_a_submodules_class_swapped_is_a_new_capture():
+    class Sub(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(5, 4)
+
+        def forward(self, x):
+            return self.lin(x) * 3
+
+    class Faster(Sub):
+        def forward(self, x):
+            return self.lin(x) * 11
+
+    m = nn.Sequential(Sub(), nn.ReLU())
+    _follows(m, m, torch.randn(3, 5), lambda: setattr(m[0], "__class__", Faster))
+
+
+BACKBONE = nn.Linear(4, 4).requires_grad_(False)
+
+
+def _features(x):
+    return BACKBONE(x).relu()
+
+
+def test_unfreezing_a_global_modules_parameters_is_seen():
+    """They are held as constants, which the autograd check does not read: after
+    `requires_grad_(True)` the compiled result had no grad and the backbone got none."""
+    f = cleave.compile(_features, verbose=False)
+    x = torch.randn(3, 4)
+    assert not f(x).requires_grad
+    BACKBONE.requires_grad_(True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the eager fallback under autograd says so
+            f(x).sum().backward()
+        assert BACKBONE.weight.grad is not None
+    finally:
+        BACKBONE.requires_grad_(False)

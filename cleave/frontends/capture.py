@@ -81,9 +81,12 @@ def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:
     return captured.graph
 
 
-def capture_program(fn, *example_inputs, dynamic=None, name=None) -> Captured:
+def capture_program(fn, *example_inputs, dynamic=None, name=None, outside=frozenset()) -> Captured:
     """`capture`, plus where the graph's other inputs come from and which outputs are
-    inputs' new values (what a runtime needs to run it in the function's place)."""
+    inputs' new values (what a runtime needs to run it in the function's place).
+    `outside`: the data pointers of tensors that live on after the call (a global, a
+    module's attribute), which may change in place: one-element ones among them stay
+    inputs of the graph (constant_node)."""
     params = param_names(fn, len(example_inputs))
     _check_arity(fn, len(example_inputs))
     for pname, x in zip(params, example_inputs):
@@ -100,7 +103,7 @@ def capture_program(fn, *example_inputs, dynamic=None, name=None) -> Captured:
     reads: dict = {}
     while True:
         try:
-            return _translate(ep, comparisons, params, named, dynamic == "all", graph_name, reads)
+            return _translate(ep, comparisons, params, named, dynamic == "all", graph_name, reads, outside)
         except Unify as err:
             if err.symbol in reads or err.symbol not in {s for axes in named.values() for s in axes.values()}:
                 raise
@@ -374,7 +377,8 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _translate(ep, comparisons, params, named, auto: bool, graph_name: str, reads: dict) -> Captured:
+def _translate(ep, comparisons, params, named, auto: bool, graph_name: str, reads: dict,
+               outside=frozenset()) -> Captured:
     from torch.export.graph_signature import InputKind
 
     symbols = SymbolMap()
@@ -401,7 +405,7 @@ def _translate(ep, comparisons, params, named, auto: bool, graph_name: str, read
         val = node.meta["val"]
         spec = kinds[node.name]
         if spec.kind == InputKind.CONSTANT_TENSOR:
-            t.set(node, constant_node(t, ep.constants[spec.target], node, constants, set(params)))
+            t.set(node, constant_node(t, ep.constants[spec.target], node, constants, set(params), outside))
             continue
         input_name = user_names.get(node.name)
         if input_name is None:  # a module's parameter or buffer, named by its state_dict key
@@ -517,14 +521,16 @@ def state_input_name(key: str, taken: set[str]) -> str:
     return name
 
 
-def constant_node(t, value: torch.Tensor, node, constants: dict, taken: set):
-    """A one-element tensor made inside the function becomes a const; a larger one an
-    input of the graph, named after its node and not after anything in `taken`, that
-    `constants` records with its value (Captured.constants)."""
+def constant_node(t, value: torch.Tensor, node, constants: dict, taken: set, outside=frozenset()):
+    """A one-element tensor made inside the function becomes a const; a larger one, or
+    one whose data lives on outside the call (`outside`: a global's or a module's,
+    changed in place through `.data` or numpy with no version to tell), an input of
+    the graph, named after its node and not after anything in `taken`, that `constants`
+    records with its value (Captured.constants)."""
     users = [u for u in node.users if u.op == "call_function"]
     source = source_of(users[0]) if users else None
     dtype = ir_dtype(value.dtype, "tensor constant", source)
-    if value.numel() != 1:
+    if value.numel() != 1 or value.numel() and value.data_ptr() in outside:
         name = state_input_name(node.name, taken | set(t.graph.inputs) | set(constants))
         constants[name] = (value, source)
         return t.graph.input(name, tuple(value.shape), dtype)

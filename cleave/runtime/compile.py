@@ -336,7 +336,8 @@ class CompiledFunction:
             dynamic = self.dynamic if self.dynamic == "all" else self._spec(args) or None
         try:
             with passes.recording(self.ctx.pass_seconds), passes.timed("capture"), _marks_kept(args):
-                captured, structure = _capture(self.fn, args, dynamic, self.name, watch)
+                captured, structure = _capture(self.fn, args, dynamic, self.name, watch,
+                                               guards.outside_pointers() if guards is not None else frozenset())
         except UnsupportedOpError as err:  # dynamo cuts the function around that op (its warning names it)
             if again:  # in another branch only: the signature's first capture stands
                 return _NOT_CAPTURED
@@ -589,10 +590,10 @@ def _marks_kept(args):
                     delattr(t, k)
 
 
-def _capture(fn, args, dynamic, name, watch: StateWatch):
+def _capture(fn, args, dynamic, name, watch: StateWatch, outside: frozenset):
     """capture_program of fn, and the pytree structure of fn's output (torch.export
     returns the output's tensors flat, in pytree order), recorded as export traces it;
-    `watch` sees the trace's start and end."""
+    `watch` sees the trace's start and end; `outside` as capture_program's."""
     from ..frontends.capture import _as_forward, capture_program
 
     structures = []
@@ -606,7 +607,7 @@ def _capture(fn, args, dynamic, name, watch: StateWatch):
         hook = fn.register_forward_hook(lambda module, inputs, out: record(out))
         try:
             with _assignments_unwarned():
-                return capture_program(fn, *args, dynamic=dynamic, name=name), structures[-1]
+                return capture_program(fn, *args, dynamic=dynamic, name=name, outside=outside), structures[-1]
         finally:
             start.remove()
             hook.remove()
@@ -619,7 +620,7 @@ def _capture(fn, args, dynamic, name, watch: StateWatch):
         record(out)
         return out
 
-    return capture_program(recording, *args, dynamic=dynamic, name=name), structures[-1]
+    return capture_program(recording, *args, dynamic=dynamic, name=name, outside=outside), structures[-1]
 
 
 @contextlib.contextmanager

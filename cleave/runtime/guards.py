@@ -12,6 +12,7 @@ attribute writes and hooks.
 from __future__ import annotations
 
 import builtins
+import copy
 import dis
 import enum
 import functools
@@ -94,7 +95,8 @@ class Guards:
                 [("a closure variable", _cell_value(c), v) for c, v, _, _ in self.cells]:
             if isinstance(snapshot, _Snapshot) and now is snapshot.obj and not _same(now, snapshot, None, None):
                 changed = changed or name
-                _refill(now if isinstance(now, (list, dict, set)) else vars(now), _copied(snapshot.held))
+                if not isinstance(now, (tuple, frozenset)):  # immutable: what changed is inside, and told
+                    _refill(now if isinstance(now, (list, dict, set)) else vars(now), _copied(snapshot.held))
         return changed
 
     def plain_tensors(self) -> list[tuple[str, torch.Tensor]]:
@@ -105,6 +107,16 @@ class Guards:
         if self.modules is not None:
             found += [(key, t) for _, key, t, _, _ in self.modules.tensors]
         return [(n, t) for n, t in found if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter)]
+
+    def outside_pointers(self) -> frozenset:
+        """The data pointers of the tensors fn reads that outlive the call (globals, cells,
+        modules' tensors and the parameters and buffers of modules reached through a
+        global): a capture passes the one-element ones as inputs, since a change through
+        `.data`, numpy or inference mode bumps no version these guards could compare."""
+        pointers = [p for *_, p in self.names] + [p for *_, p in self.cells]
+        if self.modules is not None:
+            pointers += [p for *_, p in self.modules.tensors]
+        return frozenset(p for p in pointers if p is not None)
 
     @property
     def needs_dynamo(self) -> str | None:
@@ -154,6 +166,8 @@ class _ModuleTree:
         self.attributes = []  # per module: (a getter of its checked __dict__ entries, __dict__, its size, them)
         self.tables = []  # (parameter or buffer table of a global module, its size)
         self.tensors = []  # (table, key, tensor, version, data pointer)
+        self.classes = []  # (module, its class)
+        self.grad_flags = []  # (parameter or buffer of a global module, its requires_grad)
         own_ids = set(map(id, own_modules))
         for m in self.modules:
             self._read(m, holds_state=id(m) not in own_ids)
@@ -175,12 +189,15 @@ class _ModuleTree:
                                      f"cannot tell")
         checked = operator.itemgetter(*keys)
         self.attributes.append((checked, d, len(d), _copied(checked(d))))  # lists and dicts compare by content
+        self.classes.append((m, type(m)))  # `m.__class__ = Other` changes forward and is in no __dict__
         if holds_state:
             for table in (m._parameters, m._buffers):
                 self.tables.append((table, len(table)))
                 # a one-element tensor is baked into the graph as a number: in place too
                 self.tensors += [(table, key, *_guarded(t, versioned=t is not None and t.numel() == 1))
                                  for key, t in table.items()]
+                # held as constants, which no autograd check reads: a flag changed means a new capture
+                self.grad_flags += [(t, t.requires_grad) for t in table.values() if t is not None]
 
     def hold(self) -> bool:
         if RemovableHandle.next_id != self.hook_counter and not self._no_hooks():
@@ -193,6 +210,12 @@ class _ModuleTree:
             return False
         for table, size in self.tables:
             if len(table) != size:
+                return False
+        for m, cls in self.classes:
+            if type(m) is not cls:
+                return False
+        for t, flag in self.grad_flags:
+            if t.requires_grad is not flag:
                 return False
         for table, key, t, version, pointer in self.tensors:  # _same, inlined: a model holds many
             now = table.get(key, _MISSING)
@@ -228,17 +251,17 @@ class TensorContents:
                      for name, t in {id(t): (name, t) for name, t in tensors}.values()]
 
     def restore(self) -> None:
-        for name, t, version, copy in self.kept:
+        for name, t, version, kept in self.kept:
             # an inference tensor has no counter: its contents tell
-            changed = t._version != version if version is not None else copy is not None and not torch.equal(t, copy)
+            changed = t._version != version if version is not None else kept is not None and not torch.equal(t, kept)
             if not changed:
                 continue
-            if copy is None:
+            if kept is None:
                 raise CleaveError(f"cleave: capturing changed {name} ({tuple(t.shape)}, {_nbytes(t)} bytes), a "
                                    f"tensor held as a constant, in place, and it is too large to put back: register "
                                    f"it as a buffer of the module (register_buffer), or pass it as an argument")
             with torch.inference_mode(t.is_inference()), torch.no_grad():
-                t.detach().copy_(copy)
+                t.detach().copy_(kept)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -327,15 +350,19 @@ def _comparable(value) -> bool:
 
 
 def _copied(value):
-    """value with its lists, tuples, dicts and sets copied as they are now, other values shared."""
-    if isinstance(value, list):
-        return list(map(_copied, value))
+    """value with its lists, tuples, dicts and sets copied as they are now, of their own
+    types (a namedtuple, torch.Size, an OrderedDict or defaultdict stay one), other
+    values shared."""
     if isinstance(value, tuple):
-        return tuple(map(_copied, value))
-    if isinstance(value, dict):
-        return {k: _copied(v) for k, v in value.items()}
-    if isinstance(value, set):
-        return set(value)
+        items = map(_copied, value)
+        return value._make(items) if hasattr(value, "_make") else type(value)(items)
+    if isinstance(value, (list, dict, set)):
+        copied = copy.copy(value)  # keeps the type and, for a defaultdict, its factory
+        if isinstance(value, dict):
+            copied.update({k: _copied(v) for k, v in value.items()})
+        elif isinstance(value, list):
+            copied[:] = map(_copied, value)
+        return copied
     return value
 
 
