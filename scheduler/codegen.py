@@ -417,7 +417,8 @@ class Emitter:
     def as_int(self, v: Val, dims, ty: str) -> str:
         """v as an operand of an integer op computed in `ty` (see NARROW)."""
         s = self.align(v, dims)
-        return s if v.ty == ty or (v.ty not in NARROW and ty not in NARROW) else convert(s, ty)
+        # a bool too: Triton refuses int1 % int64 (different signedness); torch computes in int64
+        return s if v.ty == ty or (v.ty not in (*NARROW, "tl.int1") and ty not in NARROW) else convert(s, ty)
 
     @staticmethod
     def find(block: Block, inst) -> Val | None:

@@ -210,3 +210,32 @@ def test_a_returned_cast_of_an_input_is_no_view():
     x = torch.randn(3, 5) * 50
     _exact(compiled(x), f(x))
     assert compiled.capture_error is None
+
+
+def test_a_python_int_beside_a_bool_tensor_is_an_int64():
+    """It was lifted as a bool (2 is True): m == 2 held where m, m | 2 gave 1, m % 2 gave 0,
+    and `%` / `//` / fmod failed to build the kernel (int1 with int64) and ran eagerly."""
+    m = torch.tensor([True, False, True, True, False])
+    _both_paths(lambda m: (m == 2, m < 2, m > -1, m | 2, m ^ 5, 6 | m, m % 2, m // 2, torch.fmod(m, 3),
+                           torch.where(m, m, 2), torch.where(m, 5, m), m + 3), m)
+
+
+def test_a_dynamic_int_argument_beside_a_bool_tensor_is_an_int64():
+    import warnings
+
+    def f(m, s):
+        return m + s, m * s, m == s, m < s
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="cleave", dynamic=True)
+    m = torch.tensor([True, False, True, True])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for s in (3, 5, 3):
+            _exact(compiled(m, s), f(m, s))
+
+
+def test_alpha_with_a_number_operand():
+    """torch.add(x, 3, alpha=2) raised an AttributeError from the translator (no fallback)."""
+    x = torch.tensor([1, 2, 3], dtype=torch.int32)
+    _both_paths(lambda x: (torch.add(x, 3, alpha=2), torch.sub(x, 2, alpha=3)), x)

@@ -63,10 +63,9 @@ def _full_scalar(op: str, second: bool) -> bool:
 
 def binary(t, op, x, y):
     """x op y where either side may be a scalar (lifted next to the other's dtype)."""
-    compare = op in COMPARE
     if not hasattr(x, "graph"):
-        x = _operand(t, x, y, compare, rounded=not _full_scalar(op, second=False))
-    y = _operand(t, y, x, compare, rounded=not _full_scalar(op, second=True))
+        x = t.lift(x, y, rounded=not _full_scalar(op, second=False))
+    y = t.lift(y, x, rounded=not _full_scalar(op, second=True))
     return t.add(op, *_zero_dim_as_the_other(t, x, y, op))
 
 
@@ -97,15 +96,6 @@ def _cast(t, x, dtype):
     if x.dtype == DType.f64 and dtype in (DType.bf16, DType.f16):
         x = t.add("cast", x, dtype=DType.f32)
     return x if x.dtype == dtype else t.add("cast", x, dtype=dtype)
-
-
-def _operand(t, value, beside, compare, rounded):
-    """A scalar operand next to `beside`; an int next to a bool computes in int64, as
-    torch's mask + 2 does (lifted as a bool, it was computed in bool)."""
-    if isinstance(value, int) and not isinstance(value, bool) and not compare and \
-            getattr(beside, "dtype", None) == DType.bool:
-        return t.const(value, "i64")
-    return t.lift(value, beside, rounded)
 
 
 def _binary(t, node, a):
@@ -237,8 +227,10 @@ def _rsub(t, node, a):
 
 def _scaled(t, node, x, alpha):
     """alpha * x as torch computes it inside add/sub: in the result's type (an int8 x times
-    3 beside an int32 does not wrap at 8 bits)."""
-    if hasattr(x, "graph") and x.rank > 0:
+    3 beside an int32 does not wrap at 8 bits); a number times alpha, a number."""
+    if not hasattr(x, "graph"):
+        return x * alpha
+    if x.rank > 0:
         x = _cast(t, x, t.out_dtype(node))
     return binary(t, "mul", x, alpha)
 
