@@ -7,6 +7,7 @@ torch traces those as 2), as dynamo compiles each branch once; a function withou
 branch is still captured once and serves every size.
 """
 import math
+import re
 import warnings
 
 import pytest
@@ -199,3 +200,38 @@ def test_two_dynamic_axes_one_of_which_broadcasts_get_a_capture_each():
             a, b = torch.randn(m, 3), torch.randn(n, 3)
             torch.testing.assert_close(f(a, b), added(a, b))
     assert f.stats["operators"] == 3 and f.stats["failed"] == 0, f.stats
+
+
+# -- sizes the code writes as numbers (session 33's probe) ----------------------------
+def view_pairs(x):
+    return x.view(-1, 2, 3).sum(1)
+
+
+def patch_merge(x):
+    return x.reshape(x.shape[0], x.shape[1] // 4, 4 * x.shape[2]).mean(1)
+
+
+def unflatten_rows(x):
+    return x.unflatten(0, (-1, 3)).sum(1)
+
+
+@pytest.mark.parametrize("fn, dynamic, make, first, sizes", [
+    (view_pairs, {"x": {0: "n"}}, lambda n: torch.randn(n, 3), 8, [3, 6, 5, 8]),
+    (patch_merge, {"x": {1: "t"}}, lambda n: torch.randn(2, n, 3), 8, [5, 6, 12, 7]),
+    (unflatten_rows, {"x": {0: "n"}}, lambda n: torch.randn(n, 2), 6, [4, 9, 5]),
+])
+def test_a_size_written_as_a_number_holds_at_every_call(fn, dynamic, make, first, sizes):
+    """torch writes the 2 of view(-1, 2, 3) as floor(n / floor(n / 2)): at n = 3 that is 3,
+    and cleave returned a (1, 3) tensor where eager raises."""
+    f = cleave.compile(fn, dynamic=dynamic, verbose=False)
+    x = make(first)
+    torch.testing.assert_close(f(x), fn(x))
+    for n in sizes:
+        x = make(n)
+        try:
+            want = fn(x)
+        except RuntimeError as err:
+            with pytest.raises(RuntimeError, match=re.escape(str(err)[:40])):
+                f(x)
+            continue
+        torch.testing.assert_close(f(x), want)

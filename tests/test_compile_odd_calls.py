@@ -151,3 +151,41 @@ def test_a_large_int_argument_is_not_materialised():
         warnings.simplefilter("error")
         for n in (3, 5, 2 ** 40):
             assert torch.equal(f(x, n), times(x, n))
+
+
+def test_an_out_argument_of_another_shape_is_resized_as_eager_does():
+    """The write-back copied the result into `o` of its old shape and raised."""
+    def mul_into(x, o):
+        torch.mul(x, 2, out=o)
+        return o.sum()
+
+    def transpose_in_place(x):
+        x.t_()
+        x.mul_(2)
+        return x.sum(0)
+
+    f = cleave.compile(mul_into, verbose=False)
+    x = torch.randn(3, 4)
+    for shape in ((3, 4), (2, 2), (5, 4)):
+        o, o2 = torch.zeros(shape), torch.zeros(shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # eager's own: "An output ... was resized"
+            torch.testing.assert_close(f(x, o), mul_into(x, o2))
+        assert o.shape == o2.shape and torch.equal(o, o2)
+    g = cleave.compile(transpose_in_place, verbose=False)
+    a, b = torch.randn(3, 4), None
+    b = a.clone()
+    torch.testing.assert_close(g(a), transpose_in_place(b))
+    assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+
+
+def test_max_and_topk_pairs_and_view_as_are_captured():
+    """max's values and indices were taken for views of one another, and view_as had
+    no mapping: each sent the function through dynamo."""
+    for fn in (lambda x: x.max(1), lambda x: torch.topk(x, 2, 1), lambda x: (x * 2).view_as(x) + 1):
+        f = cleave.compile(fn, verbose=False)
+        x = torch.randn(4, 6)
+        got, want = f(x), fn(x)
+        for g, w in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+            assert torch.equal(g, w)
+        assert f.capture_error is None

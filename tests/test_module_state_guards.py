@@ -589,3 +589,23 @@ def test_unfreezing_a_global_modules_parameters_is_seen():
         assert BACKBONE.weight.grad is not None
     finally:
         BACKBONE.requires_grad_(False)
+
+
+def test_a_read_through_sys_modules_runs_through_dynamo(tmp_path, monkeypatch):
+    """`sys.modules["settings"].SCALE` kept its first value: sys is a library, whose
+    dict's modules the guards did not follow."""
+    import sys
+
+    (tmp_path / "cleave_probe_registry.py").write_text("SCALE = 2.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import cleave_probe_registry as settings
+
+    def scaled(x):
+        return x * sys.modules["cleave_probe_registry"].SCALE
+
+    f = cleave.compile(scaled, verbose=False)
+    x = torch.randn(3)
+    _close(f(x), scaled(x))
+    monkeypatch.setattr(settings, "SCALE", 5.0)
+    _close(f(x), scaled(x))
+    assert "sys.modules" in f.capture_error

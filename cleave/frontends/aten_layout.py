@@ -60,9 +60,24 @@ def repeat_interleave(t, x, repeats, axis):
 
 
 # Pure views: the output shape torch computed is the reshape target.
-rule("view", "_unsafe_view", "reshape", "flatten", "unflatten", "unsqueeze",
-     check=lambda a, n: "view as another dtype is not supported" if "dtype" in a and "size" not in a else None
-     )(lambda t, n, a: reshape(t, a["self"], t.out_shape(n)))
+rule("flatten", "unsqueeze", "view_as", "reshape_as")(lambda t, n, a: reshape(t, a["self"], t.out_shape(n)))
+
+
+@rule("view", "_unsafe_view", "reshape", "unflatten",
+      check=lambda a, n: "view as another dtype is not supported" if "dtype" in a and "size" not in a else None)
+def _view(t, n, a):
+    """The shape torch computed, each size the code wrote as a number held to it: torch
+    writes the 2 of view(-1, 2, 3) as floor(n / floor(n / 2)) of the traced sizes, which
+    is 3 at n = 3, where eager raises (the binding then refuses n = 3 and eager does)."""
+    shape = t.out_shape(n)
+    written, at = a.get("size", a.get("shape")), 0
+    if "sizes" in a:  # unflatten(dim, sizes): the sizes of the axes dim splits into
+        written, at = a["sizes"], a["dim"] % max(a["self"].rank, 1)
+    if isinstance(written, (list, tuple)):
+        for size, given in zip(shape[at:at + len(written)], written):
+            if isinstance(given, int) and given >= 0 and not D.equal(size, given):
+                t.graph._constrain(Constraint("eq", size, D.dim(given), f"{t.op}'s size {given} as written"))
+    return reshape(t, a["self"], shape)
 
 
 @rule("squeeze")

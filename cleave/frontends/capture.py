@@ -300,7 +300,8 @@ def _quiet_torch():
     raises; the error cleave raises says it in one line. Its own deprecation notices
     (pytree internals) are not the user's concern either; nor the partial graphs export
     prints to stderr for a branch on a tensor's value (the capture fails, and the
-    function runs through dynamo). What a trace that succeeds wrote to stderr is
+    function runs through dynamo), nor the resize its fake tensors make of an `out=`
+    argument beside a dynamic input. What a trace that succeeds wrote to stderr is
     written out after it."""
     loggers = [logging.getLogger(name) for name in ("torch._subclasses.fake_tensor",
                                                      "torch.fx.experimental.symbolic_shapes")]
@@ -311,6 +312,8 @@ def _quiet_torch():
     try:
         with warnings.catch_warnings(), contextlib.redirect_stderr(written):
             warnings.simplefilter("ignore", FutureWarning)
+            # an out= argument the trace holds static beside a dynamic input: a fake resize
+            warnings.filterwarnings("ignore", message="An output with one or more elements was resized")
             yield
         sys.stderr.write(written.getvalue())
     finally:
@@ -485,6 +488,8 @@ def _view_outputs(node, signature, names) -> list[str]:
             if raw in written or raw.op == "placeholder":
                 return None
             if raw.target is operator.getitem:  # one piece of split/unbind/chunk's list
+                if not _returns_aliases(raw.args[0]):  # max's values and indices: new tensors
+                    return raw
                 raw = raw.args[0]
                 continue
             returns = raw.target._schema.returns if isinstance(raw.target, torch._ops.OpOverload) else ()
@@ -498,6 +503,26 @@ def _view_outputs(node, signature, names) -> list[str]:
     bases = [base for _, _, base in user if isinstance(base, torch.fx.Node)]
     return [name for name, raw, base in user if base is None or bases.count(base) > 1
             or isinstance(raw, torch.fx.Node) and not kernels_lay_out(raw.meta.get("val"))]
+
+
+def _same_shape_written(output, value, placeholder: str, name: str) -> None:
+    """An input's new value has its shape, or the capture is refused (dynamo's graphs
+    then run it): `out=` of another size, which eager resizes, and `x.t_()` change the
+    tensor's metadata, which a copy into it cannot."""
+    src = next((n for n in output.graph.nodes if n.op == "placeholder" and n.name == placeholder), None)
+    old = getattr(src, "meta", {}).get("val")
+    new = getattr(value, "meta", {}).get("val")
+    if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and \
+            (old.dim() != new.dim() or any(str(a) != str(b) for a, b in zip(old.shape, new.shape))):
+        raise UnsupportedOpError(f"in-place resize of {name}", source_of(value) if isinstance(value, torch.fx.Node)
+                                 else None, f"the function gives argument {name!r} the shape {list(new.shape)} in "
+                                 f"place (out= of another size, t_, resize_), which a write into it cannot")
+
+
+def _returns_aliases(node) -> bool:
+    """Whether node's results alias its first operand (split, unbind, chunk's pieces)."""
+    returns = node.target._schema.returns if isinstance(getattr(node, "target", None), torch._ops.OpOverload) else ()
+    return any(r.alias_info is not None for r in returns)
 
 
 def _converts(node: torch.fx.Node) -> bool:
@@ -559,6 +584,7 @@ def _outputs(t, graph, node, signature, user_names) -> tuple[dict[str, str], dic
                 orders[names[-1]] = order
         elif spec.kind == OutputKind.USER_INPUT_MUTATION:
             target = user_names[spec.target]
+            _same_shape_written(node, raw, spec.target, target)
             names.append(fresh_name(f"{target}_inplace", graph.inputs))
             writes[names[-1]] = target
         else:  # a module's buffer changed in place (batch norm's running stats in training)

@@ -837,6 +837,8 @@ class _Reads:
         into)."""
         if isinstance(container, (_Unknown, torch.nn.Module, type)) or _traced(container):
             return True
+        if container is sys.modules:  # a library's dict: the modules it gives are not followed
+            return False
         getitem = inspect.getattr_static(type(container), "__getitem__", None)
         if isinstance(getitem, types.FunctionType) and self.mine(getitem):
             self.add(getitem, bound=container)
