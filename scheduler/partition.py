@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import weakref
 from dataclasses import dataclass
 
 import sympy
@@ -87,10 +88,50 @@ def identifier(name: str) -> str:
 def stored_dtype(node: Node, chunk_symbols: set) -> DType:
     """The dtype a node's buffer holds: its own, as eager stores it, except for a
     partial result over a Split's chunk axis, which keeps f32 (as the combine would
-    within one kernel)."""
+    within one kernel), and a half MatMul's result that is only read widened to f32
+    (SDPA's scores): a kernel reading it where it is computed keeps the f32
+    accumulator, so a plan that stores it does too (in half, large scores overflowed
+    to inf and the softmax gave NaN where eager's f32 scores are finite)."""
     if node.dtype.is_float and any(d.free_symbols & chunk_symbols for d in node.shape):
         return DType.f32
+    if node.dtype in (DType.bf16, DType.f16) and _a_product(node) and _read_widened(node):
+        return DType.f32
     return node.dtype
+
+
+_REGROUPS = ("reshape", "permute")  # views a product's result is read through (a bmm's batch split)
+
+
+def _a_product(node: Node) -> bool:
+    while node.op in _REGROUPS:
+        node = node.inputs[0]
+    return node.op == "matmul"
+
+
+def _read_widened(node: Node) -> bool:
+    """Whether node is no output and every node reading it casts it to f32, directly or
+    through _REGROUPS."""
+    graph = node.graph
+    if any(o is node for o in graph.outputs):
+        return False
+    readers = _readers(graph).get(node.id, [])
+    return bool(readers) and all(r.op == "cast" and r.dtype == DType.f32 or r.op in _REGROUPS and _read_widened(r)
+                                 for r in readers)
+
+
+_READERS: "weakref.WeakKeyDictionary[Graph, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _readers(graph: Graph) -> dict[int, list[Node]]:
+    """node id -> the live nodes reading it, kept per graph while its node count holds."""
+    kept = _READERS.get(graph)
+    if kept is None or kept[0] != len(graph.nodes):
+        readers: dict[int, list[Node]] = {}
+        for n in graph.live_nodes():
+            for x in dict.fromkeys(n.inputs):
+                readers.setdefault(x.id, []).append(n)
+        kept = _READERS[graph] = (len(graph.nodes), readers)
+    return kept[1]
 
 
 def _stored(graph: Graph, out: Node, buffer: str, peel: bool = True) -> tuple[Node, list[Node], list]:
