@@ -39,9 +39,10 @@ integer ops (INTEGER_OPS) are refused: the search rewrites float values only. Co
                         extent 1 or x's, and c has no more axes): a rhs that drops c keeps
                         the lhs's shape. Known where c and x meet in an elementwise op of
                         the input graph
-    wide_operands()     the graph's MatMul operands are not f16: a factor moved into one is
-                        rounded to it, and f16's range (65504) would overflow where the
-                        product did not (a graph condition: the rule is left out otherwise)
+    wide_operands()     the graph's MatMul operands are f32: a factor moved into a half one
+                        is rounded to it (bf16 loses digits the f32 product keeps, f16's
+                        range overflows where the product did not; a graph condition: the
+                        rule is left out otherwise)
     moderate_values()   no finite constant of the graph is within a factor 2 of f32's
                         range, and no exp's argument may hold an input's values at full
                         scale (an additive mask passed in, scaled by more than ln 2 if at
@@ -59,6 +60,7 @@ import ast
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from cleave.ir import CleaveError, RuleInstance
 from cleave.ir.ops import BINARY, BITWISE, LOG2E, REDUCE_OPS, UNARY
@@ -388,12 +390,26 @@ def _parse_example(kind: str, term: str, decls: str | None, where: str) -> Examp
     return Example(kind, t, tuple(tensors), tuple(sizes), term.strip(), where)
 
 
+def _lines_before(text: str, source: str) -> int:
+    """The lines of `source` before `text`, where source is a Python module holding the
+    rules as a string (the library's `parse_rules(text, source=__file__)`), so
+    that a rule's line is its module's; 0 for a rule file, whose text is the file."""
+    if not source.endswith(".py"):
+        return 0
+    try:
+        whole = Path(source).read_text()
+    except OSError:
+        return 0
+    at = whole.find(text)
+    return whole.count("\n", 0, at) if at > 0 else 0
+
+
 def parse_rules(text: str, family: str | None = None, source: str = "<rules>") -> list[Rule]:
     """Read rule blocks; `family NAME` lines set the family of the rules after them."""
     rules: list[Rule] = []
     current = None
     phases: tuple = ()
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    for lineno, raw in enumerate(text.splitlines(), start=1 + _lines_before(text, source)):
         line = raw.split("#", 1)[0].strip()
         where = f"{source}:{lineno}"
         if not line:

@@ -203,7 +203,9 @@ def instantiate(rule: Rule) -> list[RuleInstance]:
     built: dict = {}  # canonical assignment -> (assignment, instance)
     sides = [set(_walk_vars(rule.lhs)), set(_walk_vars(rule.rhs))] if elementwise else None
     outcomes: set = set()  # an elementwise rule's sides' output shapes, per instance built
+    unbuilt = []  # the bindings at which nothing builds: the rule is unchecked there
     for axes, k in _bindings(rule):
+        count = len(built)
         axis = min(axes.values(), default=-1) if axes else None
         for axis in (-1, -2) if axis is None else (axis,):
             for choice in itertools.product(_shapes(axis), repeat=len(free)):
@@ -226,6 +228,8 @@ def instantiate(rule: Rule) -> list[RuleInstance]:
                     # copies of its axis -1 instances (x[B, N, N]), for 1.6 times the library's proofs.
                     for merged, inst in _equal_dims(rule, shapes, axes, axis, k):
                         built.setdefault(_canonical(merged, axis, axes, k), (merged, inst))
+        if len(built) == count and not (sides is not None and outcomes):
+            unbuilt.append(", ".join(f"{name} = {a}" for name, a in axes.items()) or f"k = {k}")
     # an assignment that another becomes with some dims made equal is that one's graph at
     # bindings where they are: leave it out
     special = {_canonical(m, key[0])[:2] + key[2:] for key, (shapes, _) in built.items() for m in _merges(shapes)}
@@ -237,7 +241,15 @@ def instantiate(rule: Rule) -> list[RuleInstance]:
     if not out:
         raise RuleError(f"{rule.source}: rule {rule.name}: no small instance builds on both sides "
                         "(check the shapes its patterns imply)")
+    if unbuilt:
+        raise UnbuiltBinding(f"no small instance builds at {'; '.join(unbuilt)} (the verifier's shapes have "
+                             f"rank 2 for axis -1 and rank 3 for -2), so the rule is unchecked there")
     return list(out.values())
+
+
+class UnbuiltBinding(RuleError):
+    """An axis binding of a rule at which no instance builds: the rule would be proven at
+    the others only, and may be wrong there (the verdict is unknown)."""
 
 
 def _broadcast_outcome(sides: list[set], shapes: dict, axis: int) -> tuple | None:

@@ -174,3 +174,37 @@ def test_the_worked_example_kernel_computes_the_naive_graph():
     env = {"s": 19, "k": 45, "n": 37}
     plan = cleave.schedule(cand, env, target=LOOPS, top_k=1)[0]
     run_and_check(cand.graph, plan, env, seed=5, reference=naive)
+
+
+# -- session 33's probe: what the verifier cannot instantiate is not proven ----------------
+def test_a_binding_no_instance_builds_at_leaves_the_rule_unknown(tmp_path, capsys):
+    """Right only at a = -2: the verifier's shapes for a = -1 are rank 2, where the literal
+    axis -3 does not build, and the rule was `proven` on the a = -2 instances alone (a
+    search with it gave a [1, 4, 6] result for eager's [1, 4, 1])."""
+    path = _write(tmp_path, "pull.rules", "family probe phase rewrite\n\n"
+                  "rule pull-scale-2: rsum(rsum(mul(x, c), a), -3) => mul(rsum(rsum(x, a), -3), c)\n"
+                  "  if flat(c, -2) and flat(c, -3)\n  why: right only where a is -2\n")
+    assert main(["rules", "verify", "--no-cache", path]) == 1
+    out = capsys.readouterr()
+    assert "no small instance builds at a = -1" in out.out + out.err
+    with pytest.raises(cleave.verify.verdict.UnprovenRule, match="pull-scale-2' is not proven .* at a = -1"):
+        cleave.compile(lambda x, c: (x * c).sum(-1, keepdim=True).sum(0, keepdim=True), rules=[path])
+
+
+def test_an_extent_condition_holds_on_a_static_axis(tmp_path):
+    """torch's mean divides by the float const 5.0, which the condition compared with the
+    extent 5 as sympy numbers (Float(5.0) is no Integer(5)): it never held where the axis
+    was static."""
+    path = _write(tmp_path, "mean.rules", "family probe phase rewrite\n\n"
+                  "rule sum-over-n: div(squeeze(rsum(x, -1), 0), n) => squeeze(rsum(div(x, n), -1), 0)\n"
+                  "  if extent(n, x, -1)\n  why: a mean is the sum of x / n\n")
+    graph = cleave.capture(lambda x: x.mean(-1), torch.randn(3, 5), dynamic={"x": {0: "b"}})
+    result = search(graph, rules=[path], top_k=3, progress=False)
+    assert result.stats["rules_fired"].get("sum-over-n")
+
+
+def test_a_library_rule_names_its_line_in_its_module():
+    """Lines counted from the start of the module's rule string: split-sum at split.py:4."""
+    for rule in R.all_rules():
+        path, line = rule.source.rsplit(":", 1)
+        assert Path(path).read_text().splitlines()[int(line) - 1].lstrip().startswith(f"rule {rule.name}:"), rule.source

@@ -106,3 +106,18 @@ def test_reaching_follows_cycles():
     # a -> b <-> c -> d ; e alone
     classes = {"a": cls("b"), "b": cls("c"), "c": cls("b", "d"), "d": cls(), "e": cls()}
     assert regions.reaching(classes, ["a", "b", "d", "e"]) == {"a": {"b", "d"}, "b": {"d"}, "d": set(), "e": set()}
+
+
+def test_each_phase_has_the_iteration_budget(tmp_path):
+    """A rule that never saturates in the rewrite phase spent the whole iteration budget
+    there: split and cleanup never ran, and gqa_decode lost FlashDecoding's split."""
+    rules = tmp_path / "grow.rules"
+    rules.write_text("family probe phase rewrite\n\nrule add-zero-grow: exp(x) => exp(add(x, const(0)))\n"
+                     "  why: x + 0 is x, and the rule never saturates\n")
+    g = W.get("gqa_decode").graph
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = search(g, top_k=1, progress=False, rules=[str(rules)], iterations=4)
+    (message,) = _budget_warnings(caught)
+    assert "iteration budget 4 reached in phase rewrite before it saturated" in message
+    assert "split-softmax-matmul" in res.best.derivation

@@ -180,8 +180,9 @@ def seeds(enc: Encoded) -> list[tuple]:
                 out.append(("splittable", t, a))
             for s in scalars:
                 value = s.attrs["value"]
-                if s.op == "const" and not float(value).is_integer():
+                if value is None or s.op == "const" and not float(value).is_integer():
                     continue
-                if value is not None and sympy.sympify(value) == d:
+                # a float const's value as an integer: sympy's Float(5.0) is no Integer(5)
+                if (sympy.Integer(int(value)) if isinstance(value, float) else sympy.sympify(value)) == d:
                     out.append(("extent", enc.terms[s.id], t, a))
     return out

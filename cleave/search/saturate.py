@@ -90,11 +90,18 @@ def saturate(enc: Encoded, rules, budgets: Budgets, progress: bool = True) -> Sa
     out = Saturated(eg, roots)
     out.enodes = _size(eg)
     last: _Step | None = None
+    cut: list[str] = []  # phases the iteration budget ended before they saturated
+    skipped: list[str] = []  # phases a spent e-node or time budget left out
     for phase in PHASES:
         active = [rw for r, rw in compiled.values() if phase in phases[r.name]]
-        if not active or out.stopped:
+        if not active:
+            continue
+        if out.stopped:
+            skipped.append(phase)
             continue
         rs = ruleset(*active, name=f"phase-{phase}")
+        # each phase has the iteration budget (a rule that never saturates in one phase, an
+        # `x => x + 0`, left the split phase and its FlashDecoding out); e-nodes and time are shared
         for step in range(budgets.iterations):
             before, began = out.enodes, time.perf_counter()
             out.stopped = _too_slow(budgets, last, began - start)
@@ -123,11 +130,19 @@ def saturate(enc: Encoded, rules, budgets: Budgets, progress: bool = True) -> Sa
             out.stopped = _held_back_stop(budgets, held_back, limit) or _over(budgets, out, elapsed)
             if out.stopped:
                 break
+            if step + 1 == budgets.iterations:
+                cut.append(phase)
     # No analysis after the last rewrite: extraction reads e-nodes, never the analysis'
     # facts, and on a large e-graph one analysis iteration can take minutes.
     out.seconds = time.perf_counter() - start
-    if out.stopped:
-        out.stop_note = f"{out.stopped} after {out.iterations} iterations ({out.enodes} e-nodes, {out.seconds:.1f}s)"
+    notes = [f"{out.stopped} after {out.iterations} iterations ({out.enodes} e-nodes, {out.seconds:.1f}s)"] \
+        if out.stopped else []
+    notes += [f"iteration budget {budgets.iterations} reached in phase {phase} before it saturated" for phase in cut]
+    if skipped:
+        notes.append(f"phase{'s' if len(skipped) > 1 else ''} {', '.join(skipped)} not run")
+    if notes:
+        out.stopped = out.stopped or notes[0]
+        out.stop_note = "; ".join(notes)
     return out
 
 
@@ -208,8 +223,6 @@ def _held_back_stop(b: Budgets, held_back: dict, limit: int | None) -> str | Non
 
 
 def _over(b: Budgets, s: Saturated, elapsed: float) -> str | None:
-    if s.iterations >= b.iterations:
-        return f"iteration budget {b.iterations} reached"
     if s.enodes >= b.enodes:
         return f"e-node budget {b.enodes} reached ({s.enodes} e-nodes)"
     if elapsed >= b.seconds:

@@ -24,6 +24,7 @@ from .numeric import numeric_gate
 from .prove import prove_at
 from .shapes import check_shapes
 from .verdict import UnprovenRule, UnprovenRuleWarning, UnsoundRule, Verdict
+from ..rules.instances import UnbuiltBinding
 
 # Per z3 query (a binding's queries get 4 in all). The library's slowest query, a row
 # of a top-k network, takes about 0.5 s alone on a 2-core machine; several times that
@@ -101,7 +102,10 @@ def _check_rule(rule, timeout_ms: int, use_cache: bool) -> Verdict:
         if definition:
             V.store(definition, result, timeout_ms)
         return result
-    name, instances = _instances(rule)
+    try:
+        name, instances = _instances(rule)
+    except UnbuiltBinding as err:
+        return Verdict(rule.name, "unknown", "shapes", 0.0, "", [str(err)])
     key = V.rule_key(instances)
     if use_cache:
         found = V.lookup(key, name, timeout_ms)
