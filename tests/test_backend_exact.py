@@ -507,3 +507,22 @@ def test_bf16_attention_under_dynamic_shapes_is_as_accurate_as_eager(ctx):
 
     out = torch.compile(attention, backend="cleave", dynamic=True)(q, k, v)
     assert error(out) <= 1.5 * error(attention(q, k, v)) + 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_values_are_rounded_where_a_step_reads_them(ctx, dtype):
+    """Half intermediates are computed in f32; a compare, a cast to an integer and a floor
+    read them rounded, as eager does: f16 g * 1024 past 65504 was finite to isfinite (a
+    GradScaler-style overflow check passed), (g + 1) == g never held at 2049, and
+    (h * 3).to(int32) was off by up to 4."""
+    def steps(g, h):
+        return (torch.isfinite(g * 1024.0).all(), (g + 1) == g, (h * 3).to(torch.int32),
+                torch.floor(h * 1.3), (h / 3) < 0.7)
+
+    g = torch.tensor([100.0, 2.0, 3000.0, 2049.0, 60000.0], dtype=dtype)
+    h = torch.tensor([3564.0, 1.7, -2.3, 0.7, 10001.0], dtype=dtype)
+    got = torch.compile(steps, backend="cleave")(g, h)
+    for a, b in zip(got, steps(g, h)):
+        assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st

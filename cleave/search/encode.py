@@ -24,7 +24,7 @@ import sympy
 from cleave.ir import Graph, Node
 from cleave.ir import dims as D
 from cleave.ir.dtypes import DType, rounds
-from cleave.ir.ops import BINARY, UNARY
+from cleave.ir.ops import BINARY, COMPARE, UNARY
 from cleave.rules.dsl import REDUCE, Axis, Leaf, Term, const_value
 from cleave.rules.instances import within
 from cleave.rules.lower import LOW, Lowering
@@ -55,6 +55,12 @@ class Encoded:
             n = src.nodes[key]
             if n.op == "input":
                 return g.inputs[n.attrs["name"]]
+            if n.op in COMPARE or n.op in STEPS or n.op == "cast" and not n.dtype.is_float:
+                # A compare, a cast to an integer or bool and a floor read their half
+                # operands rounded, as eager does: the policy computes them in f32, and f16
+                # x * 1024 past 65504 was finite to isfinite, (g + 1) == g never held
+                operands = [x.cast(o.dtype) if o.dtype in HALVES and x.dtype != o.dtype and x.dtype.is_float else x
+                            for x, o in zip(operands, n.inputs)]
             if _is_float_cast(n):
                 # A kept rounding cast rounds from its operand's precision in the input
                 # graph: `x / math.sqrt(d)` takes an f64 square root of a size and rounds
@@ -78,6 +84,10 @@ class Encoded:
             outs.append(out)
         g.output(*outs, names=src.output_names)
         return g, low
+
+
+HALVES = (DType.f16, DType.bf16)
+STEPS = ("floor", "ceil", "trunc", "round", "sign")  # one rounding of the operand may move them a step
 
 
 def _is_float_cast(n: Node) -> bool:
@@ -141,6 +151,8 @@ def _term(n: Node, args: list, kept: set[int]):
     # x*(y/c) would lose int32's wraparound. Integer values stay leaves; a topk's indices
     # (an order, not arithmetic) are a term, as its values are.
     real = n.dtype.is_float
+    if op in STEPS and n.dtype in HALVES:  # a step of a half value: opaque, so its operand comes rounded
+        return Leaf(n.id, tuple(args))
     if real and (op in UNARY or op in BINARY or op in ("where", "matmul")):  # the same op in both vocabularies
         return Term(op, tuple(args))
     if real and op == "reduce":
