@@ -13,6 +13,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import warnings
 
+import pytest
 import torch
 from torch import nn
 
@@ -89,3 +90,27 @@ def test_kv_heads_repeated_by_a_symbolic_group_size_compile():
             kv = torch.randn(2, 2, kv_heads, s, 8, generator=gen)
             torch.testing.assert_close(f(q, kv), _gqa_by_repeat(q, kv), rtol=1e-5, atol=1e-5)
     assert ctx.stats()["failed"] == 0, ctx.stats()
+
+
+def _sdpa_gqa(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def test_sdpa_enable_gqa_with_dynamic_head_counts_compiles():
+    """Under dynamic=True the head counts are symbols, and `enable_gqa=True` (what recent
+    transformers pass) ran eagerly every call: the group is floor(hq / hkv) heads, and a
+    call whose kv heads do not divide its q heads runs eagerly, where torch raises."""
+    ctx = backend.reset()
+    f = torch.compile(_sdpa_gqa, backend="cleave", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        for heads, kv_heads, s in ((4, 2, 5), (6, 2, 9), (6, 3, 7), (4, 2, 5)):
+            gen = torch.Generator().manual_seed(heads + s)
+            q = torch.randn(2, heads, s, 8, generator=gen)
+            k, v = (torch.randn(2, kv_heads, s, 8, generator=gen) for _ in range(2))
+            torch.testing.assert_close(f(q, k, v), _sdpa_gqa(q, k, v), rtol=1e-5, atol=1e-5)
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 3, 5, 8)
+    with pytest.raises(RuntimeError), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        f(q, k, k)
+    assert ctx.stats()["failed"] == 0 and ctx.stats()["unsupported"] == [], ctx.stats()

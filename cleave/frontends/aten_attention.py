@@ -23,8 +23,8 @@ def _check(a, n):
         return "its logsumexp (or another output besides the attention) is used, as autograd does"
     q, k = a["query"], a["key"]
     if q.dim() >= 3 and q.shape[-3] is not k.shape[-3] and q.shape[-3] != k.shape[-3] and \
-            not (isinstance(q.shape[-3], int) and isinstance(k.shape[-3], int)):
-        return "grouped-query attention needs head counts that are static at capture"
+            isinstance(q.shape[-3], int) != isinstance(k.shape[-3], int):
+        return "grouped-query attention needs both head counts static, or both dynamic"
     return None
 
 
@@ -60,6 +60,11 @@ def _heads_like(t, x, heads):
         return repeat_interleave(t, x, int(ratio), axis)
     if D.equal(D.exact_quotients(heads), D.exact_quotients(x.shape[axis])):
         return reshape(t, x, x.shape[:axis] + (heads,) + x.shape[axis + 1:])
+    if not heads.is_number and not x.shape[axis].is_number:  # enable_gqa under dynamic shapes: both symbols
+        # a group of floor(hq / hkv) heads; the reshape's constraint (hkv * floor(hq / hkv) = hq)
+        # leaves a call whose kv heads do not divide its q heads to eager, which raises
+        grouped = repeat_interleave(t, x, sympy.floor(heads / x.shape[axis]), axis)
+        return reshape(t, grouped, x.shape[:axis] + (heads,) + x.shape[axis + 1:])
     raise CaptureError(f"{t.op}: {D.fmt(heads)} query heads over {D.fmt(x.shape[axis])} key/value heads "
                        f"is not a constant group size" + (f" (at {t.loc})" if t.loc else ""))
 
