@@ -38,7 +38,10 @@ def table() -> dict:
 #   views are written in place, on which AOTAutograd's functionalization fails an
 #   internal assertion (the whole frame ran eagerly, its warning that assertion). Kept
 #   whole, they are graph breaks named by the op (cleave has no complex dtype).
-KEPT_WHOLE = {"lift", "lift_fresh", "complex", "polar"}
+# - native_dropout, bernoulli: random ops cleave runs eagerly; decomposed, they draw
+#   through rand_like in another order than torch's kernels, so a seeded dropout mask
+#   differed from eager's. Kept whole, they draw as eager does.
+KEPT_WHOLE = {"lift", "lift_fresh", "complex", "polar", "native_dropout", "bernoulli"}
 
 
 def _kept_whole(op) -> bool:
