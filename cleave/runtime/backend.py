@@ -20,7 +20,7 @@ import warnings
 import torch
 
 from .. import passes
-from .context import Context
+from .context import Context, _user_level
 from .graph_breaks import build
 
 _CONTEXT = Context()
@@ -117,4 +117,6 @@ _IGNORED: set[str] = set()
 def _ignore_once(what: str) -> None:
     if what not in _IGNORED:
         _IGNORED.add(what)
-        warnings.warn(f"cleave: torch.compile {what} does not apply to the cleave backend; ignored", stacklevel=3)
+        # at the user's call, not torch's wrapper (stacklevel 3 named torch/__init__.py)
+        warnings.warn(f"cleave: torch.compile {what} does not apply to the cleave backend; ignored",
+                      stacklevel=_user_level())

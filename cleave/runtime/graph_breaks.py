@@ -13,6 +13,7 @@ import operator
 import torch
 import torch.autograd.forward_ad as _forward_ad
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.passes.split_module import split_module
 
@@ -497,9 +498,10 @@ def _row_major_from_start(t: torch.Tensor) -> bool:
 
 
 def on_meta(values) -> bool:
-    """Whether a tensor among `values` is on the meta device (shape inference: no data
-    to launch kernels on)."""
-    return any(isinstance(v, torch.Tensor) and v.is_meta for v in values)
+    """Whether a tensor among `values` is on the meta device or a fake tensor (shape
+    inference: no data to launch kernels on; the candidate check ran on fake tensors and
+    the call warned it could not compile)."""
+    return any(isinstance(v, torch.Tensor) and (v.is_meta or isinstance(v, FakeTensor)) for v in values)
 
 
 def _overlapping(args) -> bool:
