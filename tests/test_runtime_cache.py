@@ -333,6 +333,9 @@ def test_cache_dir_under_a_file_is_said_once_not_called_damaged(doubles, tmp_pat
     assert_computes(w, inputs, got)
     said = [str(c.message) for c in caught]
     assert any("cannot write" in m for m in said) and not any("damaged" in m for m in said), said
+    # at the caller's line, not cleave/runtime/operator.py's
+    assert all(c.filename == __file__ for c in caught if "cannot write" in str(c.message)), \
+        [(c.filename, c.lineno) for c in caught]
 
 
 def test_proof_notice_says_when_verdicts_cannot_be_cached(tmp_path, monkeypatch, capfd):

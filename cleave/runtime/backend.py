@@ -20,7 +20,8 @@ import warnings
 import torch
 
 from .. import passes
-from .context import Context, _user_level
+from .context import Context
+from .user_frame import _user_level
 from .graph_breaks import build
 
 _CONTEXT = Context()

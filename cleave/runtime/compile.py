@@ -40,7 +40,8 @@ from torch.utils import _pytree as pytree
 
 from .. import passes
 from ..ir import BindingError, CleaveError
-from .context import Context, _user_level
+from .context import Context
+from .user_frame import _user_level
 from ..frontends.output_layout import permute_outputs
 from .graph_breaks import Launcher, constant_getters, on_meta, untraceable_call
 from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch, TensorContents, _python_function

@@ -5,35 +5,15 @@ search; the unsupported ops already warned about; the operators that could not
 be built; and the launch log that `explain` reads."""
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 
 import torch
-
-import cleave
 
 from .. import passes, progress
 from ..ir import Graph
 from .artifact import find_operator
 from .operator import STAT_KEYS, CompiledOperator
-
-
-# cleave's own files (its rules and scheduler are installed from folders of their own) and torch's
-_INTERNAL = tuple(os.path.realpath(os.path.dirname(path)) + os.sep for path in (cleave.__file__, torch.__file__))
-
-
-def _user_level() -> int:
-    """warnings.warn's stacklevel, called from a warn_* method, that names the first
-    frame outside cleave and torch (the user's call of the compiled function or model),
-    where it named a line of cleave's runtime."""
-    from cleave import rules, scheduler
-
-    internal = _INTERNAL + tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep for m in (rules, scheduler))
-    frame, level = sys._getframe(2), 2  # level 1 is the warn_* method itself
-    while frame.f_back is not None and os.path.realpath(frame.f_code.co_filename).startswith(internal):
-        frame, level = frame.f_back, level + 1
-    return level
+from .user_frame import _user_level
 
 
 class Context:

@@ -37,6 +37,7 @@ from ..scheduler import H200, Plan, schedule
 from ..scheduler.exprs import evaluate
 from . import artifact as A
 from .buckets import bucket
+from .user_frame import _user_level
 from .cache import device_name, entry_dir, key_fields, operator_key
 from .launch import launch, prepare, remember, run
 from .mix import compose, fastest_kernels, partition_key, picks_key
@@ -283,7 +284,7 @@ class CompiledOperator:
         try:
             A.save_tuning(self.entry, spec.static, rankings)
         except OSError as err:  # a read-only artifact: the choice holds for this process
-            warnings.warn(f"cleave: cannot save tuning for {self.graph.name} ({err})", stacklevel=5)
+            warnings.warn(f"cleave: cannot save tuning for {self.graph.name} ({err})", stacklevel=_user_level())
 
     def _warm(self, spec: Spec, inputs, fits, compiles_all: bool):
         """Compile every plan of the spec now, so that no later shape compiles a kernel:
@@ -331,7 +332,8 @@ class CompiledOperator:
             return None
         except (A.ArtifactError, CleaveError, KeyError, TypeError, ValueError) as err:
             if self._cache_exists():
-                warnings.warn(f"cleave: damaged cache entry for {self.graph.name} ({err}); rebuilding it", stacklevel=4)
+                warnings.warn(f"cleave: damaged cache entry for {self.graph.name} ({err}); rebuilding it",
+                              stacklevel=_user_level())
             return None
         self.stats["from_cache"] = 1
         return Spec(static, candidate, plans, A.load_tuning(self.entry, static), from_cache=True)
@@ -380,7 +382,8 @@ class CompiledOperator:
             return None
         except (A.ArtifactError, CleaveError, KeyError, TypeError, ValueError) as err:
             if self._cache_exists():
-                warnings.warn(f"cleave: damaged cache entry for {self.graph.name} ({err}); rebuilding it", stacklevel=5)
+                warnings.warn(f"cleave: damaged cache entry for {self.graph.name} ({err}); rebuilding it",
+                              stacklevel=_user_level())
             return None
         self.search_stats = body.get("search_stats", {})
         return cands
@@ -414,7 +417,7 @@ class CompiledOperator:
             save(*args)
         except OSError as err:
             warnings.warn(f"cleave: cannot write {what} of {self.graph.name} to the cache at {self.entry} "
-                          f"({err}); keeping them in memory for this process", stacklevel=5)
+                          f"({err}); keeping them in memory for this process", stacklevel=_user_level())
 
 
 def search(graph: Graph, top_k: int, rules=None):
