@@ -89,6 +89,18 @@ def interpret(graph: Graph, inputs: Mapping[str, torch.Tensor], compute_dtype: t
     return [values[o.id] for o in graph.outputs]
 
 
+# ops one rounding of their operand may move a step: they read a half operand computed
+# wider (in fp64 here, in f32 by the kernels) rounded to its type, as torch's eager does
+_STEPS = ("floor", "ceil", "trunc", "round", "sign")
+
+
+def _as_stored(x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """x rounded to dtype where it is a half type x is held wider than."""
+    if dtype in (DType.f16, DType.bf16) and x.is_floating_point() and x.dtype != TORCH_DTYPES[dtype]:
+        return x.to(TORCH_DTYPES[dtype]).to(x.dtype)
+    return x
+
+
 def _eval(node: Node, args, inputs, env, float_type, device) -> torch.Tensor:
     op, a = node.op, node.attrs
     if op == "input":
@@ -106,6 +118,8 @@ def _eval(node: Node, args, inputs, env, float_type, device) -> torch.Tensor:
         view = [1] * len(shape)
         view[axis] = shape[axis]
         return index.reshape(view).expand(shape)
+    if op in _STEPS or op in COMPARE or op == "cast" and not node.dtype.is_float:
+        args = [_as_stored(x, n.dtype) for x, n in zip(args, node.inputs)]
     if op in _UNARY:
         return _UNARY[op](args[0])
     if op == "cast":
@@ -126,6 +140,10 @@ def _eval(node: Node, args, inputs, env, float_type, device) -> torch.Tensor:
         x, axis, keep = args[0], a["axis"], bool(a["keepdim"])
         if x.shape[axis] == 0:
             fill = _EMPTY_REDUCE[a["op"]]
+            if not x.is_floating_point() and math.isinf(fill):  # an integer max/min over nothing: its bound
+                low, high = (False, True) if x.dtype == torch.bool else (torch.iinfo(x.dtype).min,
+                                                                         torch.iinfo(x.dtype).max)
+                fill = low if fill < 0 else high
             shape = list(x.shape)
             shape[axis] = 1
             out = torch.full(shape, fill, dtype=x.dtype, device=x.device)

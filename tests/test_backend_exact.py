@@ -526,3 +526,32 @@ def test_half_values_are_rounded_where_a_step_reads_them(ctx, dtype):
         assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_a_compare_of_a_computed_bf16_value_checks_against_eager_roundings():
+    """The decoded input graph rounds a compare's bf16 operand as torch does, and the fp64
+    reference did not: the check called the input graph itself a mismatch
+    (CandidateRejected, "no rule (the input graph, decoded)") and dropped every rewrite."""
+    from cleave.search import CandidateRejected
+
+    def above(x):
+        return (x - x.mean(-1, keepdim=True)) >= 0.3
+
+    x = torch.randn(7, 33, generator=torch.Generator().manual_seed(3)).bfloat16()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CandidateRejected)
+        got = cleave.compile(above, dynamic={"x": {0: "n"}}, verbose=False)(x)
+    assert torch.equal(got, above(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rms_norm_default_eps_of_a_half_input_is_f32s(dtype):
+    """torch computes a half RMSNorm in f32, with f32's machine epsilon for `eps=None`
+    (nn.RMSNorm's default); cleave took the half type's (bf16 0.0078): rows of size 0.05
+    came out 49% off under cleave.compile."""
+    norm = torch.nn.RMSNorm(33).to(dtype)
+    x = (0.05 * torch.randn(5, 33, generator=torch.Generator().manual_seed(0))).to(dtype)
+    with torch.no_grad():
+        got = cleave.compile(norm, verbose=False)(x)
+        want = norm(x)
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)

@@ -7,6 +7,8 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -181,3 +183,23 @@ def test_a_rewritten_scale_over_an_axis_empty_at_run_time_is_eagers(fn):
         x, w = torch.rand(3, k, generator=gen) + 0.5, torch.randn(k, 5, generator=gen)
         torch.testing.assert_close(f(x, w), fn(x, w), equal_nan=True, rtol=1e-5, atol=1e-5)
     assert f.stats["graph_breaks"] == 0 and f.stats["failed"] == 0, f.stats
+
+
+def test_cat_of_only_legacy_empty_vectors_and_cummax_of_no_rows():
+    """torch skips a (0,) operand of cat; with every operand such, the rule indexed an
+    empty list (IndexError), and cummax of an int64 tensor with no rows made the
+    reference interpreter fill an empty max with -inf as an int (both ran eagerly)."""
+    def cat_empty(z, w):
+        return torch.cat([z, w]), z * 2
+
+    def cummax_rows(x):
+        return torch.cummax(x, 0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        z, w = torch.randn(0), torch.randn(0)
+        for got, want in zip(cleave.compile(cat_empty, verbose=False)(z, w), cat_empty(z, w)):
+            assert got.shape == want.shape and got.dtype == want.dtype
+        x = torch.zeros(0, 6, dtype=torch.int64)
+        for got, want in zip(torch.compile(cummax_rows, backend="cleave", dynamic=True)(x), cummax_rows(x)):
+            assert got.shape == want.shape and got.dtype == want.dtype

@@ -327,7 +327,8 @@ def _chunks(t, node, a, axis: int, count: int) -> None:
 
 @rule("cat")
 def _cat(t, node, a):
-    xs = [x for x in a["tensors"] if not (x.rank == 1 and x.shape[0] == 0)]  # torch skips legacy empty (0,)
+    # torch skips legacy empty (0,) operands; all of them such, the result is one (an IndexError here)
+    xs = [x for x in a["tensors"] if not (x.rank == 1 and x.shape[0] == 0)] or a["tensors"][:1]
     axis = a["dim"] % xs[0].rank
     # An operand empty along the axis adds nothing; kept, it would be a load from a
     # buffer of no element (an empty KV cache's first append).
