@@ -39,10 +39,9 @@ integer ops (INTEGER_OPS) are refused: the search rewrites float values only. Co
                         extent 1 or x's, and c has no more axes): a rhs that drops c keeps
                         the lhs's shape. Known where c and x meet in an elementwise op of
                         the input graph
-    wide_operands()     the graph's MatMul operands are f32: a factor moved into a half one
-                        is rounded to it (bf16 loses digits the f32 product keeps, f16's
-                        range overflows where the product did not; a graph condition: the
-                        rule is left out otherwise)
+    wide_operands()     the graph's MatMul operands are not f16: a factor moved into one is
+                        rounded to it, and f16's range (65504) would overflow where the
+                        product did not (a graph condition: the rule is left out otherwise)
     moderate_values()   no finite constant of the graph is within a factor 2 of f32's
                         range, and no exp's argument may hold an input's values at full
                         scale (an additive mask passed in, scaled by more than ln 2 if at

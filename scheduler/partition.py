@@ -88,13 +88,14 @@ def identifier(name: str) -> str:
 def stored_dtype(node: Node, chunk_symbols: set) -> DType:
     """The dtype a node's buffer holds: its own, as eager stores it, except for a
     partial result over a Split's chunk axis, which keeps f32 (as the combine would
-    within one kernel), and a half MatMul's result that is only read widened to f32
+    within one kernel), and an f16 MatMul's result that is only read widened to f32
     (SDPA's scores): a kernel reading it where it is computed keeps the f32
-    accumulator, so a plan that stores it does too (in half, large scores overflowed
-    to inf and the softmax gave NaN where eager's f32 scores are finite)."""
+    accumulator, so a plan that stores it does too (in f16, scores past 65504
+    overflowed to inf and the softmax gave NaN where eager's f32 scores are finite;
+    bf16 has f32's range, and a layer's bf16 products stay bf16 between kernels)."""
     if node.dtype.is_float and any(d.free_symbols & chunk_symbols for d in node.shape):
         return DType.f32
-    if node.dtype in (DType.bf16, DType.f16) and _a_product(node) and _read_widened(node):
+    if node.dtype == DType.f16 and _a_product(node) and _read_widened(node):
         return DType.f32
     return node.dtype
 

@@ -64,9 +64,16 @@ def _full_scalar(op: str, second: bool) -> bool:
 def binary(t, op, x, y):
     """x op y where either side may be a scalar (lifted next to the other's dtype)."""
     if not hasattr(x, "graph"):
-        x = t.lift(x, y, rounded=not _full_scalar(op, second=False))
-    y = t.lift(y, x, rounded=not _full_scalar(op, second=True))
+        x = t.lift(x, _beside(y), rounded=not _full_scalar(op, second=False))
+    y = t.lift(y, _beside(x), rounded=not _full_scalar(op, second=True))
     return t.add(op, *_zero_dim_as_the_other(t, x, y, op))
+
+
+def _beside(x):
+    """What a scalar operand of a binary op is lifted next to: x, or int64 where x is a
+    bool tensor (torch's mask + 2, mask == 2, mask | 2 compute in int64; lifted next to
+    the bool, 2 was True)."""
+    return DType.i64 if getattr(x, "dtype", None) == DType.bool else x
 
 
 def _zero_dim_as_the_other(t, x, y, op=None):
@@ -199,8 +206,8 @@ def _sign_differs(t, m, y):
 def _operands(t, x, y):
     """x and y as nodes, a scalar (a number or a 0-dim tensor) beside a half rounded to
     its type, as torch takes it in these ops (remainder, atan2, a rounding division...)."""
-    x = x if hasattr(x, "graph") else t.lift(x, y, rounded=True)
-    return _zero_dim_as_the_other(t, x, t.lift(y, x, rounded=True))
+    x = x if hasattr(x, "graph") else t.lift(x, _beside(y), rounded=True)
+    return _zero_dim_as_the_other(t, x, t.lift(y, _beside(x), rounded=True))
 
 
 for _name in COMPARE:  # prims.ne(x, x) is isnan's decomposition

@@ -147,8 +147,6 @@ class Translator:
         if isinstance(value, (int, float)):
             if isinstance(value, float) and not like_dtype.is_float:
                 return self.const(value, "f32")
-            if like_dtype == DType.bool:  # torch's mask + 2, mask == 2, mask | 2: in int64 (as a bool, 2 is True)
-                return self.const(value, "i64")
             if like_dtype.is_int:  # torch wraps the int into the type (uint8 x + (-1) adds 255, x == 300 is x == 44)
                 low, high = like_dtype.int_range
                 value = (value - low) % (high - low + 1) + low
@@ -159,7 +157,6 @@ class Translator:
             return self.const(value, like_dtype)
         if isinstance(value, sympy.Expr):
             dtype = like_dtype if like_dtype.is_float or value.is_integer else DType.f32
-            dtype = DType.i64 if dtype == DType.bool else dtype  # mask + n: in int64, as a literal is
             # beside a half, built in f32 (x_f16 * float(n * 20000) is finite), then rounded once
             scalar = self._scalar_expr(value, op_math(dtype))
             return self.add("cast", scalar, dtype=dtype) if rounded and scalar.dtype != dtype else scalar

@@ -196,13 +196,11 @@ def _check(reference: Reference, cand: Graph, shapes: dict | None) -> None:
 def _graph_conditions(enc) -> dict[str, bool]:
     """Whether each condition on the whole graph holds, decided once per search:
     `wide_operands()` leaves out rules that move a factor into a MatMul operand where
-    the operands are f16 or bf16, which rounds the scaled operand (an fp16 attention
-    scaled by 100 overflowed q * 100 to inf and returned NaN; a bf16 one scaled by
-    log2(e) / sqrt(d) was 5x less accurate than eager's, which scales the f32 scores);
-    `moderate_values()` leaves out the base-2 rewrites where an exponent
+    the operands are f16 (an fp16 attention scaled by 100 overflowed q * 100 to inf and
+    returned NaN); `moderate_values()` leaves out the base-2 rewrites where an exponent
     may hold values near f32's range (a T5 mask, `(1 - m) * finfo.min`, became
     `(1 - m) * -inf` and every row NaN)."""
-    return {"wide_operands": enc.lowp is None,
+    return {"wide_operands": enc.lowp is not DType.f16,
             "moderate_values": not _huge_constants(enc.graph) and not _full_scale_exponents(enc.graph)}
 
 
