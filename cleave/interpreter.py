@@ -17,7 +17,7 @@ import torch
 from .ir import CleaveError, Graph, Node
 from .ir import dims as D
 from .ir.dtypes import DType, rounds
-from .ir.ops import COMPARE, per_op
+from .ir.ops import COMPARE, per_op, reads_half_rounded
 
 TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in DType}
 IR_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
@@ -89,11 +89,6 @@ def interpret(graph: Graph, inputs: Mapping[str, torch.Tensor], compute_dtype: t
     return [values[o.id] for o in graph.outputs]
 
 
-# ops one rounding of their operand may move a step: they read a half operand computed
-# wider (in fp64 here, in f32 by the kernels) rounded to its type, as torch's eager does
-_STEPS = ("floor", "ceil", "trunc", "round", "sign")
-
-
 def _as_stored(x: torch.Tensor, dtype: DType) -> torch.Tensor:
     """x rounded to dtype where it is a half type x is held wider than."""
     if dtype in (DType.f16, DType.bf16) and x.is_floating_point() and x.dtype != TORCH_DTYPES[dtype]:
@@ -118,7 +113,7 @@ def _eval(node: Node, args, inputs, env, float_type, device) -> torch.Tensor:
         view = [1] * len(shape)
         view[axis] = shape[axis]
         return index.reshape(view).expand(shape)
-    if op in _STEPS or op in COMPARE or op == "cast" and not node.dtype.is_float:
+    if reads_half_rounded(op, node.dtype):
         args = [_as_stored(x, n.dtype) for x, n in zip(args, node.inputs)]
     if op in _UNARY:
         return _UNARY[op](args[0])

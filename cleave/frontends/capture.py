@@ -492,8 +492,7 @@ def _view_outputs(node, signature, names) -> list[str]:
                     return raw
                 raw = raw.args[0]
                 continue
-            returns = raw.target._schema.returns if isinstance(raw.target, torch._ops.OpOverload) else ()
-            if not (returns and returns[0].alias_info is not None) or _converts(raw):
+            if not _returns_aliases(raw) or _converts(raw):
                 return raw
             raw = raw.args[0]
         return raw
@@ -520,9 +519,10 @@ def _same_shape_written(output, value, placeholder: str, name: str) -> None:
 
 
 def _returns_aliases(node) -> bool:
-    """Whether node's results alias its first operand (split, unbind, chunk's pieces)."""
+    """Whether node's result aliases its first operand (a view, an in-place op, the
+    pieces of split, unbind and chunk)."""
     returns = node.target._schema.returns if isinstance(getattr(node, "target", None), torch._ops.OpOverload) else ()
-    return any(r.alias_info is not None for r in returns)
+    return bool(returns) and returns[0].alias_info is not None
 
 
 def _converts(node: torch.fx.Node) -> bool:

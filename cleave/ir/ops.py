@@ -33,6 +33,16 @@ BINARY = ("add", "sub", "mul", "div", "max", "min", "pow", "fmod",  # fmod: C's,
 # Ops of integers (and bools, but for the shifts), never of floats.
 BITWISE = ("bit_not", "bit_and", "bit_or", "bit_xor", "shl", "shr")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
+# ops one rounding of their operand may move a step
+STEPS = ("floor", "ceil", "trunc", "round", "sign")
+
+
+def reads_half_rounded(op: str, dtype) -> bool:
+    """Whether an op of this result dtype reads a half operand rounded to its type, where
+    a wider value is held for it (fp64 in the reference, f32 in the kernels): a compare,
+    a cast to an integer or bool, a step. torch's eager rounds at every half op, and
+    there one rounding turns into another answer (an f16 x * 1024 past 65504 is inf)."""
+    return op in COMPARE or op in STEPS or op == "cast" and not dtype.is_float
 REDUCE_OPS = ("sum", "max", "min", "prod")  # the `op` attribute of `reduce`
 # log2(e) as the float the rules write and the kernels use: exp(x) = exp2(x * LOG2E).
 LOG2E = 1 / math.log(2.0)

@@ -163,10 +163,10 @@ class _ModuleTree:
         if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
             self.needs_dynamo = "a global forward hook is registered"
         self.hook_counter = RemovableHandle.next_id  # registering any hook anywhere advances it
-        self.attributes = []  # per module: (a getter of its checked __dict__ entries, __dict__, its size, them)
+        # per module: (it, its class, a getter of its checked __dict__ entries, __dict__, its size, them)
+        self.attributes = []
         self.tables = []  # (parameter or buffer table of a global module, its size)
         self.tensors = []  # (table, key, tensor, version, data pointer)
-        self.classes = []  # (module, its class)
         self.grad_flags = []  # (parameter or buffer of a global module, its requires_grad)
         own_ids = set(map(id, own_modules))
         for m in self.modules:
@@ -188,8 +188,8 @@ class _ModuleTree:
                 self.needs_dynamo = (f"{type(m).__name__}.{key} is a {type(value).__name__}, whose changes cleave "
                                      f"cannot tell")
         checked = operator.itemgetter(*keys)
-        self.attributes.append((checked, d, len(d), _copied(checked(d))))  # lists and dicts compare by content
-        self.classes.append((m, type(m)))  # `m.__class__ = Other` changes forward and is in no __dict__
+        # lists and dicts compare by content; `m.__class__ = Other` changes forward and is in no __dict__
+        self.attributes.append((m, type(m), checked, d, len(d), _copied(checked(d))))
         if holds_state:
             for table in (m._parameters, m._buffers):
                 self.tables.append((table, len(table)))
@@ -203,16 +203,13 @@ class _ModuleTree:
         if RemovableHandle.next_id != self.hook_counter and not self._no_hooks():
             return False
         try:
-            for checked, d, size, values in self.attributes:
-                if len(d) != size or checked(d) != values:
+            for m, cls, checked, d, size, values in self.attributes:
+                if type(m) is not cls or len(d) != size or checked(d) != values:
                     return False
         except Exception:  # noqa: BLE001 - an entry deleted, or one equality cannot compare: changed
             return False
         for table, size in self.tables:
             if len(table) != size:
-                return False
-        for m, cls in self.classes:
-            if type(m) is not cls:
                 return False
         for t, flag in self.grad_flags:
             if t.requires_grad is not flag:

@@ -24,7 +24,7 @@ import sympy
 from cleave.ir import Graph, Node
 from cleave.ir import dims as D
 from cleave.ir.dtypes import DType, rounds
-from cleave.ir.ops import BINARY, COMPARE, UNARY
+from cleave.ir.ops import BINARY, STEPS, UNARY, reads_half_rounded
 from cleave.rules.dsl import REDUCE, Axis, Leaf, Term, const_value
 from cleave.rules.instances import within
 from cleave.rules.lower import LOW, Lowering
@@ -55,7 +55,7 @@ class Encoded:
             n = src.nodes[key]
             if n.op == "input":
                 return g.inputs[n.attrs["name"]]
-            if n.op in COMPARE or n.op in STEPS or n.op == "cast" and not n.dtype.is_float:
+            if reads_half_rounded(n.op, n.dtype):
                 # A compare, a cast to an integer or bool and a floor read their half
                 # operands rounded, as eager does: the policy computes them in f32, and f16
                 # x * 1024 past 65504 was finite to isfinite, (g + 1) == g never held
@@ -87,7 +87,6 @@ class Encoded:
 
 
 HALVES = (DType.f16, DType.bf16)
-STEPS = ("floor", "ceil", "trunc", "round", "sign")  # one rounding of the operand may move them a step
 
 
 def _is_float_cast(n: Node) -> bool:
