@@ -238,3 +238,15 @@ def test_alpha_with_a_number_operand():
     """torch.add(x, 3, alpha=2) raised an AttributeError from the translator (no fallback)."""
     x = torch.tensor([1, 2, 3], dtype=torch.int32)
     _both_paths(lambda x: (torch.add(x, 3, alpha=2), torch.sub(x, 2, alpha=3)), x)
+
+
+def test_where_takes_both_branches_in_the_result_type():
+    """torch.where(m, m, 2) is int64; its 2 was lifted beside the bool branch as True, and
+    torch.where(m, x_f16, x_f32)'s branches were not brought to f32."""
+    m = torch.tensor([True, False, True, False, True])
+    i8 = torch.tensor([-3, 100, 7, -128, 5], dtype=torch.int8)
+    h = torch.tensor([0.1, 3.0, -2.5, 7.0, 1e3], dtype=torch.float16)
+    f = torch.tensor([1.5, -2.0, 9.0, 0.25, 1e5])
+    _both_paths(lambda m, i8, h, f: (torch.where(m, m, 2), torch.where(m, 2, m), torch.where(m, i8, True),
+                                     torch.where(m, i8, 2.5), torch.where(m, h, f), torch.where(~m, m, i8)),
+                m, i8, h, f)

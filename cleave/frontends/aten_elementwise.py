@@ -341,9 +341,15 @@ def _clamp(t, node, a):
 
 @rule("where", check=_scalars_fit("self", "other", in_op_math=True))
 def _where(t, node, a):
-    x, y = a["self"], a["other"]
-    like = x if hasattr(x, "graph") else y if hasattr(y, "graph") else t.out_dtype(node)
-    return t.add("where", a["condition"], t.lift(x, like), t.lift(y, like))
+    """Both branches in torch's result type: where(m, m, 2) is int64, its 2 not True, and
+    its bool branch 0 or 1."""
+    out = t.out_dtype(node)
+
+    def branch(v):
+        if hasattr(v, "graph"):
+            return _cast(t, v, out)
+        return t.lift(int(v) if isinstance(v, bool) and out != DType.bool else v, out)
+    return t.add("where", a["condition"], branch(a["self"]), branch(a["other"]))
 
 
 @rule("masked_fill", check=_scalars_fit("value"))
