@@ -895,8 +895,10 @@ def _one_size_per_symbol(spec: dict[str, dict[int, str]], tensors: dict) -> None
 
 
 def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbose=None,
-            rules=None, candidates: int = 1) -> CompiledFunction:
-    """Wrap `fn` so that its first call compiles it with cleave and later calls reuse the result.
+            rules=None, candidates: int = 1):
+    """Wrap `fn` so that its first call compiles it with cleave and later calls reuse the result:
+    a CompiledFunction, or for an nn.Module a CompiledModule (compiled_module.py), a module
+    with the original's parameters, state_dict keys and train()/eval().
 
     `dynamic` names the axes that vary between calls, per argument name:
     `{"q": {0: "b"}, "k": {2: "L"}}`, or "all". A symbol is an identifier that is not a
@@ -925,7 +927,13 @@ def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbos
     if artifact is not None and Path(artifact).exists() and not Path(artifact).is_dir():
         raise NotADirectoryError(f"artifact must be a directory (`cleave trace build --out DIR`, or a new one that "
                                  f"compiled.prepare fills), and {str(artifact)!r} is a file")
-    return CompiledFunction(fn, dynamic, device, top_k, artifact, verbose, _proven_rules(rules), candidates)
+    options = dict(dynamic=dynamic, device=device, top_k=top_k, artifact=artifact, verbose=verbose,
+                   rules=_proven_rules(rules), candidates=candidates)
+    if isinstance(fn, torch.nn.Module):  # an nn.Module again, as torch.compile's OptimizedModule is
+        from .compiled_module import CompiledModule
+
+        return CompiledModule(fn, CompiledFunction(fn, **options), options)
+    return CompiledFunction(fn, **options)
 
 
 def _proven_rules(files) -> list | None:

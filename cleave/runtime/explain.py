@@ -5,6 +5,7 @@ operators and plans that served these shapes (and compiles them if needed).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -83,7 +84,8 @@ class Report:
 
 def explain(compiled, *args, **kwargs) -> Report:
     """`compiled` is what cleave.compile returns, or a function or module compiled with
-    torch.compile(..., backend="cleave") (whose operators live in the backend's context)."""
+    torch.compile(..., backend="cleave") or in place, `m.compile(backend="cleave")` (whose
+    operators live in the backend's context)."""
     ctx, eager = _context(compiled)
     # first: the call may write its inputs. A function that casts to a precision of its
     # own (x @ w.bfloat16()) may not run with its inputs in fp32: eager as given then.
@@ -117,16 +119,28 @@ def _context(compiled):
     from . import backend
     from .compile import CompiledFunction
 
-    if isinstance(compiled, CompiledFunction):
-        return compiled.ctx, compiled.fn
+    from .compiled_module import CompiledModule
+
+    if isinstance(compiled, (CompiledFunction, CompiledModule)):
+        function = compiled if isinstance(compiled, CompiledFunction) else compiled.compiled
+        return function.ctx, function.fn
     if isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule):
         _check_cleave_backend(compiled, compiled.dynamo_ctx)
         return backend.context(), compiled._orig_mod
+    if isinstance(compiled, torch.nn.Module) and compiled._compiled_call_impl is not None:
+        # compiled in place, `m.compile(backend="cleave")`: its own call runs torch.compile's
+        # wrapper of its _call_impl, so eager is a shallow copy without it (the same tensors)
+        _check_cleave_backend(compiled, _dynamo_context(compiled._compiled_call_impl))
+        eager = copy.copy(compiled)
+        eager._compiled_call_impl = None
+        return backend.context(), eager
     if callable(compiled) and hasattr(compiled, "_torchdynamo_orig_callable"):
         _check_cleave_backend(compiled, _dynamo_context(compiled))
         return backend.context(), compiled._torchdynamo_orig_callable
     raise CleaveError("explain takes what cleave.compile returns, or a function or module compiled with "
-                      f"torch.compile(..., backend=\"cleave\"), not {type(compiled).__name__}")
+                      f"torch.compile(..., backend=\"cleave\") or m.compile(backend=\"cleave\"), not "
+                      f"{type(compiled).__name__}" + (" (a module not compiled)" if isinstance(compiled, torch.nn.Module)
+                                                      else ""))
 
 
 def _check_cleave_backend(compiled, dynamo_ctx) -> None:

@@ -1,0 +1,130 @@
+"""What `cleave.compile(module)` returns: an nn.Module that is the module, compiled.
+
+Like torch.compile's OptimizedModule it holds the original (`_orig_mod`) and forwards
+attribute reads and writes to it, but it shares the original's tables (parameters,
+buffers, submodules, hooks) rather than holding it as a child: `state_dict()`,
+`named_parameters()` and `load_state_dict()` use the original's keys, with no
+`_orig_mod.` prefix, also where the compiled module is a submodule of a larger model.
+What a module class may override (`train`, `_apply`, its state-dict hooks and
+versions) runs on the original itself, so `eval()` sets the flags the compiled
+function's guards read, and `.to()` moves what the original moves.
+
+A call goes to the CompiledFunction, never through Module.__call__: the module's own
+hooks (a hook registered on the wrapper is registered on the original) fire inside it,
+once, as the compiled function runs the module.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+# The tables torch.nn.Module.__init__ makes: the wrapper's are the original's own
+_SHARED = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", "_backward_pre_hooks",
+           "_backward_hooks", "_is_full_backward_hook", "_forward_hooks", "_forward_hooks_with_kwargs",
+           "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs",
+           "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+_OWN = frozenset(_SHARED) | {"_orig_mod", "compiled", "_options"}
+
+
+class CompiledModule(torch.nn.Module):
+    """`module`, called through `compiled` (its CompiledFunction): `compiled.stats`,
+    `.operators`, `.prepare`, `.capture_error` are read off the wrapper too."""
+
+    def __init__(self, module: torch.nn.Module, compiled, options: dict):
+        object.__setattr__(self, "_orig_mod", module)  # before Module.__init__: attribute access forwards to it
+        object.__setattr__(self, "compiled", compiled)
+        object.__setattr__(self, "_options", options)  # cleave.compile's arguments, for a deep copy
+        for name in _SHARED:
+            object.__setattr__(self, name, module.__dict__[name])
+
+    # -- the compiled path --------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        return self.compiled(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self.compiled(*args, **kwargs)
+
+    @property
+    def stats(self) -> dict:
+        return self.compiled.stats
+
+    @property
+    def operators(self):
+        return self.compiled.operators
+
+    @property
+    def capture_error(self):
+        return self.compiled.capture_error
+
+    @property
+    def calls(self) -> int:
+        return self.compiled.calls
+
+    @property
+    def recaptures(self) -> int:
+        return self.compiled.recaptures
+
+    def prepare(self, *args):
+        return self.compiled.prepare(*args)
+
+    # -- what runs on the original itself -----------------------------------
+    @property
+    def training(self) -> bool:
+        return self._orig_mod.training
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        self._orig_mod.training = mode
+
+    def train(self, mode: bool = True):
+        self._orig_mod.train(mode)
+        return self
+
+    def _apply(self, fn, recurse=True):
+        self._orig_mod._apply(fn, recurse)
+        return self
+
+    def apply(self, fn):
+        self._orig_mod.apply(fn)
+        return self
+
+    def state_dict(self, *args, **kwargs):
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self._orig_mod.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _load_from_state_dict(self, *args, **kwargs):  # a larger model's load_state_dict reaches it here
+        return self._orig_mod._load_from_state_dict(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return self._orig_mod.extra_repr()
+
+    def __repr__(self) -> str:
+        return f"cleave.compile({self._orig_mod!r})"
+
+    def __deepcopy__(self, memo):
+        """A copy of the original, compiled afresh (the compiled function holds locks and
+        kernels, which are not copied)."""
+        from .compile import CompiledFunction
+
+        module = copy.deepcopy(self._orig_mod, memo)
+        return CompiledModule(module, CompiledFunction(module, **self._options), self._options)
+
+    # -- attribute access, as OptimizedModule forwards it -----------------
+    def __getattr__(self, name: str):
+        if name in _OWN:  # during __init__, or an unpickled half: no recursion through _orig_mod
+            raise AttributeError(name)
+        return getattr(self._orig_mod, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _OWN or hasattr(type(self), name):
+            return object.__setattr__(self, name, value) if name in _OWN else super().__setattr__(name, value)
+        setattr(self._orig_mod, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._orig_mod, name)
+
+    def __dir__(self):
+        return sorted(set(dir(self._orig_mod)) | set(super().__dir__()))

@@ -1,0 +1,113 @@
+"""cleave.compile(module) is an nn.Module: the original's parameters and state_dict keys
+(no `_orig_mod.` prefix, also inside a larger model), train()/eval() reaching the
+flags its forward reads, .to() moving the original, attribute access forwarded, and
+cleave.explain of it and of a module compiled in place (`m.compile(backend="cleave")`).
+Tiny modules under TRITON_INTERPRET=1."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+
+import torch
+
+import cleave
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.5)
+        self.register_buffer("scale", torch.full((8,), 2.0))
+        self.label = "net"
+
+    def forward(self, x):
+        return self.drop(torch.relu(self.lin(x))) * self.scale
+
+
+@contextlib.contextmanager
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dropout is a graph break, said once
+        yield
+
+
+def test_compiled_module_is_the_module_with_its_own_keys():
+    torch.manual_seed(0)
+    m = _Net()
+    c = cleave.compile(m)
+    assert isinstance(c, torch.nn.Module)
+    assert [n for n, _ in c.named_parameters()] == [n for n, _ in m.named_parameters()] == ["lin.weight", "lin.bias"]
+    assert all(a is b for a, b in zip(c.parameters(), m.parameters()))
+    assert list(c.state_dict()) == list(m.state_dict()) == ["scale", "lin.weight", "lin.bias"]
+    c.load_state_dict({k: torch.zeros_like(v) for k, v in m.state_dict().items()})
+    assert not m.lin.weight.any() and not m.scale.any()
+    outer = torch.nn.Sequential(c, torch.nn.ReLU())  # inside a larger model, saved and loaded alike
+    saved = outer.state_dict()
+    assert list(saved) == ["0.scale", "0.lin.weight", "0.lin.bias"]
+    outer.load_state_dict({k: torch.ones_like(v) for k, v in saved.items()})
+    assert m.lin.weight.eq(1).all()
+    assert c.lin is m.lin and c.label == "net"
+    c.label = "renamed"
+    assert m.label == "renamed"
+    assert "Linear" in repr(c) and "_orig_mod" not in repr(c)
+
+
+def test_train_and_eval_reach_the_forward():
+    """Dropout follows the mode: eval() gives eager's deterministic result, train() the
+    same mask as eager for the same seed."""
+    torch.manual_seed(0)
+    m, x = _Net(), torch.randn(16, 8)
+    c = cleave.compile(m)
+    with _quiet(), torch.no_grad():
+        for mode in (True, False, True):
+            assert c.train(mode) is c and c.training is mode and m.training is mode and m.drop.training is mode
+            torch.manual_seed(1)
+            got = c(x)
+            torch.manual_seed(1)
+            torch.testing.assert_close(got, m(x))
+        c.eval()
+        torch.testing.assert_close(c(x), torch.relu(m.lin(x)) * m.scale)
+
+
+def test_to_moves_the_original_and_calls_follow():
+    torch.manual_seed(0)
+    m = _Net().eval()
+    c = cleave.compile(m)
+    x = torch.randn(4, 8)
+    with _quiet(), torch.no_grad():
+        torch.testing.assert_close(c(x), m(x))
+        assert c.to(torch.float64) is c and m.lin.weight.dtype == torch.float64 and m.scale.dtype == torch.float64
+        torch.testing.assert_close(c(x.double()), m(x.double()))
+
+
+def test_a_hook_on_the_compiled_module_fires_once_a_call():
+    m = _Net().eval()
+    c = cleave.compile(m)
+    seen = []
+    c.register_forward_hook(lambda module, args, out: seen.append(module))
+    with _quiet(), torch.no_grad():
+        c(torch.randn(2, 8))
+    assert seen == [m]
+
+
+def test_deepcopy_compiles_a_copy():
+    m = _Net().eval()
+    c = cleave.compile(m)
+    d = copy.deepcopy(c)
+    assert isinstance(d, type(c)) and d.lin is not m.lin and d.compiled is not c.compiled
+    torch.testing.assert_close(d.lin.weight, m.lin.weight)
+
+
+def test_explain_takes_the_compiled_module_and_one_compiled_in_place():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        report = cleave.explain(cleave.compile(_Net().eval()), x)
+        assert report.operators and report.fidelity[0]["max_abs"] < 1e-5
+        m = _Net().eval()
+        m.compile(backend="cleave")
+        report = cleave.explain(m, x)
+    assert report.operators and report.fidelity[0]["max_abs"] < 1e-5
+    assert m._compiled_call_impl is not None  # the module itself is left compiled
