@@ -111,3 +111,24 @@ def test_explain_takes_the_compiled_module_and_one_compiled_in_place():
         report = cleave.explain(m, x)
     assert report.operators and report.fidelity[0]["max_abs"] < 1e-5
     assert m._compiled_call_impl is not None  # the module itself is left compiled
+
+
+def test_compiled_modules_inside_other_compiled_code():
+    """A compiled module inside a model: opaque to torch.compile; inside cleave.compile's
+    capture it is traced through (the guards read its original's flags: a wrapper's
+    `training` is in no __dict__, and reading it raised KeyError, for torch.compile's
+    OptimizedModule too)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 8)
+    inner = cleave.compile(torch.nn.Linear(8, 8))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(lambda t: inner(t * 2) - 1, backend="eager")(x), inner(x * 2) - 1)
+        for wrapped in (inner, torch.compile(torch.nn.Linear(8, 8), backend="eager")):
+            model = torch.nn.Sequential(wrapped, torch.nn.ReLU())
+            torch.testing.assert_close(cleave.compile(model)(x), model(x))
+            model.eval()
+            assert wrapped.training is False
+            torch.testing.assert_close(cleave.compile(model)(x), model(x))
+    assert [str(w.message) for w in caught if "cleave" in str(w.message)] == []

@@ -64,3 +64,56 @@ def test_a_library_modules_op_is_not_placed_in_cleaves_own_code():
         cleave.compile(embedding)(torch.tensor([1, 2, 3]))
     said = [str(w.message) for w in caught if "embedding_renorm" in str(w.message)]
     assert said and not any("cleave/" in m or "cleave\\" in m for m in said), said
+
+
+class _Sorting(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x).sort(-1).values * 2
+
+
+def _widened(x):
+    return x.float() * 2
+
+
+def _rounded(x, i8):
+    return i8.double().float() * x
+
+
+def _sorted_between(x, w):
+    y = (x * w).exp()
+    return (y.sort(-1).values * 2).softmax(-1)
+
+
+def test_backend_warnings_name_the_users_function_and_arguments():
+    """The backend's warnings named its regions by a process-wide count (`frame6`), the
+    inputs by AOTAutograd's placeholders (`arg0_1`), the op a decomposition made by
+    dynamo's node (`of float_1`), and a split graph's part by the line torch.fx generated
+    (`<eval_with_key>.1:5`)."""
+    import torch.autograd.forward_ad as fwad
+
+    from cleave.runtime import backend
+
+    torch._dynamo.reset()
+    backend.reset()  # each op is said once a context: another test's sort was said there
+    x = torch.randn(3, 4)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        torch.compile(_Sorting(), backend="cleave")(x)
+        torch.compile(_widened, backend="cleave")(torch.ones(4, dtype=torch.uint16))
+        torch.compile(_rounded, backend="cleave")(x, torch.ones(3, 4, dtype=torch.int8))
+        sorted_between = torch.compile(_sorted_between, backend="cleave")
+        sorted_between(x, x)
+        with fwad.dual_level():
+            sorted_between(fwad.make_dual(x, torch.ones_like(x)), x)
+    said = [str(w.message) for w in caught if str(w.message).startswith("cleave:")]
+    assert any("aten.sort.default" in m and "runs eagerly in _Sorting.forward (graph break)" in m for m in said), said
+    assert any("capture of _widened (cannot capture input 'x': dtype torch.uint16" in m for m in said), said
+    assert any("aten._to_copy.default (of float) on float64" in m for m in said), said
+    assert any(m.startswith("cleave: part of _sorted_between (from ") and "forward-mode AD" in m for m in said), said
+    assert not any(internal in m for m in said for internal in ("frame", "arg0_1", "float_1")), said
+    assert all(w.filename == __file__ for w in caught if str(w.message).startswith("cleave:")), \
+        [(w.filename, w.lineno) for w in caught]

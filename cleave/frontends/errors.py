@@ -66,7 +66,8 @@ def decomposed_from(fx_node) -> str | None:
     stack = fx_node.meta.get("source_fn_stack") if hasattr(fx_node, "meta") else None
     if not stack:
         return None
-    called = stack[-1][0]
+    target = stack[-1][1]  # [0] is dynamo's node name (`float_1`), no name of the user's
+    called = target if isinstance(target, str) else getattr(target, "__name__", None)
     packet = fx_node.target._schema.name.split("::")[-1] if hasattr(fx_node.target, "_schema") else ""
     if not isinstance(called, str) or called.strip("_") in packet or packet.strip("_") in called:
         return None

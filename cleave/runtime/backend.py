@@ -15,6 +15,7 @@ reuses its operator: `context()` gives it, `reset()` starts a fresh one.
 from __future__ import annotations
 
 import itertools
+import re
 import warnings
 
 import torch
@@ -22,7 +23,7 @@ import torch
 from .. import passes
 from .context import Context
 from .user_frame import _user_level
-from .graph_breaks import build
+from .graph_breaks import LABEL, build
 
 _CONTEXT = Context()
 _FRAMES = itertools.count()
@@ -48,7 +49,8 @@ def partitioning_backend(ctx: Context, name: str | None = None):
         from ..frontends.decompositions import table
         from ..frontends.narrowing import dynamo_refusal
 
-        region = name or f"frame{next(_FRAMES)}"
+        region = name or _compiled_function_name() or f"frame{next(_FRAMES)}"
+        arguments = _argument_names(gm)
         refused = next(((n, why) for n in gm.graph.nodes if (why := dynamo_refusal(n)) is not None), None)
         if refused is not None:  # functionalized, the write would hold the truncated value: eager raises
             ctx.warn_eager(region, f"{refused[0].target} writes a type its tensor cannot hold ({refused[1]})")
@@ -56,6 +58,7 @@ def partitioning_backend(ctx: Context, name: str | None = None):
             return gm.forward
 
         def forward(graph, inputs):
+            _label_inputs(graph, arguments)
             return make_boxed_func(build(graph, ctx, region))
 
         def backward(graph, inputs):
@@ -76,6 +79,53 @@ def partitioning_backend(ctx: Context, name: str | None = None):
             ctx.eager_regions += 1
             return gm.forward
     return backend
+
+
+def _compiled_function_name() -> str | None:
+    """The qualified name of the function whose frame dynamo compiles (`Model.forward`), for
+    the warnings: the code after a graph break (`torch_dynamo_resume_in_forward_at_12`) is
+    the function's too. None where dynamo does not say (the regions are numbered then)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        code = InstructionTranslator.current_tx().f_code
+    except Exception:  # noqa: BLE001 - dynamo's internals differ between versions
+        return None
+    return re.sub(r"torch_dynamo_resume_in_(\w+?)_at_\d+", r"\1", getattr(code, "co_qualname", code.co_name))
+
+
+def _argument_names(gm) -> list[str | None]:
+    """What the user calls each input of dynamo's graph, in order (`x`, `self.lin.weight`,
+    `x.size()[0]`), from the source dynamo records; None where it records none."""
+    names = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        source = getattr(node.meta.get("grapharg"), "source", None)
+        name = getattr(source, "name", None)
+        name = name() if callable(name) else name  # a method in older torch, a property now
+        names.append(_user_name(name) if isinstance(name, str) else None)
+    return names
+
+
+def _user_name(source: str) -> str:
+    """dynamo's source `L['self']._modules['lin']._parameters['weight']` as the code spells
+    it: `self.lin.weight`."""
+    name = re.sub(r"^[LG]\['([^']+)'\]", r"\1", source)
+    return re.sub(r"\._(?:modules|parameters|buffers)\['([^']+)'\]", r".\1", name)
+
+
+def _label_inputs(graph, arguments: list[str | None]) -> None:
+    """Mark each input of AOTAutograd's graph (`arg0_1`, `primals_1`) with the user's name
+    for it (graph_breaks.LABEL), where the inputs are dynamo's one for one (AOTAutograd
+    takes a tensor passed twice once: then none is marked). split_module copies the marks
+    onto the regions' inputs."""
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(arguments):
+        return
+    for node, name in zip(placeholders, arguments):
+        if name is not None:
+            node.meta[LABEL] = name
 
 
 def _value_as_index(gm) -> str | None:

@@ -89,10 +89,11 @@ class CompiledFunction:
         self.calls += 1
         if kwargs:
             args, kwargs = self._positional(args, kwargs)
+        if on_meta(args) or kwargs and on_meta(kwargs.values()):
+            # shapes only: eager infers them (a fake tensor: traced inside another capture)
+            return self.fn(*args, **kwargs)
         if _tensor_subclass(args) is not None or kwargs and _tensor_subclass(kwargs.values()) is not None:
             return self._call_subclass_eagerly(args, kwargs)
-        if on_meta(args) or kwargs and on_meta(kwargs.values()):  # shapes only: eager infers them
-            return self.fn(*args, **kwargs)
         if kwargs and self._dynamo is None:
             return self._call_keywords(args, kwargs)
         if self._dynamo is not None:

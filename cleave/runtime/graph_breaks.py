@@ -9,6 +9,7 @@ stay correct.
 from __future__ import annotations
 
 import operator
+import re
 
 import torch
 import torch.autograd.forward_ad as _forward_ad
@@ -24,6 +25,11 @@ from ..ir import BindingError
 from .launch import remember
 from .context import Context
 from .operator import CompileFailure, NotReadyDuringCapture, f32_matmul_precision
+
+
+# The meta key of an input's name in the user's code (`x`, `self.lin.weight`), which the
+# backend puts on AOTAutograd's inputs (`arg0_1`); warnings say it in their place.
+LABEL = "cleave_user_name"
 
 
 def _compute_nodes(gm: torch.fx.GraphModule):
@@ -70,7 +76,7 @@ def build(gm: torch.fx.GraphModule, ctx: Context, name: str = "region"):
 
     bad = _unsupported_nodes(gm, _kernel_made(gm))
     if not bad:
-        return Region(gm, ctx, name)
+        return Region(gm, ctx, name, name)
     from ..frontends.aten_map import unsupported_reason
 
     for n in bad:  # the producers a storage-dependent op pulled in are not unsupported
@@ -94,10 +100,27 @@ def build(gm: torch.fx.GraphModule, ctx: Context, name: str = "region"):
         if sub is None:
             continue
         if ok:
-            setattr(split, sub_name, _Callable(Region(sub, ctx, f"{name}_{sub_name.removeprefix('submod_')}")))
+            region = Region(sub, ctx, f"{name}_{sub_name.removeprefix('submod_')}", _part_of(name, sub))
+            setattr(split, sub_name, _Callable(region))
         else:
             ctx.eager_regions += 1
     return split
+
+
+def _part_of(name: str, gm: torch.fx.GraphModule) -> str:
+    """How warnings name a region of a split graph: the function's part from its first
+    line the region computes."""
+    from ..frontends.errors import source_of
+
+    source = next((s for n in _compute_nodes(gm) if (s := source_of(n))), None)
+    return f"part of {name}" + (f" (from {source})" if source else "")
+
+
+def user_names(text: str, labels: dict[str, str]) -> str:
+    """text with the graph's input names (`arg0_1`) said as the user's code names them."""
+    if not labels:
+        return text
+    return re.sub(r"\b(" + "|".join(map(re.escape, labels)) + r")\b", lambda m: labels[m.group()], text)
 
 
 class _Callable(torch.nn.Module):
@@ -270,9 +293,10 @@ class Region:
     computes the outputs that are new tensors; the views and sizes among them are made
     on the host after it (plan_outputs)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, ctx: Context, name: str):
-        self.gm, self.ctx, self.name = gm, ctx, name
+    def __init__(self, gm: torch.fx.GraphModule, ctx: Context, name: str, where: str):
+        self.gm, self.ctx, self.name, self.where = gm, ctx, name, where  # its operator's name; the warnings'
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.labels = {p.name: p.meta[LABEL] for p in self.placeholders if LABEL in p.meta}
         self.tuple_output = isinstance(_output_values(gm), (tuple, list))
         self.kernel, host = plan_outputs(gm)
         self.host = None if self.kernel == _output_list(gm) else host_outputs(gm, self.kernel, host)
@@ -309,7 +333,7 @@ class Region:
         from ..frontends.fx_graph import translate_graph_module
 
         if self.unlike_eager is not None:
-            self.ctx.warn_eager(self.name, self.unlike_eager)
+            self.ctx.warn_eager(self.where, self.unlike_eager)
             self.ctx.eager_regions += 1
             return self.gm
         if not self.kernel:  # views and sizes alone: eager makes them, at no cost
@@ -319,7 +343,7 @@ class Region:
             with passes.recording(self.ctx.pass_seconds), passes.timed("translate"):
                 captured = translate_graph_module(kernel_gm, self.name)
         except CaptureError as err:
-            self.ctx.warn_unsupported(f"capture of {self.name} ({err})", self.name)
+            self.ctx.warn_unsupported(f"capture of {self.where} ({user_names(str(err), self.labels)})", self.where)
             self.ctx.eager_regions += 1
             return self.gm
         graph = captured.graph
@@ -329,9 +353,10 @@ class Region:
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         unpermute = permute_outputs(graph, captured.output_orders)
         op = self.ctx.operator(graph, symbols, device)  # search and schedule run lazily, on its first call
-        return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, self.name,
+        return Launcher(op, self.ctx, [p.name for p in self.placeholders], self.tuple_output, self.gm, self.where,
                         state=constant_getters(captured.constants, device), host=self.host,
-                        size_inputs=size_carriers(captured.size_inputs, device), unpermute=unpermute)
+                        size_inputs=size_carriers(captured.size_inputs, device), unpermute=unpermute,
+                        labels=self.labels)
 
 
 def size_carriers(size_inputs: list[tuple[str, str, str]], device) -> dict:
@@ -367,8 +392,10 @@ class Launcher:
 
     def __init__(self, op, ctx: Context, names, tuple_output: bool, eager, where: str,
                  state: dict | None = None, writes: dict[str, str] | None = None, host=None,
-                 size_inputs: dict | None = None, reads_storage: bool = False, unpermute: dict | None = None):
+                 size_inputs: dict | None = None, reads_storage: bool = False, unpermute: dict | None = None,
+                 labels: dict[str, str] | None = None):
         self.op, self.ctx, self.names, self.tuple_output = op, ctx, list(names), tuple_output
+        self.labels = labels or {}  # an input's name -> the user's, for warnings (user_names)
         self.unpermute = unpermute or {}  # output index -> the permutation giving eager's layout (permute_outputs)
         self.eager_fn, self.where, self.failed = eager, where, False
         self.host = host  # (*args, *results) -> the outputs, views and sizes made (host_outputs)
@@ -403,7 +430,8 @@ class Launcher:
             self.ctx.warn_capture(self.where, str(err))
             return self.eager_fn(*args)
         except BindingError as err:  # dims the graph reads as one symbol differ here (fx_graph):
-            self.ctx.warn_eager(self.where, f"its inputs do not fit the compiled graph ({err})")
+            self.ctx.warn_eager(self.where, f"its inputs do not fit the compiled graph "
+                                            f"({user_names(str(err), self.labels)})")
             return self.eager_fn(*args)  # PyTorch computes it, or says what is wrong
         return self._finish(args, outs)
 

@@ -139,6 +139,21 @@ class Guards:
         return True
 
 
+def _modules(root: torch.nn.Module) -> list[torch.nn.Module]:
+    """root.modules(), each compiled one (cleave.compile's CompiledModule, torch.compile's
+    OptimizedModule) as its original: the module whose flags and attributes its forward
+    reads (the wrapper's `training` is the original's, kept in no __dict__ of its own)."""
+    from .compiled_module import CompiledModule
+
+    wrappers = (CompiledModule, torch._dynamo.eval_frame.OptimizedModule)
+    out = []
+    for m in root.modules():
+        while isinstance(m, wrappers):
+            m = m._orig_mod
+        out.append(m)
+    return out
+
+
 class _ModuleTree:
     """The modules fn reaches (itself; those in the globals and cells it reads) and all
     their submodules, as the capture read them: each module's training flag, children and
@@ -152,10 +167,10 @@ class _ModuleTree:
     def __init__(self, compiled: torch.nn.Module | None, reached: list):
         """compiled: fn itself, where it is a module; reached: the modules in the globals
         and cells it reads."""
-        own_modules = list(compiled.modules()) if compiled is not None else []
+        own_modules = _modules(compiled) if compiled is not None else []
         modules = dict.fromkeys(own_modules)  # unique, in order
         for root in reached:
-            modules.update(dict.fromkeys(root.modules()))
+            modules.update(dict.fromkeys(_modules(root)))
         self.modules = list(modules)
         # why a capture cannot serve these modules (a hook, an attribute equality cannot
         # compare); None when it can
@@ -686,7 +701,7 @@ class _Reads:
                 self.absorb(type(value))
 
     def module(self, module: torch.nn.Module) -> None:
-        for m in module.modules():
+        for m in _modules(module):
             if id(m) in self.modules:
                 continue
             self.modules[id(m)] = self.objects[id(m)] = m

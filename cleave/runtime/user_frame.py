@@ -20,6 +20,12 @@ def _user_level() -> int:
 
     internal = _INTERNAL + tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep for m in (rules, scheduler))
     frame, level = sys._getframe(2), 2  # level 1 is the function that warns
-    while frame.f_back is not None and os.path.realpath(frame.f_code.co_filename).startswith(internal):
+    while frame.f_back is not None and _internal(frame.f_code.co_filename, internal):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _internal(filename: str, internal: tuple[str, ...]) -> bool:
+    """A file of cleave's or torch's, or the code torch.fx generates for a graph
+    (`<eval_with_key>.1`: a split graph's regions are called from it)."""
+    return filename.startswith("<eval_with_key>") or os.path.realpath(filename).startswith(internal)
