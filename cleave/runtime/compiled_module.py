@@ -119,9 +119,12 @@ class CompiledModule(torch.nn.Module):
         return getattr(self._orig_mod, name)
 
     def __setattr__(self, name: str, value) -> None:
-        if name in _OWN or hasattr(type(self), name):
-            return object.__setattr__(self, name, value) if name in _OWN else super().__setattr__(name, value)
-        setattr(self._orig_mod, name, value)
+        if name in _OWN:
+            object.__setattr__(self, name, value)
+        elif hasattr(type(self), name):  # `training`, or a method patched over
+            super().__setattr__(name, value)
+        else:
+            setattr(self._orig_mod, name, value)
 
     def __delattr__(self, name: str) -> None:
         delattr(self._orig_mod, name)

@@ -137,10 +137,9 @@ def _context(compiled):
     if callable(compiled) and hasattr(compiled, "_torchdynamo_orig_callable"):
         _check_cleave_backend(compiled, _dynamo_context(compiled))
         return backend.context(), compiled._torchdynamo_orig_callable
+    what = type(compiled).__name__ + (", a module not compiled" if isinstance(compiled, torch.nn.Module) else "")
     raise CleaveError("explain takes what cleave.compile returns, or a function or module compiled with "
-                      f"torch.compile(..., backend=\"cleave\") or m.compile(backend=\"cleave\"), not "
-                      f"{type(compiled).__name__}" + (" (a module not compiled)" if isinstance(compiled, torch.nn.Module)
-                                                      else ""))
+                      f"torch.compile(..., backend=\"cleave\") or m.compile(backend=\"cleave\"), not {what}")
 
 
 def _check_cleave_backend(compiled, dynamo_ctx) -> None:
