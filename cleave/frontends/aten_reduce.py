@@ -121,14 +121,29 @@ rule("prims.amin")(_prim_reduction("min"))
 
 
 def variance(t, x, dims, correction, keepdim):
-    """Two passes, corrected for the mean's rounding: with d = x - mean, Σd² - (Σd)²/n.
+    """The variance as (v, scale), the variance being v * scale^2 and the std sqrt(v) * scale.
+
+    Two passes, corrected for the mean's rounding: with d = x - mean, Σd² - (Σd)²/n.
     The plain Σd² of an f32-rounded mean was 5e-3 relative off on rows of 1e6 ± 1,
-    where torch's is exact to f32's rounding."""
+    where torch's is exact to f32's rounding. The deviations are squared in units of
+    the row's largest |x| (the scale, read in the mean's pass): torch accumulates in
+    f64 on the CPU, where f32 squares overflow past 1.8e19 (a finite std came out inf)
+    and underflow below 1e-19 (a std of 1e-30 came out 0)."""
     n = count(t, x, dims)
     d = t.add("sub", x, t.add("div", reduce(t, x, "sum", dims, True), n))
-    drift = t.add("div", t.add("square", reduce(t, d, "sum", dims, keepdim)), n)
-    squares = t.add("sub", reduce(t, t.add("square", d), "sum", dims, keepdim), drift)
-    return t.add("div", squares, count(t, x, dims, minus=correction))
+    kept = row_scale(t, x, dims)  # one max of |x|: a second reduction, keepdim=False, took a second accumulator
+    scale = kept if keepdim else t.add("reshape", kept, shape=tuple(e for k, e in enumerate(x.shape) if k not in dims))
+    drift = t.add("div", t.add("square", t.add("mul", reduce(t, d, "sum", dims, keepdim), t.add("recip", scale))), n)
+    units = t.add("mul", d, t.add("recip", kept))
+    squares = t.add("sub", reduce(t, t.add("square", units), "sum", dims, keepdim), drift)
+    return t.add("div", squares, count(t, x, dims, minus=correction)), scale
+
+
+def row_scale(t, x, dims):
+    """The largest |x| over dims (kept), at least the smallest normal float: a row of
+    zeros or of subnormals keeps a finite reciprocal."""
+    tiny = torch.finfo(torch.float64 if x.dtype == DType.f64 else torch.float32).tiny  # halves compute in f32
+    return t.add("max", reduce(t, t.add("abs", x), "max", dims, True), t.const(tiny, x.dtype))
 
 
 def _correction(a) -> int:
@@ -146,15 +161,21 @@ def _NON_INT_CORRECTION(a, n):
     return None
 
 
-@rule("var", check=_NON_INT_CORRECTION)
-def _var(t, node, a):
+def _scaled_variance(t, a):
     x = a["self"]
     return variance(t, x, axes(a.get("dim"), x.rank), int(_correction(a)), a.get("keepdim", False))
 
 
+@rule("var", check=_NON_INT_CORRECTION)
+def _var(t, node, a):
+    v, scale = _scaled_variance(t, a)
+    return t.add("mul", t.add("mul", v, scale), scale)  # v * scale first: scale^2 alone overflows past 1.8e19
+
+
 @rule("std", check=_NON_INT_CORRECTION)
 def _std(t, node, a):
-    return t.add("sqrt", _var(t, node, a))
+    v, scale = _scaled_variance(t, a)
+    return t.add("mul", t.add("sqrt", v), scale)
 
 
 @rule("var_mean", check=_NON_INT_CORRECTION)
@@ -167,8 +188,7 @@ def _var_mean(t, node, a):
 
 @rule("std_mean", check=_NON_INT_CORRECTION)
 def _std_mean(t, node, a):
-    var, mean = _var_mean(t, node, a)
-    return t.add("sqrt", var), mean
+    return _std(t, node, a), _var_mean(t, node, a)[1]
 
 
 def _normalized_axes(a, x):
