@@ -24,14 +24,14 @@ def _variances(x):  # var_mean's mean is left out: eager's of a row holding inf 
 
 def test_variance_at_the_ends_of_f32_is_eagers():
     """Σ(x - mean)² overflowed f32 past 1.8e19 (eager's CPU kernel accumulates in f64):
-    a std of 3e19 and a var of 1e18 came out inf, a bf16 var past f32's range NaN
+    a std of 3e19 and a var of 1e38 came out inf, a bf16 var past f32's range NaN
     (inf - inf) where eager's is inf, and a std of 1e-30 0; the deviations are now
     squared in units of the row's largest |x|. Rows of zeros, of subnormals, holding
     inf or NaN, and of ordinary values keep eager's results."""
     torch.manual_seed(0)
     rows = torch.randn(8, 37)
     rows[0] *= 3e19
-    rows[1] *= 1e18
+    rows[1] *= 1e19  # a var of 1e38: its Σd² overflows, eager's var does not
     rows[2] *= 1e-30
     rows[3] = 0.0
     rows[4] *= 1e-40  # subnormal

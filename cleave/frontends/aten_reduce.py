@@ -128,7 +128,8 @@ def variance(t, x, dims, correction, keepdim):
     where torch's is exact to f32's rounding. The deviations are squared in units of
     the row's largest |x| (the scale, read in the mean's pass): torch accumulates in
     f64 on the CPU, where f32 squares overflow past 1.8e19 (a finite std came out inf)
-    and underflow below 1e-19 (a std of 1e-30 came out 0)."""
+    and underflow below 1e-19 (a std of 1e-30 came out 0). Left as torch.mean's in
+    f32: a row whose sum overflows (|mean| past 3.4e38 / n) is NaN."""
     n = count(t, x, dims)
     d = t.add("sub", x, t.add("div", reduce(t, x, "sum", dims, True), n))
     kept = row_scale(t, x, dims)  # one max of |x|: a second reduction, keepdim=False, took a second accumulator
