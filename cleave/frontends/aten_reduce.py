@@ -179,17 +179,20 @@ def _std(t, node, a):
     return t.add("mul", t.add("sqrt", v), scale)
 
 
-@rule("var_mean", check=_NON_INT_CORRECTION)
-def _var_mean(t, node, a):
+def _mean(t, a):
     x = a["self"]
     dims = axes(a.get("dim"), x.rank)
-    mean = t.add("div", reduce(t, x, "sum", dims, a.get("keepdim", False)), count(t, x, dims))
-    return _var(t, node, a), mean
+    return t.add("div", reduce(t, x, "sum", dims, a.get("keepdim", False)), count(t, x, dims))
+
+
+@rule("var_mean", check=_NON_INT_CORRECTION)
+def _var_mean(t, node, a):
+    return _var(t, node, a), _mean(t, a)
 
 
 @rule("std_mean", check=_NON_INT_CORRECTION)
 def _std_mean(t, node, a):
-    return _std(t, node, a), _var_mean(t, node, a)[1]
+    return _std(t, node, a), _mean(t, a)
 
 
 def _normalized_axes(a, x):
