@@ -45,7 +45,17 @@ def _p(e, names) -> str:
     if isinstance(e, sympy.Mod):
         a, m = _p(e.args[0], names), _p(e.args[1], names)
         return _mod(a, m) if not _nonnegative(e.args[0]) else f"({a} % {m})"
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        return functools.reduce(lambda a, b: _pick(a, b, ">" if isinstance(e, sympy.Max) else "<"),
+                                (_p(a, names) for a in e.args))
     raise ValueError(f"cannot print index expression {e}")
+
+
+def _pick(a: str, b: str, better: str) -> str:
+    """b where b is greater (less) than a, else a, in arithmetic: the same code serves a
+    kernel's index tensors, its scalar arguments and the host's grid (max(1, n // 2) rows
+    of a slice), where neither tl.maximum nor Python's max serves all three."""
+    return f"({a} + ({b} - {a}) * ({b} {better} {a}))"
 
 
 # Triton's // and % truncate toward 0 on integers, as C's (on the GPU and in the
@@ -113,6 +123,9 @@ def _evaluator(e):
     if isinstance(e, sympy.Mod):
         a, m = _evaluator(e.args[0]), _evaluator(e.args[1])
         return lambda env: a(env) % m(env)
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        pick, args = (max if isinstance(e, sympy.Max) else min), [_evaluator(a) for a in e.args]
+        return lambda env: pick(a(env) for a in args)
     raise ValueError(f"cannot evaluate index expression {e}")
 
 

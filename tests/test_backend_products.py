@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
+import sympy
 import torch
 
 from cleave.runtime import backend
@@ -96,3 +98,56 @@ def test_a_region_whose_only_input_is_a_multiple_of_a_symbol():
             x = torch.randn(2, s, 8)
             torch.testing.assert_close(f(x), router_loss(x))
     assert not [w for w in caught if "capture of" in str(w.message)], [str(w.message) for w in caught]
+
+
+def _rows(x, n):
+    return x.reshape(n, -1).softmax(-1)
+
+
+def test_a_view_into_a_number_of_rows_given_as_an_int():
+    # x.reshape(n, -1) of a length s gives n rows of s // n: the view's element count
+    # s = n·floor(s/n) ran eagerly ("s77 = s86*floor(s77/s86)"); s is read as n times a
+    # new symbol, as torch guards n | s, in one compiled graph for every (n, s // n)
+    ctx = backend.reset()
+    torch._dynamo.reset()
+    f = torch.compile(_rows, backend="cleave", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        for n, k in ((3, 3), (5, 7), (2, 9), (7, 1)):
+            x = torch.randn(n * k)
+            torch.testing.assert_close(f(x, n), _rows(x, n), rtol=1e-6, atol=1e-7)
+    with pytest.raises(RuntimeError), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        f(torch.randn(10), 3)  # eager raises: 3 does not divide 10
+    assert ctx.eager_regions == 0 and ctx.stats()["failed"] == 0, ctx.stats()
+    assert sum(op.stats["compiles"] + op.stats["from_cache"] for op in ctx.operators.values()) == 1
+
+
+def _rows_of(x, y):
+    return x.reshape(y.shape[0], -1).amax(1) + y
+
+
+def test_a_view_into_as_many_rows_as_another_input_has():
+    # x of 5·s elements into y's s rows read y's length as x's ("s17 is 15 elsewhere, but
+    # 3 here"): every call ran eagerly
+    ctx = backend.reset()
+    torch._dynamo.reset()
+    f = torch.compile(_rows_of, backend="cleave", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        for s in (3, 5, 8):
+            x, y = torch.randn(s * 5), torch.randn(s)
+            torch.testing.assert_close(f(x, y), _rows_of(x, y), rtol=0, atol=0)
+    assert ctx.eager_regions == 0 and ctx.stats()["failed"] == 0, ctx.stats()
+
+
+def test_unification_of_a_quotient_by_a_symbol():
+    from cleave.frontends.unify import unification
+    from cleave.ir import dims as D
+
+    s, n = D.symbol("s"), D.symbol("n")
+    row = n * sympy.floor(s / n)
+    assert unification((s, row), {s: 9, n: 3}) == ("s", n * D.symbol("s_per_n"))
+    assert unification((s, row), {s: 10, n: 3}) is None  # traced where n does not divide s
+    # traced at s = n: every multiple of n, not s read as n
+    assert unification((s, row), {s: 3, n: 3}) == ("s", n * D.symbol("s_per_n"))

@@ -235,3 +235,42 @@ def test_a_size_written_as_a_number_holds_at_every_call(fn, dynamic, make, first
                 f(x)
             continue
         torch.testing.assert_close(f(x), want)
+
+
+def first_half_at_least_one(x):
+    return x[..., :max(1, x.shape[-1] // 2)] * 2.0
+
+
+def rolled_by_half_at_least_one(x):
+    return x.roll(max(1, x.shape[0] // 2), 0) + 1.0
+
+
+@pytest.mark.parametrize("fn", [first_half_at_least_one, rolled_by_half_at_least_one])
+def test_a_size_through_max_compiles_at_every_size(fn):
+    """max(1, n // 2) is Max(1, floor(n/2)) in the kernels' index expressions: it ran
+    eagerly ("cannot print index expression"). It prints as arithmetic that the kernels'
+    index tensors, their scalar arguments and the host's grid all compute."""
+    from cleave.runtime import backend
+
+    ctx = backend.reset()
+    torch._dynamo.reset()
+    f = torch.compile(fn, backend="cleave", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        for shape in ((3, 5), (4, 8), (5, 3), (2, 2), (7, 9)):  # Max takes 1 at 2 and 3
+            x = torch.randn(*shape)
+            assert torch.equal(f(x), fn(x)), shape
+    assert ctx.eager_regions == 0 and ctx.stats()["failed"] == 0, ctx.stats()
+
+
+def test_max_and_min_print_as_the_integers_they_are():
+    import sympy
+
+    from cleave.scheduler.exprs import code, evaluate, value
+
+    n, m = sympy.Symbol("n", positive=True, integer=True), sympy.Symbol("m", positive=True, integer=True)
+    for e in (sympy.Max(1, sympy.floor(n / 2)), sympy.Min(n, m, 4), sympy.Max(n - 3, 0) + 2 * m):
+        for nv in range(1, 8):
+            env = {"n": nv, "m": 3}
+            want = int(e.subs({n: nv, m: 3}))
+            assert evaluate(code(e), env) == want and value(e, env) == want, (e, nv)

@@ -114,3 +114,25 @@ def test_sdpa_enable_gqa_with_dynamic_head_counts_compiles():
         warnings.simplefilter("ignore")
         f(q, k, k)
     assert ctx.stats()["failed"] == 0 and ctx.stats()["unsupported"] == [], ctx.stats()
+
+
+def _sdpa_mqa(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_sdpa_enable_gqa_with_a_static_kv_head_count_compiles(kv_heads):
+    """Under dynamic=True torch keeps MQA's one kv head static (and the q count a symbol):
+    it ran eagerly ("needs both head counts static, or both dynamic"). The kv head is
+    repeated floor(hq / hkv) times, one graph for every q head count."""
+    ctx = backend.reset()
+    torch._dynamo.reset()
+    f = torch.compile(_sdpa_mqa, backend="cleave", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        for heads, s in ((4, 8), (6, 5), (10, 9)):
+            gen = torch.Generator().manual_seed(heads + s)
+            q = torch.randn(2, heads, s, 16, generator=gen)
+            k, v = (torch.randn(2, kv_heads, s, 16, generator=gen) for _ in range(2))
+            torch.testing.assert_close(f(q, k, v), _sdpa_mqa(q, k, v), rtol=1e-5, atol=1e-5)
+    assert ctx.eager_regions == 0 and ctx.stats()["failed"] == 0 and ctx.stats()["unsupported"] == [], ctx.stats()

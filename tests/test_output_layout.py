@@ -101,3 +101,21 @@ def test_eager_order():
     assert eager_order(torch.empty(6, 8)[:, ::2].t()) is None  # gaps: no dense order
     assert eager_order(torch.empty(6, 8).t()[1:]) is None  # an offset
     assert eager_order(torch.empty(0, 3).t()) is None
+
+
+def transposed_row_max(x):
+    return x.amax(1, keepdim=True).transpose(0, 2)
+
+
+@pytest.mark.parametrize("path", ["cleave", "dynamo"])
+def test_a_view_of_an_empty_result_compiles(path):
+    """Eager's amax of (n, 4, 0) is laid out with strides (1, 0, 1): the region of its
+    transpose ran eagerly, the strides compared as though an empty tensor had a layout."""
+    torch._dynamo.reset()
+    f = _compiled(transposed_row_max, path)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        for n, k in ((3, 4), (5, 4), (7, 6)):
+            x = torch.randn(n, k, 0)
+            got, want = f(x), transposed_row_max(x)
+            assert got.shape == want.shape and got.dtype == want.dtype

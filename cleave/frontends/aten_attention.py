@@ -22,9 +22,10 @@ def _check(a, n):
     if n is not None and isinstance(n.meta.get("val"), (tuple, list)) and _uses_more_than_the_output(n):
         return "its logsumexp (or another output besides the attention) is used, as autograd does"
     q, k = a["query"], a["key"]
-    if q.dim() >= 3 and q.shape[-3] is not k.shape[-3] and q.shape[-3] != k.shape[-3] and \
-            isinstance(q.shape[-3], int) != isinstance(k.shape[-3], int):
-        return "grouped-query attention needs both head counts static, or both dynamic"
+    if q.dim() >= 3 and isinstance(q.shape[-3], int) and not isinstance(k.shape[-3], int):
+        # groups of a constant q count over a dynamic kv count: no constant group size
+        return (f"grouped-query attention over a dynamic key/value head count ({k.shape[-3]}) and a static "
+                f"query head count ({q.shape[-3]}) is not supported")
     return None
 
 
@@ -60,7 +61,7 @@ def _heads_like(t, x, heads):
         return repeat_interleave(t, x, int(ratio), axis)
     if D.equal(D.exact_quotients(heads), D.exact_quotients(x.shape[axis])):
         return reshape(t, x, x.shape[:axis] + (heads,) + x.shape[axis + 1:])
-    if not heads.is_number and not x.shape[axis].is_number:  # enable_gqa under dynamic shapes: both symbols
+    if not heads.is_number:  # enable_gqa under dynamic shapes: hq a symbol, hkv a symbol or a number (MQA's 1)
         # a group of floor(hq / hkv) heads; the reshape's constraint (hkv * floor(hq / hkv) = hq)
         # leaves a call whose kv heads do not divide its q heads to eager, which raises
         grouped = repeat_interleave(t, x, sympy.floor(heads / x.shape[axis]), axis)

@@ -20,6 +20,9 @@ MAX_DIVISOR = 64
 def unification(dims, hints: dict) -> tuple[str, sympy.Expr] | None:
     """(symbol name, expression) making dims[0] and dims[1] equal, tried in order:
 
+    - a symbol under a floor by an expression of other symbols that divides its traced
+      size (x.reshape(n, -1) of a length s gives n rows of s // n): read as that
+      expression times a new symbol, as torch guards n | s;
     - two symbols equal exactly when they are one (s and t, s + 1 and t + 1, 2s and 2t,
       the same expression of each): the later name is read as the earlier;
     - a linear relation with a symbol of unit coefficient (4·s beside t: t is read as
@@ -32,13 +35,17 @@ def unification(dims, hints: dict) -> tuple[str, sympy.Expr] | None:
     diff = sympy.expand(dims[0] - dims[1])
     if not diff.free_symbols:
         return None
-    return _one_symbol(dims, diff) or _linear(diff, hints) or _residue(dims, hints)
+    # a quotient first: s = n·floor(s/n) traced at s = n is every multiple of n, not only n
+    return (_quotient(dims, hints) or _one_symbol(dims, diff, hints) or _linear(diff, hints)
+            or _residue(dims, hints))
 
 
-def _one_symbol(dims, diff) -> tuple[str, sympy.Expr] | None:
+def _one_symbol(dims, diff, hints: dict) -> tuple[str, sympy.Expr] | None:
     if len(diff.free_symbols) != 2:
         return None
     s, t = sorted(diff.free_symbols, key=lambda x: x.name)
+    if s in hints and t in hints and hints[s] != hints[t]:
+        return None  # traced at different sizes: one symbol would fit no call torch saw
     ratio = sympy.simplify(diff / (s - t))
     if (ratio.is_number and ratio != 0) or D.equal(dims[0].subs(t, s), dims[1].subs(t, s)):
         return t.name, s
@@ -80,6 +87,21 @@ def _residue(dims, hints: dict) -> tuple[str, sympy.Expr] | None:
             expr = c * D.symbol(f"{s.name}_by{c}") + r
             if dims[0].subs(s, expr) != dims[0] or dims[1].subs(s, expr) != dims[1]:
                 return s.name, expr
+    return None
+
+
+def _quotient(dims, hints: dict) -> tuple[str, sympy.Expr] | None:
+    both = dims[0] - dims[1]
+    for f in sorted(both.atoms(sympy.floor), key=sympy.default_sort_key):
+        num, den = sympy.fraction(sympy.together(f.args[0]))
+        if not all(a.is_Symbol or a.is_Integer for a in sympy.Mul.make_args(num)) \
+                or not den.free_symbols or not den.free_symbols <= set(hints) or den.subs(hints) < 1:
+            continue
+        size = den.subs(hints)
+        for s in sorted(num.free_symbols - den.free_symbols, key=lambda x: x.name):
+            if s in hints and hints[s] % size == 0:
+                per = "_".join(x.name for x in sorted(den.free_symbols, key=lambda x: x.name))
+                return s.name, den * D.symbol(f"{s.name}_per_{per}")
     return None
 
 

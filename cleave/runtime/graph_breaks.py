@@ -274,9 +274,12 @@ def _unlike_eager(kernel: list, host: dict) -> str | None:
 
 
 def _row_major(val) -> bool:
-    """Whether eager lays val out as a kernel writes its output, known without a guard."""
+    """Whether eager lays val out as a kernel writes its output, known without a guard.
+    An empty tensor has no layout to keep (eager's amax of (n, 1, 0) has strides (1, 0, 1))."""
     if not isinstance(val, torch.Tensor):
         return False
+    if statically_known_true(val.numel() == 0):
+        return True
     strides, step = [], 1
     for size in reversed(val.shape):
         strides.append(step)
