@@ -254,3 +254,37 @@ def test_indices_computed_from_integer_inputs_are_checked_where_the_program_runs
     with warnings.catch_warnings():
         warnings.simplefilter("error", CandidateRejected)
         search(g, top_k=2, progress=False)
+
+
+def test_a_bf16_gpt2_keeps_its_rewrites():
+    """The graph dynamo hands over for a one-layer bf16 GPT-2 (transformers' GPT2LMHeadModel
+    at tiny widths): its LayerNorms and GELU are bf16 ops there, which the check rounded op
+    by op, where every candidate computes those chains in f32 (the precision policy).
+    The logits flipped by a bf16 ulp here and there, and every rewrite was rejected, the
+    flash-attention form with them. A candidate equal to the input graph as decoded, which
+    is that close to it, is kept."""
+    from pathlib import Path
+
+    from cleave.ir import parse_graph
+
+    graph = parse_graph((Path(__file__).parent / "graphs" / "gpt2_bf16_one_layer.txt").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CandidateRejected)
+        result = search(graph, progress=False)
+    assert "normalize-after-matmul" in result.candidates[0].derivation
+
+
+def test_a_candidate_equal_to_a_decoding_far_from_the_input_graph_is_rejected():
+    """The policy's roundings are tolerated within the half type's epsilon, not more."""
+    from cleave.search.validate import Reference
+
+    def scaled(factor):
+        g = Graph("scaled")
+        x = g.input("x", ("n",), "bf16")
+        g.output(g.add("mul", x, g.const(factor, "bf16")), names=["y"])
+        return g
+
+    reference = Reference(scaled(2.0), decoded=scaled(2.03125))
+    with pytest.raises(CandidateMismatch):
+        reference.check(scaled(2.03125))
+    assert Reference(scaled(2.0), decoded=scaled(2.0)).check(scaled(2.0)) is not None

@@ -79,7 +79,8 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
             c.graph._constrain(constraint)
     ranked = candidates
     if verify:
-        candidates = verified(graph, candidates, shapes, cancelling=_cancelling(rules, sat.fired))
+        candidates = verified(graph, candidates, shapes, cancelling=_cancelling(rules, sat.fired),
+                              decoded=enc.decode(enc.outputs)[0])
     kept = set(map(id, candidates))
     rejected = {name for c in ranked if id(c) not in kept for name in c.derivation}
     _warn_unused_own_rules(graph, rules, library, sat.fired, candidates, rejected, sat.stopped)
@@ -153,14 +154,15 @@ class CandidateRejected(UserWarning):
 
 
 def verified(graph: Graph, candidates: list[Candidate], shapes: dict | None = None,
-             cancelling: list[str] = ()) -> list[Candidate]:
+             cancelling: list[str] = (), decoded: Graph | None = None) -> list[Candidate]:
     """The candidates that interpret equal to `graph` at a small binding, and at `shapes`
     when given. Those that differ, or that no binding lets the check interpret, are left
     out with one CandidateRejected warning naming the rules of each one's derivation, and
     the rules that fired whose right side is a bare variable (`cancelling`: derivations
     never list them); the graph as written stands in when none is left (it computes what
-    the program does)."""
-    reference = Reference(graph)
+    the program does). `decoded`: the input graph under the search's precision policy
+    (validate.Reference)."""
+    reference = Reference(graph, decoded=decoded)
     kept, rejected = [], {}
     unlisted = f"rules derivations do not list ({', '.join(cancelling)}, which cancel terms)" if cancelling \
         else "no rule (the input graph, decoded)"
