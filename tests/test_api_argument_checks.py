@@ -160,3 +160,13 @@ def test_compile_refuses_an_artifact_that_is_a_file(tmp_path):
     path.write_text("{}")
     with pytest.raises(NotADirectoryError, match="artifact must be a directory.*plans.json' is a file"):
         cleave.compile(lambda x: x + 1, artifact=path)
+
+
+def test_search_with_an_empty_rule_list_is_the_library_as_in_cleave_compile():
+    """rules=[] is no rule files: the library, as cleave.compile(rules=[]) reads it (the
+    search ran with no rule at all)."""
+    graph = parse_graph(SCALED_MATMUL.read_text())
+    default = cleave.search(graph, progress=False)
+    empty = cleave.search(graph, rules=[], progress=False)
+    assert default.stats["rules_fired"] and empty.stats["rules_fired"] == default.stats["rules_fired"]
+    assert [c.derivation for c in empty.candidates] == [c.derivation for c in default.candidates]

@@ -36,9 +36,9 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
            shapes: dict | None = None) -> SearchResult:
     """Equality saturation of `graph` under `rules`, then the `top_k` cheapest distinct
     candidates, each checked against the reference interpreter. `rules`: None (the
-    library, cleave.rules.all_rules()), Rule objects to search with instead of it, or
-    rule files (a path or a list of paths), searched beside the library as
-    `cleave.compile(rules=...)` does. `shapes` (symbol of the graph -> int >= 0) ranks
+    library, cleave.rules.all_rules(); an empty list too, no rule files, as for
+    cleave.compile), Rule objects to search with instead of it, or rule files (a path
+    or a list of paths), searched beside the library as `cleave.compile(rules=...)` does. `shapes` (symbol of the graph -> int >= 0) ranks
     at, and verifies at, the user's shapes."""
     _check_graph(graph)
     _check_budgets(top_k=top_k, iterations=iterations, enodes=enodes, seconds=seconds)
@@ -311,8 +311,9 @@ def _check_shapes(graph: Graph, shapes) -> None:
 
 
 def _resolved_rules(rules) -> list:
-    """The rules to search with: the library (None), the Rule objects given, or the
-    library plus the rules of rule files, proven as cleave.compile(rules=...) proves them."""
+    """The rules to search with: the library (None, or an empty list: no rule files, as
+    cleave.compile(rules=[]) reads it), the Rule objects given, or the library plus the
+    rules of rule files, proven as cleave.compile(rules=...) proves them."""
     from cleave.rules import Rule, all_rules
 
     if rules is None:
@@ -322,6 +323,8 @@ def _resolved_rules(rules) -> list:
     if not isinstance(rules, Iterable):
         raise TypeError(f"search: rules must be a list of Rule objects or of rule file paths, got {rules!r}")
     rules = list(rules)
+    if not rules:  # it searched with no rule at all, where cleave.compile(rules=[]) has the library
+        return all_rules()
     paths = [r for r in rules if isinstance(r, (str, os.PathLike))]
     if paths and len(paths) == len(rules):
         from cleave.runtime.compile import _proven_rules
