@@ -9,6 +9,7 @@ family base2
 rule exp-base2: exp(sub(x, c)) => exp2(sub(mul(x, const(log2e)), mul(c, const(log2e))))
   if moderate_values()
   why: e^(x - c) = 2^(x log2e - c log2e); the products then fold into constants and maxima
+  f32: x log2e and c log2e are rounded at the magnitude of x and c, not of x - c (off by ulps of |x| log2e where x - c is small): the trade FlashAttention makes, under moderate_values()
   rewrites: exp(sub(x, c)) with x[m, n], c[m, 1]
   keeps: exp(add(x, c)) with x[m, n], c[m, 1]
 

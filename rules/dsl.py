@@ -48,6 +48,9 @@ integer ops (INTEGER_OPS) are refused: the search rewrites float values only. Co
                         all): a rule scaling values by log2(e) would overflow a mask's
                         finfo.min to -inf, and 0 * -inf or -inf - -inf is NaN where the
                         program's values were finite (a graph condition, as wide_operands)
+A rule exact in the reals but not in f32 (it overflows or cancels where its left side
+does not) is refused by the numeric gate's f32 leg; a line `f32: WHY` exempts it, WHY
+saying why no kernel computes the form that loses (the verdict notes the exemption).
 Examples are concrete terms (literal axes) over declared inputs: `x[m, k]` an f32
 input of that shape (`c[]` a scalar), `n = k` a scalar equal to the extent k. The
 rule must fire on each `rewrites:` term and must not on each `keeps:` term
@@ -205,6 +208,7 @@ class Rule:
     source: str = ""
     phases: tuple = ()  # declared by its file (`family NAME phase P`); else the library's table
     examples: list[Example] = field(default_factory=list)
+    f32_exempt: str = ""  # `f32: WHY`: exact in the reals only, and why no kernel computes the overflowing form
 
     def variables(self) -> list[str]:
         """Tensor variables in order of first appearance (lhs first)."""
@@ -225,12 +229,14 @@ class Rule:
 
     def text(self) -> str:
         cond = f"\n  if {' and '.join(str(c) for c in self.conditions)}" if self.conditions else ""
-        return f"rule {self.name}: {self.lhs} => {self.rhs}{cond}\n  why: {self.reason}"
+        f32 = f"\n  f32: {self.f32_exempt}" if self.f32_exempt else ""
+        return f"rule {self.name}: {self.lhs} => {self.rhs}{cond}\n  why: {self.reason}{f32}"
 
-    def instances(self) -> list[RuleInstance]:
+    def instances(self, deadline: float | None = None) -> list[RuleInstance]:
+        """Its instances for the verifier; instances.OutOfTime past `deadline` (time.perf_counter())."""
         from .instances import instantiate
 
-        return instantiate(self)
+        return instantiate(self, deadline)
 
     def __repr__(self) -> str:
         return f"<rule {self.name} ({self.family})>"
@@ -438,10 +444,12 @@ def parse_rules(text: str, family: str | None = None, source: str = "<rules>") -
             current.conditions += [_parse_condition(c, where) for c in line[3:].split(" and ")]
         elif line.startswith("why:"):
             current.reason = line[4:].strip()
+        elif line.startswith("f32:"):
+            current.f32_exempt = line[4:].strip()
         elif _EXAMPLE.match(line):
             current.examples.append(_parse_example(*_EXAMPLE.match(line).groups(), where))
         else:
-            raise RuleError(f"{where}: expected 'if ...', 'why: ...', 'rewrites: ...' or 'keeps: ...' "
+            raise RuleError(f"{where}: expected 'if ...', 'why: ...', 'f32: ...', 'rewrites: ...' or 'keeps: ...' "
                             f"under rule {current.name}, got {line!r}")
     for r in rules:
         _check(r)

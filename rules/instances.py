@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 
 import sympy
 
@@ -118,11 +119,16 @@ def _rule_conditions(rule: Rule, nodes: dict, axes: dict) -> list:
             for c in rule.conditions if c.kind == "nonempty"]
 
 
+def declared_finite(rule: Rule) -> tuple[str, ...]:
+    """The variables a condition declares flat or finite. A flat operand (a shift or a
+    scale constant along the axis) is a finite value."""
+    return tuple(dict.fromkeys(c.args[0].name for c in rule.conditions if c.kind in ("flat", "finite")))
+
+
 def masked_vars(rule: Rule) -> tuple[str, ...]:
     """The variables the lhs reduces over (reduction and MatMul operands), except the
-    ones a condition declares flat or finite: a mask may have set any of their elements
-    to -inf. A flat operand (a shift or a scale constant along the axis) is a finite value."""
-    flat = {c.args[0].name for c in rule.conditions if c.kind in ("flat", "finite")}
+    declared finite ones: a mask may have set any of their elements to -inf."""
+    flat = set(declared_finite(rule))
     out: list[str] = []
 
     def walk(t, reduced: bool):
@@ -150,7 +156,9 @@ def _instance(rule: Rule, shapes: dict, axes: dict, axis: int, k: int = TOPK) ->
     if not (_holds(rule, nodes, axes) and _uses_axis(nodes, axis)):
         return None
     masked = tuple(v for v in masked_vars(rule) if v in lhs.inputs)
-    return RuleInstance(rule.name, lhs, rhs, _conditions(lhs, rhs) + _rule_conditions(rule, nodes, axes), masked)
+    finite = tuple(v for v in declared_finite(rule) if v in lhs.inputs)
+    return RuleInstance(rule.name, lhs, rhs, _conditions(lhs, rhs) + _rule_conditions(rule, nodes, axes), masked,
+                        finite, rule.f32_exempt)
 
 
 def _merges(shapes: dict) -> list[dict]:
@@ -192,9 +200,50 @@ def _equal_dims(rule: Rule, shapes: dict, axes: dict, axis: int, k: int = TOPK) 
     return [(m, inst) for m in merges if (inst := _instance(rule, m, axes, axis, k)) is not None]
 
 
-def instantiate(rule: Rule) -> list[RuleInstance]:
+class OutOfTime(RuleError):
+    """The verifier's time limit for a rule ran out (building its instances, or proving them)."""
+
+
+# An instantiation of more shape assignments than this says so, and how far it is, as it goes.
+ANNOUNCE_ASSIGNMENTS = 20000
+PROGRESS_EVERY_S = 10.0
+
+
+class _Progress:
+    """Progress lines and the deadline of a long instantiation: each variable takes each
+    candidate shape, so a rule of n free variables has 6^n or 7^n assignments per axis
+    (7 variables and no axis variable: 1.1 million, half a minute; 9: most of an hour)."""
+
+    def __init__(self, rule: Rule, total: int, deadline: float | None):
+        self.rule, self.total, self.deadline, self.done = rule, total, deadline, 0
+        self.loud = total > ANNOUNCE_ASSIGNMENTS
+        self.next_line = time.perf_counter() + PROGRESS_EVERY_S
+        if self.loud:
+            from cleave.progress import report
+
+            limit = f"; it stops at the verifier's time limit, {deadline - time.perf_counter():.0f} s from now" \
+                if deadline is not None else ""
+            report(f"[cleave] rule {rule.name}: building its instances over {total:,} shape assignments of its "
+                   f"{len(rule.variables())} variables{limit}")
+
+    def step(self) -> None:
+        self.done += 1
+        if self.done % 256:
+            return
+        now = time.perf_counter()
+        if self.deadline is not None and now > self.deadline:
+            raise OutOfTime(f"building its instances: {self.done:,} of {self.total:,} shape assignments done")
+        if self.loud and now > self.next_line:
+            from cleave.progress import report
+
+            report(f"[cleave] rule {self.rule.name}: {self.done:,} of {self.total:,} shape assignments")
+            self.next_line = now + PROGRESS_EVERY_S
+
+
+def instantiate(rule: Rule, deadline: float | None = None) -> list[RuleInstance]:
     """Every distinct instance over the candidate shapes: each variable may broadcast,
-    and dims may be equal where a side builds only so."""
+    and dims may be equal where a side builds only so. OutOfTime past `deadline`
+    (time.perf_counter()), with progress lines where the assignments are many."""
     ints = set(_int_vars(rule))
     tensors = [v for v in rule.variables() if v not in ints]
     sized = {c.args[0].name for c in rule.conditions if c.kind == "extent"}
@@ -204,11 +253,15 @@ def instantiate(rule: Rule) -> list[RuleInstance]:
     sides = [set(_walk_vars(rule.lhs)), set(_walk_vars(rule.rhs))] if elementwise else None
     outcomes: set = set()  # an elementwise rule's sides' output shapes, per instance built
     unbuilt = []  # the bindings at which nothing builds: the rule is unchecked there
-    for axes, k in _bindings(rule):
+    bindings = _bindings(rule)
+    progress = _Progress(rule, sum(len(_shapes(a)) ** len(free) for axes, _ in bindings
+                                   for a in ((-1, -2) if not axes else (min(axes.values()),))), deadline)
+    for axes, k in bindings:
         count = len(built)
         axis = min(axes.values(), default=-1) if axes else None
         for axis in (-1, -2) if axis is None else (axis,):
             for choice in itertools.product(_shapes(axis), repeat=len(free)):
+                progress.step()
                 shapes = dict(zip(free, choice))
                 if sides is not None:
                     # an elementwise side's shape is its variables' broadcast: an assignment

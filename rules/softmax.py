@@ -7,11 +7,13 @@ family rescale
 
 rule exp-sub-separate: exp(sub(x, c)) => mul(exp(x), exp(neg(c)))
   why: exp(x - c) = exp(x) * exp(-c): with c constant along a reduced axis, a running c rescales by exp(c_old - c_new)
+  f32: exp(x) and exp(-c) overflow apart where exp(x - c) does not (inf * 0); the extraction keeps no exp of an operand that is not a difference (extract.py), so the bare product is a proof step, never a kernel
   rewrites: exp(sub(x, c)) with x[m, n], c[m, 1]
   keeps: exp(add(x, c)) with x[m, n], c[m, 1]
 
 rule exp2-sub-separate: exp2(sub(x, c)) => mul(exp2(x), exp2(neg(c)))
   why: 2^(x - c) = 2^x * 2^-c: as exp-sub-separate, in base 2, a running c rescales by exp2(c_old - c_new)
+  f32: as exp-sub-separate: the bare product overflows, and the extraction keeps no exp2 of an operand that is not a difference
   rewrites: exp2(sub(x, c)) with x[m, n], c[m, 1]
   keeps: exp2(add(x, c)) with x[m, n], c[m, 1]
 
@@ -38,6 +40,7 @@ rule normalize-after-matmul: matmul(div(x, c), y) => div(matmul(x, y), c)
 rule softmax-shift: div(exp(sub(x, c)), rsum(exp(sub(x, c)), a)) => div(exp(sub(x, rmax(x, a))), rsum(exp(sub(x, rmax(x, a))), a))
   if flat(c, a) and within(c, x)
   why: softmax is invariant to a shift constant along its axis; the row max is the safe one (c within x: dropping it keeps the shape)
+  f32: where exp(x - c) overflows or every exp(x - c) of a row underflows (NaN in f32), the max-shifted softmax is finite and exact: the rewrite exists to be more exact than the program there
   rewrites: div(exp(sub(x, c)), rsum(exp(sub(x, c)), -1)) with x[m, n], c[m, 1]
   keeps: div(exp(sub(x, c)), rsum(exp(sub(x, c)), -1)) with x[m, n], c[1, n]
 
@@ -50,6 +53,7 @@ rule topk-softmax-values: topk_values(div(exp(sub(x, c)), rsum(exp(sub(x, c)), a
 rule topk-softmax-indices: topk_indices(div(exp(sub(x, c)), rsum(exp(sub(x, c)), a)), k, a) => topk_indices(x, k, a)
   if flat(c, a) and within(c, x)
   why: a strictly increasing map along a keeps the order, so the top-k positions are those of the logits (c within x: dropping it keeps the shape)
+  f32: where f32 rounds two probabilities equal (close logits, or exps that underflow to 0) the program's top-k takes the lower index and the logits' order the larger logit: exact in the reals, the order of the logits is kept
   rewrites: topk_indices(div(exp(sub(x, c)), rsum(exp(sub(x, c)), -1)), 2, -1) with x[t, e], c[t, 1]
   keeps: topk_indices(div(exp(sub(x, c)), rsum(exp(sub(x, c)), -1)), 2, -1) with x[t, e], c[1, e]
 """, source=__file__)

@@ -28,6 +28,7 @@ rule grow: exp(x) => mul(exp(x), const(1))
 
 rule assoc: mul(mul(x, y), z) => mul(x, mul(y, z))
   why: associativity
+  f32: a product of two subnormals underflows to 0 (then NaN against an inf) where the other order keeps it
   rewrites: mul(mul(x, y), z) with x[m, n], y[m, n], z[m, n]
   keeps: mul(x, y) with x[m, n], y[m, n]
 

@@ -1,5 +1,6 @@
 """Rule soundness: shapes proven in z3 for every binding, the algebra proven in z3
-(sympy where z3 is unsure) on small concrete bindings, and a randomized fp64 gate.
+(sympy where z3 is unsure) on small concrete bindings, and a randomized numeric gate
+(fp64 with IEEE special values in the data, then f32).
 The only package that imports z3; it loads on first use, so that building the CLI
 parser (cleave.verify.cli) stays cheap.
 """

@@ -24,18 +24,22 @@ from .numeric import numeric_gate
 from .prove import prove_at
 from .shapes import check_shapes
 from .verdict import UnprovenRule, UnprovenRuleWarning, UnsoundRule, Verdict
-from ..rules.instances import UnbuiltBinding
+from ..rules.instances import OutOfTime, UnbuiltBinding
 
 # Per z3 query (a binding's queries get 4 in all). The library's slowest query, a row
 # of a top-k network, takes about 0.5 s alone on a 2-core machine; several times that
 # under a loaded CI machine must still prove. It is spent only on rules that do not prove.
 TIMEOUT_MS = 10000
+# Per rule, building its instances and checking them: the library's slowest rule takes
+# a few seconds on a 2-core machine; a rule of 7 or more free variables has 6^n shape
+# assignments to build, and stops here as unknown, with a warning, instead of running on.
+RULE_SECONDS = 120.0
 
 
-def _instances(rule) -> tuple[str, list[RuleInstance]]:
+def _instances(rule, deadline: float | None = None) -> tuple[str, list[RuleInstance]]:
     if isinstance(rule, RuleInstance):
         return rule.rule, [rule]
-    return rule.name, list(rule.instances())
+    return rule.name, list(rule.instances(deadline))
 
 
 def _label(inst: RuleInstance) -> str:
@@ -62,11 +66,13 @@ def _refute(inst: RuleInstance):
     return ("unknown" if notes else "proven"), "", "", notes, prover_bindings
 
 
-def _prove(inst: RuleInstance, bindings, timeout_ms: int):
+def _prove(inst: RuleInstance, bindings, timeout_ms: int, deadline: float):
     """Provers at each binding, stopping at the first that does not prove:
-    (status, methods, counterexample, notes)."""
+    (status, methods, counterexample, notes). OutOfTime past `deadline`."""
     methods: set[str] = set()
-    for binding in bindings:
+    for k, binding in enumerate(bindings):
+        if time.perf_counter() > deadline:
+            raise OutOfTime(f"proving {_label(inst)}: {k} of {len(bindings)} bindings done")
         try:
             result = prove_at(inst, binding, timeout_ms)
         except CleaveError as err:
@@ -84,13 +90,25 @@ def _prove(inst: RuleInstance, bindings, timeout_ms: int):
 _PROVING = threading.RLock()
 
 
-def check_rule(rule, *, timeout_ms: int = TIMEOUT_MS, use_cache: bool = True) -> Verdict:
-    """The verdict on one rule (an object with `name` and `instances()`, or a RuleInstance)."""
+def check_rule(rule, *, timeout_ms: int = TIMEOUT_MS, use_cache: bool = True, seconds: float = RULE_SECONDS) -> Verdict:
+    """The verdict on one rule (an object with `name` and `instances()`, or a RuleInstance).
+    `timeout_ms` bounds each z3 query; `seconds` the whole check: past it the rule is
+    unknown (not cached: a longer limit tries again), with an UnprovenRuleWarning naming
+    the rule and the limit."""
+    if not seconds > 0:
+        raise ValueError(f"seconds is a positive time limit per rule, not {seconds!r}")
     with _PROVING:
-        return _check_rule(rule, timeout_ms, use_cache)
+        try:
+            return _check_rule(rule, timeout_ms, use_cache, time.perf_counter() + seconds)
+        except OutOfTime as err:
+            name = rule.rule if isinstance(rule, RuleInstance) else rule.name
+            why = f"verification stopped at its time limit of {seconds:g} s per rule ({err})"
+            warnings.warn(f"rule {name!r}: {why}: unknown, not proven (a larger `seconds=`, or "
+                          f"`cleave rules verify --rule-timeout`, gives it longer)", UnprovenRuleWarning, stacklevel=2)
+            return Verdict(name, "unknown", "limit", seconds, "", [why])
 
 
-def _check_rule(rule, timeout_ms: int, use_cache: bool) -> Verdict:
+def _check_rule(rule, timeout_ms: int, use_cache: bool, deadline: float) -> Verdict:
     definition = V.definition_key(rule) if use_cache else None
     if definition:
         found = V.lookup(definition, rule.name, timeout_ms)
@@ -103,7 +121,7 @@ def _check_rule(rule, timeout_ms: int, use_cache: bool) -> Verdict:
             V.store(definition, result, timeout_ms)
         return result
     try:
-        name, instances = _instances(rule)
+        name, instances = _instances(rule, deadline)
     except UnbuiltBinding as err:
         return Verdict(rule.name, "unknown", "shapes", 0.0, "", [str(err)])
     key = V.rule_key(instances)
@@ -118,7 +136,9 @@ def _check_rule(rule, timeout_ms: int, use_cache: bool) -> Verdict:
     if not instances:
         status, notes = "unknown", ["the rule has no instances to check"]
     pending = []
-    for inst in instances:  # the cheap refutations first, over every instance
+    for k, inst in enumerate(instances):  # the cheap refutations first, over every instance
+        if time.perf_counter() > deadline:
+            raise OutOfTime(f"checking {k} of {len(instances)} instances numerically")
         s, m, cex, n, bindings = _refute(inst)
         notes += n
         if s == "unsound":
@@ -129,7 +149,7 @@ def _check_rule(rule, timeout_ms: int, use_cache: bool) -> Verdict:
         pending.append((inst, bindings))
     if status != "unsound":
         for inst, bindings in pending:
-            s, m, cex, n = _prove(inst, bindings, timeout_ms)
+            s, m, cex, n = _prove(inst, bindings, timeout_ms, deadline)
             notes += n
             if s == "unsound":
                 status, counterexample, methods = "unsound", cex, m
@@ -138,6 +158,9 @@ def _check_rule(rule, timeout_ms: int, use_cache: bool) -> Verdict:
             if s == "unknown":
                 status = "unknown"
                 break  # the verdict cannot become proven any more
+    exempt = next((inst.f32_exempt for inst in instances if inst.f32_exempt), "")
+    if exempt:
+        notes.append(f"exact in the reals, not in f32, exempt from the numeric gate's f32 leg: {exempt}")
     method = "+".join(sorted(methods)) or "numeric"
     result = Verdict(name, status, method, time.perf_counter() - start, counterexample, notes)
     if use_cache:

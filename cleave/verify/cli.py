@@ -12,20 +12,24 @@ def add_verify_parser(rules_subparsers) -> argparse.ArgumentParser:
         "verify", help="prove rules sound (z3, sympy, numeric gate)",
         description="Check every rule before saturation loads it: shapes in z3 for every binding, the "
                     "algebra in z3 (sympy where z3 is unsure) on small bindings covering exact splits, "
-                    "ragged tails, empty chunks, count = N and count > N, and a randomized fp64 gate. "
+                    "ragged tails, empty chunks, count = N and count > N, and a randomized numeric gate "
+                    "(fp64 with infinities and NaN in the data, then f32). "
                     "Unknown is never proven.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  cleave rules verify\n  cleave rules verify my_rules.txt\n"
                "  cleave rules verify --no-cache --timeout 30")
     p.add_argument("files", nargs="*", help="rule files in the DSL (default: the whole library)")
     p.add_argument("--timeout", type=_seconds, default=10.0, help="seconds per z3 query (default 10)")
+    p.add_argument("--rule-timeout", type=_seconds, default=None,
+                   help="seconds per rule, building its instances and proving them; past it the rule is "
+                        "unknown (default: cleave.verify.check.RULE_SECONDS, 120)")
     p.add_argument("--no-cache", action="store_true", help="re-prove even if a verdict is cached")
     p.set_defaults(func=run_verify)
     return p
 
 
 def _seconds(text: str) -> float:
-    """A z3 timeout: a positive, finite number of seconds (z3 takes whole milliseconds)."""
+    """A timeout: a positive, finite number of seconds (z3 takes whole milliseconds)."""
     try:
         value = float(text)
     except ValueError:
@@ -50,7 +54,8 @@ def run_verify(args) -> int:
     print(f"{'rule':<{width}} {'method':<10} {'time':>8}  verdict")
     failed = []
     for r in found:
-        verdict = check_rule(r, timeout_ms=int(args.timeout * 1000), use_cache=not args.no_cache)
+        limit = {} if args.rule_timeout is None else {"seconds": args.rule_timeout}
+        verdict = check_rule(r, timeout_ms=int(args.timeout * 1000), use_cache=not args.no_cache, **limit)
         suffix = "  (cached)" if verdict.cached else ""
         print(verdict.line(width) + suffix, flush=True)
         if not verdict.ok:

@@ -6,7 +6,8 @@ re-checked in fp64 by the interpreter, and only a confirmed one is a counterexam
 The proof holds on the real-valued domain (divisors non-zero, log arguments
 positive, sqrt arguments non-negative); IEEE specials coming from pads and
 constants are exact (scalars.py), and so are those a mask selects: bool inputs are
-enumerated. Unknown is never proven.
+enumerated. Infinities and NaN in the data, and f32's range and rounding, are the
+numeric gate's (numeric.py). Unknown is never proven.
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from ..ir.contracts import RuleInstance
 from ..storage import cache_dir, write_atomic
 
 # Bump when the verifier's semantics change, so that stale verdicts are not reused.
-VERIFIER_VERSION = "10"  # 8: axis variables bound apart, two top-k counts, inf_to_zero of infinities; 9-10: the rhs domain
+VERIFIER_VERSION = "11"  # 8: axis variables bound apart, two top-k counts, inf_to_zero of infinities; 9-10: the rhs domain; 11: special values, the f32 leg
 
 # proven: every instance proven (z3 or sympy) at every prover binding and the numeric
 # gate passed; unsound: a confirmed counterexample; unknown: no counterexample, but a
@@ -54,7 +54,7 @@ class Verdict:
     method: str  # the provers that decided, e.g. "z3", "z3+sympy"; "numeric" if only the gate ran to the end
     seconds: float
     counterexample: str = ""  # for unsound: the binding, the inputs and the differing element
-    notes: list[str] = field(default_factory=list)  # why a prover said unknown
+    notes: list[str] = field(default_factory=list)  # why a prover said unknown; a proven rule's f32 exemption
     cached: bool = False
 
     @property
@@ -70,7 +70,8 @@ class Verdict:
         if self.verdict == "unknown":
             why = "; ".join(self.notes) or "no prover decided"
             return f"rule {self.rule!r} is not proven (unknown): {why}"
-        return f"rule {self.rule!r} is proven by {self.method}"
+        remarks = f" ({'; '.join(self.notes)})" if self.notes else ""
+        return f"rule {self.rule!r} is proven by {self.method}{remarks}"
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -87,6 +88,7 @@ def rule_key(instances: list[RuleInstance]) -> str:
         h.update(b"\0")
         h.update(repr(sorted(str(c) for c in inst.conditions)).encode())
         h.update(repr(inst.masked).encode())
+        h.update(repr((inst.finite, inst.f32_exempt)).encode())
         h.update(b"\1")
     return h.hexdigest()
 
