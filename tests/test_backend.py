@@ -509,6 +509,62 @@ def test_group_norm_compiles_its_row_major_as_strided(ctx):
     assert ctx.stats()["graph_breaks"] == 0 and ctx.stats()["failed"] == 0
 
 
+@pytest.mark.parametrize("fn, shapes", [
+    (lambda x: torch.diagonal(x, offset=1) * 2, [(5, 7), (9, 6), (4, 4), (1, 1)]),
+    (lambda x: torch.trace(x), [(5, 7), (9, 6), (4, 4), (1, 3)]),
+    (lambda x, w, b: F.group_norm(x, 2, w, b), [(2, 4, 5, 3), (3, 6, 7, 2)]),
+], ids=["diagonal_offset", "trace", "group_norm"])
+def test_strided_views_over_dynamic_extents_compile(ctx, fn, shapes):
+    """A diagonal of a dynamic (n, m) reads Min(n, m - 1) elements, a group_norm's
+    [n, g, C // g] statistics are viewed as [n, C]: that the last element read lies
+    inside the input was not proven for every size, and the as_strided ran eagerly
+    ("as_strided reading past its input"), its consumer then refused for a size
+    Min(...) "no input dimension defines". The bound is a constraint of the graph now
+    (a binding where it fails runs eagerly), and its size arithmetic (sym_min) no
+    break."""
+    f = torch.compile(fn, backend="cleave", dynamic=True)
+    g = torch.Generator().manual_seed(7)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        for shape in shapes:
+            x = torch.randn(*shape, generator=g)
+            args = (x,) if len(shape) == 2 else (x, torch.randn(shape[1], generator=g), torch.randn(shape[1], generator=g))
+            torch.testing.assert_close(f(*args), fn(*args), rtol=1e-5, atol=1e-5)  # (1, 1)'s diagonal is empty
+    st = ctx.stats()
+    assert st["graph_breaks"] == 0 and st["failed"] == 0 and st["operators"] >= 1, st
+
+
+def test_a_strided_view_read_past_its_input_at_another_size_runs_eagerly(ctx):
+    """x.as_strided((n // 2 + 1,), (2,)) reads inside x at odd n only: compiled there,
+    and at even n the binding fails the graph's constraint and eager raises, as it
+    does without cleave."""
+    fn = lambda x: torch.as_strided(x, (x.shape[0] // 2 + 1,), (2,)) * 2  # noqa: E731
+    f = torch.compile(fn, backend="cleave", dynamic=True)
+    for n in (7, 9):
+        x = torch.randn(n)
+        assert torch.equal(f(x), fn(x))
+    with pytest.raises(RuntimeError, match="out of bounds for storage|requiring a storage size"):
+        f(torch.randn(8))
+    assert ctx.stats()["failed"] == 0
+
+
+def test_a_region_after_an_eager_diagonal_reads_its_min_size_as_a_size(ctx):
+    """A diagonal of a transposed result runs eagerly (its input is not contiguous);
+    the region after it took an input of size Min(m, n - 1) and refused it as a
+    data-dependent size. That extent is a size symbol of its own now."""
+    fn = lambda x: torch.tanh(x.t()).diagonal(offset=1) + 1  # noqa: E731
+    f = torch.compile(fn, backend="cleave", dynamic=True)
+    g = torch.Generator().manual_seed(8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for shape in ((5, 7), (9, 6), (4, 4)):
+            x = torch.randn(*shape, generator=g)
+            _close(f(x), fn(x))
+    messages = [str(w.message) for w in caught if "cleave" in str(w.message)]
+    assert messages and all("non-contiguous" in m for m in messages), messages
+    assert ctx.stats()["operators"] >= 1
+
+
 @pytest.mark.parametrize("fn, make", [
     (lambda l, n: l[torch.arange(l.shape[0]), n - 1],
      lambda g: (torch.randn(4, 7, 11, generator=g), torch.tensor([3, 7, 1, 5]))),

@@ -118,7 +118,9 @@ def _strided_reads(a, n):
     """Why an as_strided cannot be read from its input's values. It can where the input
     is contiguous from offset 0, so that eager's storage holds its elements in row-major
     order as a region's output does, and every element it reads lies inside the input
-    (over a longer storage, eager would read past the view)."""
+    (over a longer storage, eager would read past the view). Where that is not proven
+    for every size (a diagonal's Min(n, m - 1) elements) but holds where torch traced,
+    the rule keeps it as a constraint of the graph (_reads_inside)."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     src = a["self"]
@@ -130,9 +132,24 @@ def _strided_reads(a, n):
     if any(statically_known_true(size == 0) for size in sizes):
         return None
     last = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides))
-    if not statically_known_true(last < src.numel()):
-        return "as_strided reading past its input"
+    try:
+        last, numel = _traced(last), _traced(src.numel())
+    except CaptureError:
+        return "as_strided over a data-dependent size"
+    if last >= numel:
+        return f"as_strided reading past its input: element {last} of {numel} where torch traced"
     return None
+
+
+def _reads_inside(t, x, shape, strides, offset) -> None:
+    """The last element an as_strided reads lies inside x, as a constraint of the graph
+    unless sympy proves it: a binding where it does not hold runs eagerly."""
+    if any(size == 0 for size in shape):
+        return
+    last = offset + sum(((size - 1) * stride for size, stride in zip(shape, strides)), sympy.Integer(0))
+    numel = sympy.Mul(*x.shape)
+    if not sympy.simplify(numel - 1 - last).is_nonnegative:
+        t.graph._constrain(Constraint("le", D.dim(last + 1), D.dim(numel), f"{t.op} reading inside its input"))
 
 
 def _returned_as_view(n) -> bool:
@@ -151,6 +168,15 @@ def _returned_as_view(n) -> bool:
     return False
 
 
+def _traced_equal(t, a, b) -> bool:
+    """a = b for every binding, or where torch traced (only there, without its sizes)."""
+    if D.equal(a, b):
+        return True
+    hints = t.symbols.hints
+    free = sympy.sympify(a - b).free_symbols
+    return bool(hints) and free <= set(hints) and D.evaluate(a, hints) == D.evaluate(b, hints)
+
+
 @rule("as_strided", check=_strided_reads)
 def _as_strided(t, node, a):
     """Row-major from offset 0 over the whole input (group_norm's decomposition views its
@@ -164,8 +190,9 @@ def _as_strided(t, node, a):
     for size, stride in reversed(list(zip(shape, strides))):
         row_major &= D.is_one(size) or D.equal(stride, expect)
         expect = expect * size
-    if row_major and offset == 0 and D.equal(expect, numel):
-        return reshape(t, x, shape)
+    if row_major and offset == 0 and _traced_equal(t, expect, numel):
+        return reshape(t, x, shape)  # as a constraint where only equal as traced (C = g * (C // g))
+    _reads_inside(t, x, shape, strides, offset)
     index = t.const(offset, "i64") if offset.is_number else t.add("size", value=offset, dtype="i64")
     for axis, stride in enumerate(strides):
         if stride != 0:

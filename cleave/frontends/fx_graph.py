@@ -97,6 +97,7 @@ def _translate(gm, name: str, placeholders, reads: dict) -> Captured:
                 (sym,) = d.node.expr.free_symbols
                 if sym not in symbols.subs:
                     symbols.read_as(sym, resolved(reads, str(sym)), _symbol_hint(d, sym))
+    _name_opaque_sizes(placeholders, symbols)
     graph = Graph(name)
     t = Translator(graph, symbols)
     constants: dict = {}
@@ -120,6 +121,22 @@ def _translate(gm, name: str, placeholders, reads: dict) -> Captured:
     size_inputs = _size_inputs(graph, placeholders, t, signed)
     return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), constants=constants,
                     size_inputs=size_inputs, output_orders=orders)
+
+
+def _name_opaque_sizes(placeholders, symbols: SymbolMap) -> None:
+    """A dim of several symbols none of the inputs binds alone (the Min(n, m - 1) of a
+    diagonal an eager region made before this one) is a size of its own: a symbol of
+    its own, bound from that input's extent as any other."""
+    taken = {p.name for p in placeholders} | symbols.names()
+    for node in placeholders:
+        val = node.meta.get("val")
+        for axis, d in enumerate(val.shape if isinstance(val, torch.Tensor) else ()):
+            expr = d.node.expr if isinstance(d, torch.SymInt) else None
+            if expr is None or expr.free_symbols <= set(symbols.subs) or symbols.knows(expr):
+                continue
+            ours = fresh_name(f"{node.name}_size{axis}", taken)
+            taken.add(ours)
+            symbols.name_expr(expr, ours, _hint(d))
 
 
 def _size_inputs(graph: Graph, placeholders, t, signed: dict) -> list[tuple[str, str, str]]:

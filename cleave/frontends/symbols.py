@@ -50,6 +50,15 @@ class SymbolMap:
             if len(value) == 1 and value[0].is_integer:
                 self.hints[s] = int(value[0])
 
+    def name_expr(self, torch_expr: sympy.Expr, our_name: str, hint: int | None = None) -> None:
+        """Record a torch size expression (Min(s0, s1 - 1)) as one IR symbol of its own."""
+        self.subs[_rewrite(torch_expr)] = D.symbol(our_name)
+        if hint is not None:
+            self.hints[D.symbol(our_name)] = hint
+
+    def knows(self, torch_expr: sympy.Expr) -> bool:
+        return _rewrite(torch_expr) in self.subs
+
     def signed(self, torch_expr: sympy.Symbol, pos: str, neg: str, hint: int | None = None) -> None:
         """Record a torch symbol that may be negative (an int argument) as pos - neg: the
         IR's symbols are positive (dims), so it is read as the difference of two."""

@@ -52,10 +52,14 @@ def _unsupported_nodes(gm, needed: set) -> list[torch.fx.Node]:
             bad[n] = None
     # A cleave region's output is a new contiguous tensor: where eager would hand a
     # storage-dependent op a view or a tensor of other strides, its input is produced eagerly.
+    # Its sizes and strides (sym_min(n, m) of a dynamic diagonal) are no storage: the
+    # region reads them symbolically.
     stack = [n for n in nodes if storage_dependent(n)]
     while stack:
         for up in stack.pop().all_input_nodes:
-            if up.op in ("call_function", "call_method", "call_module") and up not in bad and not _fresh(up):
+            tensor = isinstance(up.meta.get("val"), torch.Tensor)
+            if up.op in ("call_function", "call_method", "call_module") and up not in bad and tensor \
+                    and not _fresh(up):
                 bad[up] = None
                 stack.append(up)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
