@@ -827,6 +827,11 @@ class Emitter:
         k = inst.reduced.id
         m = self.dims(inst.labels)
         na, nc = inst.node.inputs
+        # An operand constant along K (a unit K whose index is 0, or one broadcast along
+        # it) is spread over K's lanes, so the contraction stays a tl.dot: as a broadcast
+        # product its [M, N, K] tile, K padded to 16, held 16x the output in registers.
+        if (k in a.dims) != (k in c.dims) and len(a.dims) + len(c.dims) == 3:
+            a, c = (self.spread(b, v, k) for v in (a, c))
         mk = [d for d in a.dims if d != k]
         kn = [d for d in c.dims if d != k]
         blocks_ok = all(self.t.block[d] >= 16 for d in mk + kn + [k])
@@ -911,6 +916,14 @@ class Emitter:
         if acc:
             expr = f"{acc} + {expr}"
         return self.var(b, expr, m, "tl.float32")
+
+    def spread(self, b: Block, v: Val, k: int) -> Val:
+        """v broadcast along label k, unless it varies over k already."""
+        if k in v.dims:
+            return v
+        dims = tuple(d for d in self.canon if d in set(v.dims) | {k})
+        shape = [self.t.block[d] for d in dims]
+        return self.var(b, f"tl.broadcast_to({self.align(v, dims)}, {shape})", dims, v.ty)
 
     def two_bf16(self, b: Block, x: Val) -> tuple[Val, Val]:
         """x (f32) as hi + lo in bf16: hi its rounding, lo the rounding of what is left."""

@@ -75,6 +75,31 @@ def test_matmul_constant_along_k_runs_compiled():
         _check(f, broadcast_k_matmul, torch.randn(n, 4, generator=_gen(n)), torch.randn(6, 7, generator=_gen(0)))
 
 
+# -- a unit-K MatMul whose operand the kernel also stores --------------------------
+# |x| of (M, 1) returned beside |x| @ w: the stored |x| is read at k = 0, so the dot's
+# operand did not vary over K, and the contraction became a broadcast product whose
+# [M, N, K] tile (K padded to 16) held 16x the output in registers: "no tiling ... fits"
+# from M = 33 with N = 300, and eager. Such an operand is broadcast along K into tl.dot.
+def unit_k_beside_operand(x, w):
+    a = x.abs()
+    return a @ w, a
+
+
+def unit_k_beside_weight(x, w):
+    b = w * 2
+    return x @ b, b
+
+
+@pytest.mark.parametrize("prog", [unit_k_beside_operand, unit_k_beside_weight])
+def test_a_unit_k_matmul_beside_its_stored_operand_compiles(prog):
+    f = cleave.compile(prog)
+    for m, n in ((33, 300), (257, 301)):
+        x, w = torch.randn(m, 1, generator=_gen(m)), torch.randn(1, n, generator=_gen(n))
+        got, want = f(x, w), prog(x, w)
+        assert all(torch.equal(g, e) for g, e in zip(got, want))  # one product a term: exact
+    assert f.stats["failed"] == 0
+
+
 # -- a value constant along one of its stored axes -------------------------------
 # x @ ones(k, n) varies over its rows only. With n equal to the row count, the tiler
 # aliased the column label to the row label (both one full tile, never together in a
