@@ -15,7 +15,7 @@ from cleave.ir.ops import UNARY
 from . import row_halves, scale_after
 from .codegen import Emitter, fact_table
 from .combine import fuse_combines
-from .cost import kernel_time, resident_programs
+from .cost import kernel_time, misfit, resident_programs
 from .exprs import code, evaluate
 from .partition import KernelSpec, Store, partition, stored_dtype
 from .plan import Buffer, Kernel, Plan
@@ -67,8 +67,9 @@ def _tiled(spec, env, dynamic, target, relaxed: bool = False):
 def _kernel_options(spec, facts, env, dynamic, symbols, target, relaxed: bool = False):
     found, errors = _options(spec, facts, env, dynamic, symbols, target, relaxed)
     if not found:
+        more = f"; {len(errors) - 1} other tiling(s) failed too" if len(errors) > 1 else ""
         raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
-                           + (f" ({errors[0]})" if errors else ""))
+                           + (f" ({errors[0]}{more})" if errors else " (no tiling to try)"))
     return _ranked(spec, found, target)
 
 
@@ -89,16 +90,29 @@ def _options(spec, facts, env, dynamic, symbols, target, relaxed: bool):
         # 8e-2 to 0.27 relative error on the H200 (triton 3.6; RMSNorm->MatMul's fused plan,
         # RESULTS.md 2026-12-02 session 12); 4 warps, or one stage, were exact.
         limit = 4 if stats.side_reduction else 0
+        misfits, before = [], len(found)
         for warps, stages in launch_options(t, stats.stage_choices):
             seconds = kernel_time(stats, programs, warps, stages, target)
-            if seconds is not None:
+            if seconds is None:
+                misfits.append((-warps, stages, misfit(stats, warps, stages, target)))
+            else:
                 args = bufs + [d[0] for d in descs] + symbols
                 per_sm = resident_programs(stats, warps, stages, target) if persistent else 0
                 kernel = Kernel(spec.name, source, grid, args, warps, stages, descs, per_sm, loops=stats.loops,
                                 max_pipelined_warps=limit, pipelined=stats.pipelined, stage_choices=stats.stage_choices)
                 if kernel.launches(warps, stages):
                     found.append((seconds, kernel, tiles, (emitted, t), stats))
+        if misfits and len(found) == before:
+            # the launch that comes closest (most warps, fewest stages) names the budget it is over
+            errors.append(f"{min(misfits)[2]}, tiled {_tiles_text(tiles)}")
     return found, errors
+
+
+def _tiles_text(tiles: dict, shown: int = 6) -> str:
+    """A tiling's blocks, as `X0=64, X1=16, ...`: the first few (a kernel of 32 chunks has
+    a label for each chunk's contraction)."""
+    items = [f"{k}={v}" for k, v in tiles.items()]
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
 def _ranked(spec, found, target):
@@ -503,13 +517,14 @@ def _programs(plan: Plan) -> int:
     return max(evaluate(k.grid[0], plan.env) for k in plan.kernels)
 
 
-def _partition(graph, facts, env, dynamic, symbols, target, relaxed: bool):
+def _partition(graph, facts, env, dynamic, symbols, target, relaxed: bool, split_fusions: bool = False):
     """The kernels and their options; `relaxed` (tiles.choices) also offers tiles of the
     labels a block holds whole by default: a 131-token attention's scores (256 x 256 in
-    one tile) fitted no kernel of any partition, and the layer ran eagerly."""
+    one tile) fitted no kernel of any partition, and the layer ran eagerly.
+    `split_fusions` (partition) splits a horizontal fusion that fits no tiling."""
     return partition(graph, env, lambda s: _kernel_options(s, facts, env, dynamic, symbols, target, relaxed),
                      long_extent=target.full_matmul, dynamic=dynamic, target=target,
-                     hold_extent=target.hold_matmul)
+                     hold_extent=target.hold_matmul, split_fusions=split_fusions)
 
 
 def _schedule_at(graph, facts, env, dynamic, symbols, target, top_k, split=None) -> list[Plan]:
@@ -517,7 +532,10 @@ def _schedule_at(graph, facts, env, dynamic, symbols, target, top_k, split=None)
     try:
         kernels = _partition(graph, facts, env, dynamic, symbols, target, relaxed=False)
     except (BindingError, ShapeError):  # every partition failed: tile what is held whole by default
-        kernels = _partition(graph, facts, env, dynamic, symbols, target, relaxed=True)
+        try:
+            kernels = _partition(graph, facts, env, dynamic, symbols, target, relaxed=True)
+        except (BindingError, ShapeError):  # and split the fusions that still fit no tiling (32 chunks' logits)
+            kernels = _partition(graph, facts, env, dynamic, symbols, target, relaxed=True, split_fusions=True)
     specs, every = [s for s, _ in kernels], [options for _, options in kernels]
     per_kernel = [options[:top_k] for options in every]
     plans = []

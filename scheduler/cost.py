@@ -27,6 +27,7 @@ WARPS_TO_STREAM = 6
 MIN_TILE_PER_THREAD = 32
 THIN_TILE_PENALTY = 1.25
 REGS_PER_SM = 64 * 1024
+MAX_REGISTERS = 255  # a thread's
 
 
 def resident_programs(stats: Stats, num_warps: int, num_stages: int, target) -> int:
@@ -46,15 +47,24 @@ def registers(stats: Stats, num_warps: int) -> float:
     return 32 + max(stats.acc_elems + 1.5 * stats.loop_elems, 1.5 * stats.tile_elems) / (32 * num_warps)
 
 
-def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, target) -> float | None:
-    """Seconds, or None when the tile does not fit the target."""
+def misfit(stats: Stats, num_warps: int, num_stages: int, target) -> str | None:
+    """Why the tiles do not fit the target at this launch, or None where they do."""
     smem = stats.smem(num_stages)
     if smem > target.smem_per_block:
+        return (f"{smem} bytes of shared memory at {num_stages} stage(s), over the {target.name}'s "
+                f"{target.smem_per_block} a block")
+    regs = registers(stats, num_warps)
+    if regs > MAX_REGISTERS:
+        return (f"{regs:.0f} registers a thread at {num_warps} warps (its largest tile {stats.tile_elems} "
+                f"elements, accumulators {stats.acc_elems}), over {MAX_REGISTERS}")
+    return None
+
+
+def kernel_time(stats: Stats, programs: int, num_warps: int, num_stages: int, target) -> float | None:
+    """Seconds, or None when the tile does not fit the target (misfit)."""
+    if misfit(stats, num_warps, num_stages, target):
         return None
     threads = 32 * num_warps
-    regs = registers(stats, num_warps)
-    if regs > 255:
-        return None
     if programs == 0:  # an empty output or intermediate: launch skips the kernel
         return 0.0
     if stats.active < 1:  # only these programs work; the others exit at their empty bounds

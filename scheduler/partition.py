@@ -23,7 +23,11 @@ these that applies. Before any tiling is tried:
 When no tiling fits (`partition`'s `tile` rejects it):
 - at its nested reductions over more than `long_extent`;
 - at every reduction it computes besides its roots;
-- then at every node: one op per kernel, always a partition when each op tiles.
+- then at every node: one op per kernel, always a partition when each op tiles;
+- then, where asked (`split_fusions`, once smaller tiles did not help either), a
+  kernel that still stores several roots (a horizontal fusion: 32 chunks' logits,
+  each holding its operands in shared memory) is split into two halves of its
+  roots, until each fits or stores one root.
 Cuts accumulate only as kernels need them: a kernel is re-cut after the cuts before
 it took effect. Cheap prologues and epilogues (norm scales, bias, activations,
 residual adds, casts) are recomputed by the kernel that reads their producer's output.
@@ -215,7 +219,7 @@ def _per_chunk(views: Views, chunk_labels: set) -> list[Node]:
 
 def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
               dynamic=frozenset(), target=H200, hold_extent: int = 0,
-              max_instances: int | None = None) -> list[tuple[KernelSpec, object]]:
+              max_instances: int | None = None, split_fusions: bool = False) -> list[tuple[KernelSpec, object]]:
     """Kernels in launch order (producers first), each with what `tile(spec)` returned
     for it (None without `tile`). `tile` raises BindingError or ShapeError when no
     tiling fits; the kernel is then cut (see the module's doc) and the graph partitioned
@@ -224,9 +228,12 @@ def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
     one up to `hold_extent` is first tried whole, and cut only when no tiling fits.
     A stack of layers is first cut between them (`segment_cuts`). A kernel whose walk
     still derives more than `max_instances` (MAX_INSTANCES) instances is cut at every
-    segment boundary and partitioned again (else a ShapeError says so)."""
+    segment boundary and partitioned again (else a ShapeError says so). With
+    `split_fusions`, a kernel of several roots that no cut makes fit is split into
+    halves of its roots (`_halve`), a last resort: it gives up horizontal fusion."""
     max_instances = MAX_INSTANCES if max_instances is None else max_instances
     cuts: set[int] = set(segment_cuts(graph))
+    apart: dict[int, tuple] = {}  # root id -> which half of each split fusion it went to
     segmented = False
     tried: dict = {}  # (roots, the leaves they read) -> tile's result: re-partitioning reuses it
     first = functools.partial(_first_cuts, env=env, long_extent=long_extent, hold_extent=max(hold_extent, long_extent),
@@ -234,7 +241,7 @@ def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
     nested = functools.partial(_nested, env=env, long_extent=long_extent, dynamic=set(dynamic))
     while True:
         try:
-            return _kernels(graph, env, cuts, tile, tried, first, max_instances)
+            return _kernels(graph, env, cuts, tile, tried, first, max_instances, apart)
         except TooManyInstances:
             more = set() if segmented else segment_cuts(graph, nested_only=False) - cuts
             if not more:
@@ -245,9 +252,10 @@ def partition(graph: Graph, env: dict, tile=None, long_extent: int = 256,
             cuts |= more
         except _Rejected as rejected:
             more = _cuts(rejected.spec, cuts, first, nested)
-            if not more:
+            if more:
+                cuts |= more
+            elif not (split_fusions and _halve(rejected.spec, apart)):
                 raise rejected.error from None
-            cuts |= more
 
 
 class _Rejected(Exception):
@@ -258,7 +266,9 @@ class _Rejected(Exception):
         self.spec, self.error = spec, error
 
 
-def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first, budget: int | None = None) -> list:
+def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first, budget: int | None = None,
+             apart: dict | None = None) -> list:
+    apart = {} if apart is None else apart
     kernels: list = []
     stem = identifier(graph.name)
 
@@ -288,12 +298,12 @@ def _kernels(graph: Graph, env: dict, cuts: set[int], tile, tried: dict, first, 
         kernels.append((spec, options))
 
     produced_by_cut = [(graph.nodes[i], buffer_name(graph, graph.nodes[i])) for i in sorted(cuts)]
-    for roots, peel in _producer_groups(graph, produced_by_cut):
+    for roots, peel in _producer_groups(graph, produced_by_cut, apart):
         visit(roots, cuts - {n.id for n, _ in roots}, peel)
     # Outputs by name: one node may be returned under several names, or be an input.
     # A cut output (a hidden state saved for the backward) its producer kernel stored.
     unstored = [root for root in zip(graph.outputs, graph.output_names) if root not in produced_by_cut]
-    for roots in _grid_groups(graph, unstored):
+    for roots in _grid_groups(graph, unstored, apart):
         visit(roots, cuts - {n.id for n, _ in roots})
     return kernels
 
@@ -451,15 +461,28 @@ def _cuts(spec: KernelSpec, cuts: set[int], first, nested) -> set[int]:
     return set()
 
 
-def _producer_groups(graph: Graph, roots: list) -> list[tuple[list, bool]]:
+def _halve(spec: KernelSpec, apart: dict) -> bool:
+    """Put the first half of the kernel's roots and the second in kernels of their own
+    (`apart`); False when it stores one root (a node stored under several names)."""
+    ids = list(dict.fromkeys(st.node.id for st in spec.stores))
+    if len(ids) < 2:
+        return False
+    for k, i in enumerate(ids):
+        apart[i] = apart.get(i, ()) + (2 * k >= len(ids),)
+    return True
+
+
+def _producer_groups(graph: Graph, roots: list, apart: dict | None = None) -> list[tuple[list, bool]]:
     """Materialised nodes in kernels of their own, in topological order, each with
     whether its stores peel their layout ops; nodes over one grid share one
     (horizontal fusion: a gate and an up projection; fused attention's output with its
     row max and sum, one loop computing all three). Nodes whose computed values differ
     in layout but whose stored ones share a grid (rotated keys beside the values, both
-    [b, heads, s, d]) share one that tiles the stored dims."""
+    [b, heads, s, d]) share one that tiles the stored dims. Nodes `apart` puts in
+    different halves of a fusion no tiling fitted never share one."""
+    apart = apart or {}
     cuts = {out.id for out, _ in roots}
-    groups: list[list] = []  # [peeled dims, stored dims, members, peel]
+    groups: list[list] = []  # [peeled dims, stored dims, members, peel, half]
     group_of: dict[int, int] = {}
     for out, buffer in sorted(roots, key=lambda r: r[0].id):
         peeled, stored = (frozenset(k for k in _stored(graph, out, buffer, p)[2] if k is not None)
@@ -467,8 +490,10 @@ def _producer_groups(graph: Graph, roots: list) -> list[tuple[list, bool]]:
         # it runs after every group it reads from: joining one would make a program
         # compute what it reads (a row's statistic over all of a projection's columns)
         after = max((group_of[i] for i in _upstream([(out, buffer)], cuts)), default=-1)
-        joined = None
+        joined, half = None, apart.get(out.id, ())
         for i, group in enumerate(groups):
+            if group[4] != half:
+                continue
             if i > after and group[3] and _same_grid(group[0], peeled):
                 joined = i
             elif i > after and _same_grid(group[1], stored):
@@ -477,12 +502,12 @@ def _producer_groups(graph: Graph, roots: list) -> list[tuple[list, bool]]:
                 break
         if joined is None:
             joined = len(groups)
-            groups.append([frozenset(), frozenset(), [], True])
+            groups.append([frozenset(), frozenset(), [], True, half])
         group = groups[joined]
         group[0], group[1] = group[0] | peeled, group[1] | stored
         group[2].append((out, buffer))
         group_of[out.id] = joined
-    return [(members, peel) for _, _, members, peel in groups]
+    return [(members, peel) for _, _, members, peel, _ in groups]
 
 
 def _same_grid(a: frozenset, b: frozenset) -> bool:
@@ -491,20 +516,24 @@ def _same_grid(a: frozenset, b: frozenset) -> bool:
     return bool(a & b) and (a <= b or b <= a)
 
 
-def _grid_groups(graph: Graph, roots: list) -> list[list]:
+def _grid_groups(graph: Graph, roots: list, apart: dict | None = None) -> list[list]:
     """Roots over one grid, in root order: one kernel each. A kernel's grid is the
     product of its roots' dims and each root is stored by every program, so roots whose
     dims merely overlap (a (3n, m) and an (n, 2m) repeat of one (n, m) input) would
     multiply each other's programs (6 n m^2 of them); they share a kernel only when one's
     dims lie within the other's (`_same_grid`: rows beside their row statistic). A root
     joins every group within its dims, else the first group whose dims hold its own.
-    Roots without a grid dim share the one program."""
-    groups: list[tuple[frozenset, list]] = []  # (dim keys, root indices)
+    Roots without a grid dim share the one program. Roots `apart` puts in different
+    halves of a fusion no tiling fitted never share one."""
+    apart = apart or {}
+    groups: list[tuple[frozenset, list, tuple]] = []  # (dim keys, root indices, half)
     for i, (out, buffer) in enumerate(roots):
         keys = frozenset(k for k in _stored(graph, out, buffer)[2] if k is not None) or frozenset({()})
-        within = [g for g in groups if _same_grid(g[0], keys) and g[0] <= keys]
-        holding = [g for g in groups if _same_grid(g[0], keys) and keys <= g[0]][:1]
+        half = apart.get(out.id, ())
+        mine = [g for g in groups if g[2] == half and _same_grid(g[0], keys)]
+        within = [g for g in mine if g[0] <= keys]
+        holding = [g for g in mine if keys <= g[0]][:1]
         joined = within or holding
         groups = [g for g in groups if all(g is not j for j in joined)]
-        groups.append((keys.union(*(g[0] for g in joined)), sorted([i] + [j for g in joined for j in g[1]])))
+        groups.append((keys.union(*(g[0] for g in joined)), sorted([i] + [j for g in joined for j in g[1]]), half))
     return [[roots[j] for j in g[1]] for g in sorted(groups, key=lambda g: g[1][0])]
