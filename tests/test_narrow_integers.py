@@ -216,7 +216,8 @@ def test_a_python_int_beside_a_bool_tensor_is_an_int64():
     """It was lifted as a bool (2 is True): m == 2 held where m, m | 2 gave 1, m % 2 gave 0,
     and `%` / fmod failed to build the kernel (int1 with int64) and ran eagerly."""
     m = torch.tensor([True, False, True, True, False])
-    _both_paths(lambda m: (m == 2, m < 2, m > -1, m | 2, m ^ 5, 6 | m, m % 2, torch.fmod(m, 3), m + 3), m)
+    _both_paths(lambda m: (m == 2, m < 2, m > -1, m | 2, m ^ 5, 6 | m, m % 2, torch.fmod(m, 3), m + 3, m // 2,
+                           torch.div(m, 2, rounding_mode="trunc")), m)
 
 
 def test_a_dynamic_int_argument_beside_a_bool_tensor_is_an_int64():
