@@ -100,6 +100,13 @@ def test_a_region_whose_only_input_is_a_multiple_of_a_symbol():
     assert not [w for w in caught if "capture of" in str(w.message)], [str(w.message) for w in caught]
 
 
+def _dynamic(fn):
+    """fn under torch.compile(dynamic=True) on a fresh backend context, and that context."""
+    ctx = backend.reset()
+    torch._dynamo.reset()
+    return ctx, torch.compile(fn, backend="cleave", dynamic=True)
+
+
 def _rows(x, n):
     return x.reshape(n, -1).softmax(-1)
 
@@ -108,9 +115,7 @@ def test_a_view_into_a_number_of_rows_given_as_an_int():
     # x.reshape(n, -1) of a length s gives n rows of s // n: the view's element count
     # s = n·floor(s/n) ran eagerly ("s77 = s86*floor(s77/s86)"); s is read as n times a
     # new symbol, as torch guards n | s, in one compiled graph for every (n, s // n)
-    ctx = backend.reset()
-    torch._dynamo.reset()
-    f = torch.compile(_rows, backend="cleave", dynamic=True)
+    ctx, f = _dynamic(_rows)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("error", message="cleave")
         for n, k in ((3, 3), (5, 7), (2, 9), (7, 1)):
@@ -130,9 +135,7 @@ def _rows_of(x, y):
 def test_a_view_into_as_many_rows_as_another_input_has():
     # x of 5·s elements into y's s rows read y's length as x's ("s17 is 15 elsewhere, but
     # 3 here"): every call ran eagerly
-    ctx = backend.reset()
-    torch._dynamo.reset()
-    f = torch.compile(_rows_of, backend="cleave", dynamic=True)
+    ctx, f = _dynamic(_rows_of)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("error", message="cleave")
         for s in (3, 5, 8):
