@@ -36,7 +36,7 @@ def test_module_with_dynamic_true_keeps_parameters_static(ctx):
             _close(f(x), m(x))
     st = ctx.stats()
     assert st["failed"] == 0 and st["graph_breaks"] == 0 and st["unsupported"] == [], st
-    assert st["searches"] == st["operators"] == 1, st
+    assert st["operators"] == 1 and st["searches"] + st["from_cache"] == 1, st  # searched, or from an earlier run
     (op,) = ctx.operators.values()
     weights = [n for n in op.graph.inputs.values() if n.rank == 2 and not n.shape[0].free_symbols]
     assert len(weights) == 2  # the two Linear weights: all dims static
