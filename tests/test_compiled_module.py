@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import pathlib
 import warnings
 
 import torch
@@ -24,6 +25,8 @@ class _Net(torch.nn.Module):
 
     def forward(self, x):
         return self.drop(torch.relu(self.lin(x))) * self.scale
+
+_QUANTIZATION_RULES = pathlib.Path(__file__).parents[1] / "docs" / "examples" / "quantization.rules"
 
 
 @contextlib.contextmanager
@@ -132,3 +135,24 @@ def test_compiled_modules_inside_other_compiled_code():
             assert wrapped.training is False
             torch.testing.assert_close(cleave.compile(model)(x), model(x))
     assert [str(w.message) for w in caught if "cleave" in str(w.message)] == []
+
+
+def test_torch_save_pickles_the_module_and_how_it_was_compiled(tmp_path):
+    """torch.save of the compiled module (or of a model holding it) raised "cannot pickle
+    code objects"; it loads as the original compiled with the same arguments."""
+    torch.manual_seed(0)
+    m = _Net().eval()
+    c = cleave.compile(m, dynamic={"x": {0: "b"}}, top_k=2, rules=[_QUANTIZATION_RULES])
+    outer = torch.nn.Sequential(c, torch.nn.ReLU())
+    x = torch.randn(3, 8)
+    with torch.no_grad(), _quiet():
+        want = outer(x)
+        torch.save(outer, tmp_path / "model.pt")
+        back = torch.load(tmp_path / "model.pt", weights_only=False)
+        inner = back[0]
+        assert type(inner) is type(c) and inner._orig_mod is not m
+        assert inner._options["dynamic"] == {"x": {0: "b"}} and inner._options["top_k"] == 2
+        assert [r.name for r in inner._options["rules"]] == [r.name for r in c._options["rules"]]
+        assert list(inner.state_dict()) == list(c.state_dict())
+        torch.testing.assert_close(back(x), want)
+        assert inner.stats["calls"] == 1 and inner.stats["operators"] >= 1, inner.stats

@@ -107,10 +107,14 @@ class CompiledModule(torch.nn.Module):
     def __deepcopy__(self, memo):
         """A copy of the original, compiled afresh (the compiled function holds locks and
         kernels, which are not copied)."""
-        from .compile import CompiledFunction
+        return _compiled_again(copy.deepcopy(self._orig_mod, memo), self._options)
 
-        module = copy.deepcopy(self._orig_mod, memo)
-        return CompiledModule(module, CompiledFunction(module, **self._options), self._options)
+    def __reduce__(self):
+        """Pickled (torch.save of the module, or of a model holding it) as the original and
+        cleave.compile's arguments: loading compiles it again on its first call, from the
+        kernel cache where that machine has the operators. The compiled function's locks,
+        code objects and kernels are not pickled."""
+        return _compiled_again, (self._orig_mod, self._options)
 
     # -- attribute access, as OptimizedModule forwards it -----------------
     def __getattr__(self, name: str):
@@ -131,3 +135,10 @@ class CompiledModule(torch.nn.Module):
 
     def __dir__(self):
         return sorted(set(dir(self._orig_mod)) | set(super().__dir__()))
+
+
+def _compiled_again(module: torch.nn.Module, options: dict) -> CompiledModule:
+    """A pickled CompiledModule, loaded: `module` compiled with the same arguments."""
+    from .compile import CompiledFunction
+
+    return CompiledModule(module, CompiledFunction(module, **options), options)
