@@ -4,7 +4,8 @@ The search, its rule and candidate checks and the scheduler compute on tensors o
 own. Under torch.compile the first call runs inside AOTAutograd's custom-op aliasing mode
 (torch 2.13), and a user may run code under a mode of their own (a FLOP counter, a
 debugging mode): each of the compile's ~10^6 small torch ops went through that mode's
-Python hook, which saw them as the program's and made the first compile 2-4x slower."""
+Python hook, which saw them as the program's (a cold compile of a dynamic MLP took 88 s
+instead of 65)."""
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -327,8 +327,8 @@ class CompiledOperator:
         """_build_spec with the caller's torch dispatch modes set aside: the search and the
         schedule compute on tensors of their own (rule checks, candidate checks), and a
         first call from torch.compile runs inside AOTAutograd's custom-op aliasing mode
-        (torch 2.13), which sent each of their ~10^6 small torch ops through Python and
-        made a first compile 2-4x slower."""
+        (torch 2.13), which sent each of their ~10^6 small torch ops through Python: a cold
+        compile of a dynamic MLP took 88 s instead of 65."""
         from torch.utils._python_dispatch import _disable_current_modes
 
         with _disable_current_modes():
