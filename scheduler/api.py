@@ -531,11 +531,10 @@ def _schedule_at(graph, facts, env, dynamic, symbols, target, top_k, split=None)
     graph.check(env)
     try:
         kernels = _partition(graph, facts, env, dynamic, symbols, target, relaxed=False)
-    except (BindingError, ShapeError):  # every partition failed: tile what is held whole by default
-        try:
-            kernels = _partition(graph, facts, env, dynamic, symbols, target, relaxed=True)
-        except (BindingError, ShapeError):  # and split the fusions that still fit no tiling (32 chunks' logits)
-            kernels = _partition(graph, facts, env, dynamic, symbols, target, relaxed=True, split_fusions=True)
+    except (BindingError, ShapeError):  # every partition failed: tile what is held whole by default,
+        # and split the fusions that still fit no tiling (32 chunks' logits). Splitting happens only
+        # where the relaxed partition would raise, so one pass does both.
+        kernels = _partition(graph, facts, env, dynamic, symbols, target, relaxed=True, split_fusions=True)
     specs, every = [s for s, _ in kernels], [options for _, options in kernels]
     per_kernel = [options[:top_k] for options in every]
     plans = []
