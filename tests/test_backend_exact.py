@@ -215,6 +215,25 @@ def test_python_scalars_beside_half_and_bool_tensors_are_torchs(ctx):
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
 
 
+def test_integer_tensors_beside_half_tensors_take_the_half_type_first(ctx):
+    """torch converts an integer or bool tensor beside a bf16 or f16 one to the half type
+    before the op: int32 2049 == f16 2048 holds, and 2049 + 0.5 in f16 is 2048. The
+    kernels took the integer to f32 whole and compared or added there."""
+    def mixed(i, h, m):
+        return i == h, i < h, h <= i, i + h, h * i, torch.maximum(i, h), (m > 0) + h
+
+    f = torch.compile(mixed, backend="cleave")
+    i = torch.tensor([2049, 4097, 3, -2049, 257, 1023], dtype=torch.int32)
+    m = torch.tensor([1.0, -1.0, 2.0, 0.0, 1.0, -3.0])
+    for dtype in (torch.float16, torch.bfloat16):
+        h = torch.tensor([2048, 4096, 3, -2048, 256, 0.5], dtype=dtype)
+        for got, want in zip(f(i, h, m), mixed(i, h, m)):
+            assert got.dtype == want.dtype and torch.equal(got, want), (dtype, got, want)
+    assert torch.equal(cleave.compile(lambda a, b: a == b)(i, h), i == h)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
 def test_inputs_named_like_outputs_or_intermediates_keep_their_own_buffers():
     """An argument called `out` or `out0`, or a module parameter `self.out`, had the
     name of cleave's default output: one kernel argument served both, and the kernel

@@ -66,7 +66,19 @@ def binary(t, op, x, y):
     if not hasattr(x, "graph"):
         x = t.lift(x, _beside(y), rounded=not _full_scalar(op, second=False))
     y = t.lift(y, _beside(x), rounded=not _full_scalar(op, second=True))
-    return t.add(op, *_zero_dim_as_the_other(t, x, y, op))
+    return t.add(op, *_zero_dim_as_the_other(t, *_integer_beside_half(t, x, y), op))
+
+
+def _integer_beside_half(t, x, y):
+    """An integer or bool tensor beside a bf16 or f16 one, converted to the half's type
+    first, as torch converts both operands to the promoted type: int32 2049 == f16 2048
+    holds (2049 rounds to 2048), and 2049 + f16 0.5 is 2048.5 before its own rounding,
+    where the kernels' f32 kept the integer whole."""
+    for a, b in ((x, y), (y, x)):
+        if b.dtype in (DType.bf16, DType.f16) and not a.dtype.is_float:
+            cast = _cast(t, a, b.dtype)
+            return (cast, b) if a is x else (b, cast)
+    return x, y
 
 
 def _beside(x):
