@@ -234,6 +234,26 @@ def test_integer_tensors_beside_half_tensors_take_the_half_type_first(ctx):
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
 
 
+def test_a_half_tensor_filled_with_a_number_holds_the_number_rounded(ctx):
+    """A fill of a bf16 or f16 tensor (full_like, masked_fill, where with a number, a
+    pad value, a half arange) holds the half's value: torch converts the number to the
+    tensor's type. The kernels kept 0.1 as 0.1 in f32, which a widening cast or a
+    compare then showed (bf16(0.1) is 0.10009765625, bf16(257) is 256)."""
+    def fills(a, m):
+        return (torch.full_like(a, 0.1).float(), a.masked_fill(m, 257).float(), torch.where(m, 0.1, a).float(),
+                a == torch.full_like(a, 0.1), F.pad(a, (1, 2), value=0.1).float(),
+                torch.arange(a.shape[0] + 300, dtype=a.dtype)[-5:].float())
+
+    f = torch.compile(fills, backend="cleave")
+    m = torch.tensor([True, False, True, False])
+    for dtype in (torch.bfloat16, torch.float16):
+        a = torch.tensor([0.1, 0.2, 256.0, -3.0], dtype=dtype)
+        for got, want in zip(f(a, m), fills(a, m)):
+            assert got.dtype == want.dtype and torch.equal(got, want), (dtype, got, want)
+    st = ctx.stats()
+    assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
 def test_inputs_named_like_outputs_or_intermediates_keep_their_own_buffers():
     """An argument called `out` or `out0`, or a module parameter `self.out`, had the
     name of cleave's default output: one kernel argument served both, and the kernel

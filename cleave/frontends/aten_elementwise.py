@@ -360,14 +360,14 @@ def _where(t, node, a):
     def branch(v):
         if hasattr(v, "graph"):
             return _cast(t, v, out)
-        return t.lift(int(v) if isinstance(v, bool) and out != DType.bool else v, out)
+        return t.lift(int(v) if isinstance(v, bool) and out != DType.bool else v, out, rounded=True)
     return t.add("where", a["condition"], branch(a["self"]), branch(a["other"]))
 
 
 @rule("masked_fill", check=_scalars_fit("value"))
 def _masked_fill(t, node, a):
     x = a["self"]
-    return t.add("where", a["mask"], t.lift(a["value"], x), x)
+    return t.add("where", a["mask"], t.lift(a["value"], x, rounded=True), x)
 
 
 def _logical_not(t, node, a):
@@ -456,8 +456,9 @@ def _dropout(t, node, a):
 
 
 def fill(t, node, value):
-    """A tensor of torch's output shape holding one value."""
-    out = t.lift(value, t.out_dtype(node))
+    """A tensor of torch's output shape holding one value, in its dtype: a half's fill is
+    rounded to it (torch.full_like(x_bf16, 0.1).float() is 0.10009765625)."""
+    out = t.lift(value, t.out_dtype(node), rounded=True)
     dtype = t.out_dtype(node)
     if out.dtype != dtype:
         out = t.add("cast", out, dtype=dtype)
@@ -485,10 +486,11 @@ def _arange_check(a, n):
 @rule("arange", check=_arange_check)
 def _arange(t, node, a):
     """start + i·step. A step other than 1 is computed in i64 and cast once, as torch
-    computes in a wider type and rounds once (exact for integer start and step)."""
+    computes in a wider type and rounds once (exact for integer start and step); a half
+    arange counts in f32 and is rounded once (bf16's 257 is 256)."""
     start, step = a.get("start") or 0, a.get("step", 1)
     if step == 1:
-        out = t.add("iota", shape=t.out_shape(node), axis=0, dtype=t.out_dtype(node))
+        out = t.add("iota", shape=t.out_shape(node), axis=0, dtype=op_math(t.out_dtype(node)))
         return out if start == 0 else binary(t, "add", out, start)
     out = binary(t, "mul", t.add("iota", shape=t.out_shape(node), axis=0, dtype="i64"), step)
     return out if start == 0 else binary(t, "add", out, start)

@@ -409,7 +409,7 @@ def _fill(t, value, x):
     values past 2**24 rounded."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and x.dtype.is_int:
         return t.const(int(value), x.dtype)
-    v = t.lift(value, x)
+    v = t.lift(value, x, rounded=True)  # a half's pad value is the half's (torch converts it)
     return v if v.dtype == x.dtype else t.add("cast", v, dtype=x.dtype)
 
 
