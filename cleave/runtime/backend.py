@@ -46,7 +46,7 @@ def partitioning_backend(ctx: Context, name: str | None = None):
         from torch._dynamo.exc import TorchDynamoException
         from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
-        from ..frontends.decompositions import table
+        from ..frontends.decompositions import table, wrongly_decomposed
         from ..frontends.narrowing import dynamo_refusal
 
         region = name or _compiled_function_name() or f"frame{next(_FRAMES)}"
@@ -54,6 +54,11 @@ def partitioning_backend(ctx: Context, name: str | None = None):
         refused = next(((n, why) for n in gm.graph.nodes if (why := dynamo_refusal(n)) is not None), None)
         if refused is not None:  # functionalized, the write would hold the truncated value: eager raises
             ctx.warn_eager(region, f"{refused[0].target} writes a type its tensor cannot hold ({refused[1]})")
+            ctx.eager_regions += 1
+            return gm.forward
+        wrong = next((why for n in gm.graph.nodes if (why := wrongly_decomposed(n)) is not None), None)
+        if wrong is not None:
+            ctx.warn_eager(region, wrong)
             ctx.eager_regions += 1
             return gm.forward
 
