@@ -53,3 +53,19 @@ def test_region_after_a_strided_conv_compiles_at_every_size():
             torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-5)
     eager = [str(w.message) for w in caught if "do not fit" in str(w.message)]
     assert not eager, eager
+
+
+def test_rows_of_a_width_that_divides_serve_every_length():
+    """(n, 6) viewed as rows of 3 under dynamic shapes reads n·w // 3: w is read as 3·t
+    (its traced size divides by 3), which every n serves. n was read as 3·t + 2 (its
+    traced size 5 and the first name), and two lengths in three ran eagerly."""
+    torch._dynamo.reset()
+    rows = lambda a: a.reshape(-1, 3).amax(1)  # noqa: E731
+    compiled = torch.compile(rows, backend="cleave", dynamic=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (5, 3, 4, 7):
+            x = torch.randn(n, 6)
+            assert torch.equal(compiled(x), rows(x))
+    eager = [str(w.message) for w in caught if "runs eagerly" in str(w.message)]
+    assert not eager, eager

@@ -76,17 +76,19 @@ def _linear(diff, hints: dict) -> tuple[str, sympy.Expr] | None:
 
 
 def _residue(dims, hints: dict) -> tuple[str, sympy.Expr] | None:
+    """A symbol whose traced size c divides goes first, whatever its name: an (n, 6)
+    tensor viewed as rows of 3 under dynamic shapes (n·w // 3) reads w as 3·t, which
+    every n serves, where n = 3·t + 2 (traced at n = 5) served a third of the ns."""
     both = dims[0] - dims[1]
-    for s in sorted(both.free_symbols, key=lambda x: x.name):
-        if s not in hints:
+    found = sorted(((hints[s] % c != 0, s.name, c, s) for s in both.free_symbols if s in hints
+                    for c in _divisors(both, s)), key=lambda f: f[:3])
+    for _, _, c, s in found:
+        r = hints[s] % c
+        if hints[s] < c + r:  # t would be 0: the traced size is the residue alone
             continue
-        for c in _divisors(both, s):
-            r = hints[s] % c
-            if hints[s] < c + r:  # t would be 0: the traced size is the residue alone
-                continue
-            expr = c * D.symbol(f"{s.name}_by{c}") + r
-            if dims[0].subs(s, expr) != dims[0] or dims[1].subs(s, expr) != dims[1]:
-                return s.name, expr
+        expr = c * D.symbol(f"{s.name}_by{c}") + r
+        if dims[0].subs(s, expr) != dims[0] or dims[1].subs(s, expr) != dims[1]:
+            return s.name, expr
     return None
 
 
