@@ -461,6 +461,8 @@ def _flip(t, node, a):
     """Each axis read backwards: take(x, n - 1 - i) over an iota of its extent n (a
     dynamic extent as a `size` value, an integer there)."""
     x = a.get("self", a.get("a"))
+    if x.rank == 0:  # torch takes dim 0 (or -1) of a scalar: nothing to reverse
+        return x
     for d in sorted({d % x.rank for d in a["dims"]}):
         n = x.shape[d]
         last = t.const(int(n) - 1, "i64") if n.is_number else \
