@@ -69,3 +69,20 @@ def test_rows_of_a_width_that_divides_serve_every_length():
             assert torch.equal(compiled(x), rows(x))
     eager = [str(w.message) for w in caught if "runs eagerly" in str(w.message)]
     assert not eager, eager
+
+
+def test_an_interpolate_scaled_by_a_factor_compiles_at_every_size():
+    """int(n * 1.5), interpolate's output size under dynamic shapes, is torch's TruncToInt:
+    read as a floor (the size is not negative), it compiles; left as TruncToInt, no
+    index expression printed and every call ran eagerly."""
+    torch._dynamo.reset()
+    scaled = lambda x: torch.nn.functional.interpolate(x, scale_factor=1.5, mode="bilinear",  # noqa: E731
+                                                       align_corners=True)
+    compiled = torch.compile(scaled, backend="cleave", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for h, w in ((4, 4), (5, 5), (7, 6)):
+            x = torch.randn(2, 3, h, w)
+            torch.testing.assert_close(compiled(x), scaled(x), rtol=1e-5, atol=1e-6)
+    said = [str(w.message) for w in caught if "cleave" in str(w.message)]
+    assert not said, said  # "could not compile f ... cannot print index expression TruncToInt"

@@ -17,6 +17,7 @@ _REWRITES = {
     "FloorToInt": sympy.floor,
     "ToFloat": lambda a: a,
     "TruncToFloat": sympy.floor,
+    "TruncToInt": lambda a: _trunc(a),
     "PowByNatural": lambda a, b: a ** b,
     "FloatPow": lambda a, b: a ** b,
     "Mod": sympy.Mod,
@@ -25,6 +26,17 @@ _REWRITES = {
     "Max": sympy.Max,
     "Min": sympy.Min,
 }
+
+
+def _trunc(a):
+    """int(a): a floor where a is known not negative (a size scaled by a factor,
+    interpolate's int(n * 1.5)), a ceiling where not positive; None (left as torch's)
+    where the sign is unknown."""
+    if a.is_nonnegative:
+        return sympy.floor(a)
+    if a.is_nonpositive:
+        return sympy.ceiling(a)
+    return None
 
 
 class SymbolMap:
@@ -106,6 +118,7 @@ def _rewrite(expr):
         return expr
     args = [_rewrite(a) for a in expr.args]
     fn = _REWRITES.get(type(expr).__name__)
-    if fn is not None:
-        return fn(*args)
+    out = fn(*args) if fn is not None else None
+    if out is not None:
+        return out
     return expr.func(*args) if args else expr
