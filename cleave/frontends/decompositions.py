@@ -59,8 +59,11 @@ def wrongly_decomposed(node) -> str | None:
     if node.op != "call_function":
         return None
     target = node.target
-    name = target._schema.name.split("::")[-1] if isinstance(target, torch._ops.OpOverload) else \
-        getattr(target, "__name__", "")
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        namespace, _, name = target._qualified_op_name.partition("::")
+        name = name if namespace == "aten" else ""
+    else:  # torch's own functions only: a user's function of that name is theirs
+        name = target.__name__ if getattr(target, "__module__", "").startswith("torch") else ""
     if name in WRONGLY_DECOMPOSED:
         return (f"{name}: torch's decomposition of it computes another value than its kernel, so the frame "
                 f"runs as torch's kernels")

@@ -7,26 +7,6 @@ import torch
 
 from ..ir import dims as D
 
-# torch.utils._sympy.functions classes, by name so that torch 2.11..2.13 all work.
-_REWRITES = {
-    "FloorDiv": lambda a, b: sympy.floor(a / b),
-    "CleanDiv": lambda a, b: a / b,
-    "IntTrueDiv": lambda a, b: a / b,
-    "FloatTrueDiv": lambda a, b: a / b,
-    "CeilToInt": sympy.ceiling,
-    "FloorToInt": sympy.floor,
-    "ToFloat": lambda a: a,
-    "TruncToFloat": sympy.floor,
-    "TruncToInt": lambda a: _trunc(a),
-    "PowByNatural": lambda a, b: a ** b,
-    "FloatPow": lambda a, b: a ** b,
-    "Mod": sympy.Mod,
-    "PythonMod": sympy.Mod,
-    "OpaqueUnaryFn_sqrt": sympy.sqrt,
-    "Max": sympy.Max,
-    "Min": sympy.Min,
-}
-
 
 def _trunc(a):
     """int(a): a floor where a is known not negative (a size scaled by a factor,
@@ -37,6 +17,27 @@ def _trunc(a):
     if a.is_nonpositive:
         return sympy.ceiling(a)
     return None
+
+
+# torch.utils._sympy.functions classes, by name so that torch 2.11..2.13 all work.
+_REWRITES = {
+    "FloorDiv": lambda a, b: sympy.floor(a / b),
+    "CleanDiv": lambda a, b: a / b,
+    "IntTrueDiv": lambda a, b: a / b,
+    "FloatTrueDiv": lambda a, b: a / b,
+    "CeilToInt": sympy.ceiling,
+    "FloorToInt": sympy.floor,
+    "ToFloat": lambda a: a,
+    "TruncToFloat": sympy.floor,
+    "TruncToInt": _trunc,
+    "PowByNatural": lambda a, b: a ** b,
+    "FloatPow": lambda a, b: a ** b,
+    "Mod": sympy.Mod,
+    "PythonMod": sympy.Mod,
+    "OpaqueUnaryFn_sqrt": sympy.sqrt,
+    "Max": sympy.Max,
+    "Min": sympy.Min,
+}
 
 
 class SymbolMap:
