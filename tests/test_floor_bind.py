@@ -7,6 +7,7 @@ import pytest
 import sympy
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from cleave.ir import BindingError, Graph
 from cleave.ir import dims as D
@@ -86,3 +87,28 @@ def test_an_interpolate_scaled_by_a_factor_compiles_at_every_size():
             torch.testing.assert_close(compiled(x), scaled(x), rtol=1e-5, atol=1e-6)
     said = [str(w.message) for w in caught if "cleave" in str(w.message)]
     assert not said, said  # "could not compile f ... cannot print index expression TruncToInt"
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: F.pad(x, (0, (-x.shape[1]) % 4)).view(x.shape[0], -1, 4).sum(-1),  # up to a multiple
+    lambda x: x[:, : x.shape[1] - x.shape[1] % 4].reshape(x.shape[0], -1, 4).amax(-1),  # down to one
+], ids=["pad_up", "crop_down"])
+def test_a_length_rounded_to_a_multiple_serves_every_length(fn):
+    """n + (-n) % 4 under dynamic shapes is torch's Mod: read as 4·ceiling(n/4) (the pad
+    4·ceiling(n/4) - n proven not negative by ceiling's bound), one compiled region
+    serves every n. Kept as a Mod, the unifier read n as 4·t + 1 from the first call and
+    the other residues ran eagerly ("no positive integer makes 4*t+1 = 6")."""
+    from cleave.runtime.backend import reset
+
+    torch._dynamo.reset()
+    ctx = reset()
+    compiled = torch.compile(fn, backend="cleave", dynamic=True)
+    lengths = (5, 6, 7, 8, 13)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in lengths:
+            x = torch.randn(3, n)
+            torch.testing.assert_close(compiled(x), fn(x), rtol=1e-5, atol=1e-6)
+    said = [str(w.message) for w in caught if "cleave" in str(w.message)]
+    assert not said, said
+    assert sum(op.stats["calls"] for op in ctx.operators.values()) == len(lengths), ctx.stats()

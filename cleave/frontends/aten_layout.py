@@ -416,9 +416,9 @@ def _fill(t, value, x):
 def _signed(t, p):
     """(p, True) for a pad that adds (p >= 0), (p, False) for one that crops; a dynamic
     amount of unknown sign cannot be lowered."""
-    if p.is_nonnegative:
+    if D.nonnegative(p):
         return p, True
-    if p.is_nonpositive:
+    if D.nonnegative(-p):
         return p, False
     raise CaptureError(f"{t.op}: pad amount {D.fmt(p)} may be negative or positive" + (f" (at {t.loc})" if t.loc else "")
                        + "; its sign decides between padding and cropping")

@@ -19,6 +19,19 @@ def _trunc(a):
     return None
 
 
+def _mod(a, b):
+    """a % b by a positive number as the floor it is, so that a size padded up to a
+    multiple, n + (-n) % 4, reads 4·ceiling(n/4) for every n rather than one residue;
+    sympy's Mod where b is not a positive number or a's sign is unknown."""
+    if not (b.is_Integer and b > 0):
+        return sympy.Mod(a, b)
+    if a.is_nonnegative:
+        return a - b * sympy.floor(a / b)
+    if a.is_nonpositive:  # floor(-x/b) is -ceiling(x/b): indices print floors of nonnegative numbers
+        return a + b * sympy.ceiling(-a / b)
+    return sympy.Mod(a, b)
+
+
 # torch.utils._sympy.functions classes, by name so that torch 2.11..2.13 all work.
 _REWRITES = {
     "FloorDiv": lambda a, b: sympy.floor(a / b),
@@ -32,8 +45,8 @@ _REWRITES = {
     "TruncToInt": _trunc,
     "PowByNatural": lambda a, b: a ** b,
     "FloatPow": lambda a, b: a ** b,
-    "Mod": sympy.Mod,
-    "PythonMod": sympy.Mod,
+    "Mod": _mod,
+    "PythonMod": _mod,
     "OpaqueUnaryFn_sqrt": sympy.sqrt,
     "Max": sympy.Max,
     "Min": sympy.Min,

@@ -74,6 +74,25 @@ def _equal(a: Dim, b: Dim) -> bool:
     return sympy.simplify(a - b) == 0
 
 
+def nonnegative(d: Dim) -> bool:
+    """True when d >= 0 for every binding, also where that rests on ceiling(x) >= x and
+    floor(x) <= x: 4·ceiling(n/4) - n (a pad up to a multiple of 4), which sympy's own
+    assumptions leave open."""
+    if d.is_nonnegative:
+        return True
+    terms = sympy.Add.make_args(sympy.expand(d))
+    lower = []
+    for term in terms:
+        coeff, rest = term.as_coeff_Mul()
+        if isinstance(rest, sympy.ceiling) and coeff > 0 or isinstance(rest, sympy.floor) and coeff < 0:
+            lower.append(coeff * rest.args[0])
+        elif rest.has(sympy.floor, sympy.ceiling):
+            return False
+        else:
+            lower.append(term)
+    return sympy.simplify(sympy.Add(*lower)).is_nonnegative is True
+
+
 def exact_quotients(d: Dim) -> Dim:
     """d with each floor(p/q) read as p/q: equal where the graph's constraints say q
     divides p (h heads of floor(d/h) rows make d rows)."""
