@@ -282,6 +282,11 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     # The plans serve every value of a dynamic symbol; one that is 0 here (a first call
     # with an empty batch) is ranked at 1 instead, where the kernels have programs to cost.
     env = {s: 1 if s in dynamic and v == 0 else v for s, v in shapes.items()}
+    # ... or at the least extent the graph's constraints allow there: a traced `n != 1`
+    # (`if x.shape[0] == 1:`) made 1 fail them, and the call at 0 ran eagerly.
+    zeroed = [s for s, v in shapes.items() if s in dynamic and v == 0]
+    if zeroed and not _holds(graph, env):
+        env = next((e for e in ({**env, **{s: v for s in zeroed}} for v in range(2, 65)) if _holds(graph, e)), env)
     missing = [s.name for s in graph.symbols() if s.name not in env and s.name not in splits]
     if missing:
         raise BindingError(f"scheduler: no value for symbol(s) {', '.join(missing)}")

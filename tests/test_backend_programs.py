@@ -111,6 +111,31 @@ def test_complex_and_polar_are_graph_breaks_named_by_the_op(ctx):
     assert any("aten.complex" in u for u in st["unsupported"]) and any("aten.polar" in u for u in st["unsupported"]), st
 
 
+def test_a_write_into_a_diagonal_is_a_graph_break_named_by_the_op(ctx):
+    """`x.diagonal().fill_(0)` and `torch.diagonal_scatter` went through torch's wider
+    decomposition table, which writes the diagonal of a clone with prims.copy_to:
+    AOTAutograd refused the graph and the whole frame ran eagerly, its warning an
+    internal assertion. Kept whole, diagonal_scatter is a graph break naming the op, and
+    the ops around it compile."""
+    def fill(x):
+        x = x.exp()
+        x.diagonal().fill_(0)
+        return x * 2
+
+    def scatter(x):
+        return torch.diagonal_scatter(x.exp(), torch.ones(4)) * 2
+
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for fn in (fill, scatter):
+            x = torch.randn(4, 4)
+            _close(torch.compile(fn, backend="cleave")(x), fn(x), 1e-5)
+    said = [str(w.message) for w in caught]
+    assert not any("functional graph" in m or "AOTAutograd" in m for m in said), said
+    st = ctx.stats()
+    assert any("diagonal_scatter" in u for u in st["unsupported"]) and st["operators"] >= 2, st
+
+
 def test_arange_with_a_step_compiles_exactly(ctx):
     """RoPE's inverse frequencies (`arange(0, d, 2)`) and counting down from a dynamic
     extent: start + i·step in i64, cast once (ran eagerly: 'only step 1')."""

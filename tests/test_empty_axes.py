@@ -149,6 +149,29 @@ def test_compile_first_call_with_batch_zero(monkeypatch, tmp_path):
     assert f.stats["failed"] == 0 and f.stats["compiles"] == 1 and f.stats["searches"] == 1, f.stats
 
 
+def test_an_empty_call_compiles_where_the_code_branched_on_size_one(monkeypatch, tmp_path):
+    """`if x.shape[0] == 1:` leaves the traced graph the constraint n != 1. A call at n = 0
+    is ranked where programs run, and 1 was that place: its constraint failed there and
+    the call ran eagerly ("could not compile ... fails for n=1"). It is ranked at the
+    least extent the constraints allow."""
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+
+    def f(x):
+        if x.shape[0] == 1:
+            return x.sum(0)
+        return x.mean(0)
+
+    compiled = cleave.compile(f, dynamic={"x": {0: "n"}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (3, 0, 5):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(compiled(x), f(x), equal_nan=True)
+    said = [str(w.message) for w in caught if "cleave" in str(w.message)]
+    assert not said, said
+    assert compiled.stats["failed"] == 0, compiled.stats
+
+
 def test_operator_at_an_empty_shape_compiles_and_times_nothing(monkeypatch, tmp_path):
     """On the GPU a shape whose kernels have no programs is neither timed nor counted as
     having compiled its plan: the first non-empty shape compiles it (outside a capture)."""

@@ -41,7 +41,11 @@ def table() -> dict:
 # - native_dropout, bernoulli: random ops cleave runs eagerly; decomposed, they draw
 #   through rand_like in another order than torch's kernels, so a seeded dropout mask
 #   differed from eager's. Kept whole, they draw as eager does.
-KEPT_WHOLE = {"lift", "lift_fresh", "complex", "polar", "native_dropout", "bernoulli"}
+# - diagonal_scatter: the wider table's decomposition (torch._refs) writes the diagonal of
+#   a clone with prims.copy_to, which AOTAutograd refuses as not functional: a frame with
+#   `x.diagonal().fill_(0)` ran eagerly, its warning that assertion. Kept whole, it is a
+#   graph break named by the op, and the rest of the frame compiles.
+KEPT_WHOLE = {"lift", "lift_fresh", "complex", "polar", "native_dropout", "bernoulli", "diagonal_scatter"}
 
 
 # Ops whose decomposition in torch computes another value than torch's own kernel, and
