@@ -116,7 +116,10 @@ def _eval(node: Node, args, inputs, env, float_type, device) -> torch.Tensor:
     if reads_half_rounded(op, node.dtype):
         args = [_as_stored(x, n.dtype) for x, n in zip(args, node.inputs)]
     if op in _UNARY:
-        return _UNARY[op](args[0])
+        x = args[0]
+        if node.dtype.is_float and not x.is_floating_point():  # exp of an integer: a float function
+            x = x.to(float_type(node.dtype))
+        return _UNARY[op](x)
     if op == "cast":
         return args[0].to(float_type(node.dtype))
     if op in _BINARY:

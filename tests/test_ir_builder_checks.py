@@ -224,3 +224,75 @@ def test_parse_graph_refuses_a_graph_defined_twice(lines, message):
     body = "\n  ".join(['%0 = input(name="x", shape=[4], dtype=f32) : f32[4]', *lines])
     with pytest.raises(cleave.ir.ParseError, match=message):
         parse_graph(f"graph t {{\n  {body}\n}}")
+
+
+# -- found by the session-37 probe of the researcher-facing API -------------------
+def test_a_float_function_of_an_integer_is_a_float_in_the_interpreter_and_the_kernels():
+    """exp of an i32 node was typed i32: the interpreter gave exp(1) = 2.718, the kernel 2.
+    It is f32, as torch.exp of an int32 tensor is."""
+    g = Graph("int_exp")
+    x = g.input("x", ("n",), "i32")
+    g.output(x.exp(), names=["e"])
+    g.output(x.sigmoid(), names=["s"])
+    xs = torch.tensor([1, 2, 3], dtype=torch.int32)
+    ref = interpret(g, {"x": xs})
+    out = launch(cleave.schedule(g, {"n": 3})[0], {"x": xs})
+    assert [r.dtype for r in ref] == [o.dtype for o in out] == [torch.float32] * 2
+    for r, o, want in zip(ref, out, (xs.exp(), xs.sigmoid())):
+        torch.testing.assert_close(r, want)
+        torch.testing.assert_close(o, want)
+
+
+@pytest.mark.parametrize("start, stop", [("m", 0), ("m", 2)])
+def test_a_slice_whose_start_may_pass_its_stop_is_refused_or_constrained(start, stop):
+    """x["m":0] built a dim of -m (and schedule died in half_swap with an AttributeError);
+    x["m":2] recorded no m <= 2."""
+    g = Graph("neg_slice")
+    x = g.input("x", ("m", "k"), "f32")
+    if stop == 0:
+        with pytest.raises(ShapeError, match="slice: stop 0 is before start m"):
+            x[start:stop]
+        return
+    g.output(x[start:stop], names=["o"])
+    with pytest.raises(cleave.ir.BindingError):
+        g.check({"m": 3, "k": 2})
+    g.check({"m": 2, "k": 2})
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda x: x.split(-1, 0, pad=0.0), r"split: count 0 must be >= 1"),
+    (lambda x: x.reshape(("m", -1)), r"reshape: attribute shape="),
+    (lambda x: x.split(-1, -2), r"split: attribute count=-2"),
+    (lambda x: x.graph.add("topk", x, k="q", axis=1, which="values"), r"topk: attribute k='q'"),
+])
+def test_an_attribute_the_builder_cannot_read_names_the_op(build, message):
+    """split by 0 built a dim of sympy's complex infinity (the interpreter then divided by
+    zero); other unreadable attributes raised bare ValueErrors naming no op."""
+    g = Graph("attrs")
+    with pytest.raises(ShapeError, match=message):
+        build(g.input("x", ("m", "k"), "f32"))
+
+
+@pytest.mark.parametrize("value, dtype", [(1000, "i8"), (float("nan"), "i32"), (2.5, "i32"), (-1, "u8")])
+def test_an_integer_const_its_type_cannot_hold_is_refused(value, dtype):
+    """The interpreter (and so the search's candidate check) raised torch's overflow error
+    naming no node, or truncated 2.5 to 2."""
+    with pytest.raises(ShapeError, match="const: .* is not a value of"):
+        Graph("c").const(value, dtype)
+
+
+def test_integer_pow_is_refused_in_the_builder():
+    """pow of i32 nodes built and scheduled, then failed inside Triton at launch."""
+    g = Graph("int_pow")
+    with pytest.raises(ShapeError, match="pow: of i32 operands is not supported"):
+        g.add("pow", g.input("x", ("n",), "i32"), g.input("y", ("n",), "i32"))
+
+
+@pytest.mark.parametrize("name", ["my graph", "attn-v2"])
+def test_a_graph_name_of_several_words_reads_back_and_schedules(name):
+    """The text form's header took one word: schedule (which reads the text back) failed
+    with "a graph starts with 'graph NAME {'"."""
+    g = Graph(name)
+    g.output(g.input("x", ("m",), "f32").exp(), names=["o"])
+    assert parse_graph(g.text()).name == name
+    assert cleave.schedule(g, {"m": 4})

@@ -159,7 +159,14 @@ class Graph:
         missing = [n for n in names if n not in attrs]
         if missing:
             raise ShapeError(f"{op}: missing attribute(s) {', '.join(missing)}")
-        norm = {name: _normalize(kind, attrs[name]) for name, kind in spec.attrs}
+        norm = {}
+        for name, kind in spec.attrs:
+            try:
+                norm[name] = _normalize(kind, attrs[name])
+            except (ValueError, TypeError) as err:  # a bare "a dimension cannot be negative (-1)"
+                where = f" (at {loc})" if loc else ""
+                message = f"{op}: attribute {name}={attrs[name]!r}: {err}{where}"
+                raise (ShapeError(message) if isinstance(err, ValueError) else TypeError(message)) from None
         key = (op, tuple(x.id for x in inputs), tuple((k, _key(v)) for k, v in norm.items()))
         found = self._interned.get(key)
         if found is not None:

@@ -119,6 +119,11 @@ def _infer_input(*, name, shape, dtype):
 
 
 def _infer_const(*, value, dtype):
+    if dtype.is_int:
+        low, high = dtype.int_range
+        if not (isinstance(value, int) or float(value).is_integer()) or not low <= value <= high:
+            _fail("const", f"{value!r} is not a value of {dtype} ({low}..{high}); "
+                           f"wrap or round it first, or give the const a float type")
     return Result((), dtype)
 
 
@@ -131,9 +136,17 @@ def _infer_iota(*, shape, axis, dtype):
     return Result(tuple(shape), dtype)
 
 
+# Unary ops torch computes in floating point: of an integer or bool operand they give
+# torch's default float type (torch.exp(int32) is float32), as the kernels compute them.
+FLOAT_UNARY = ("exp", "exp2", "log", "sqrt", "rsqrt", "recip", "silu", "sigmoid", "tanh",
+               "cos", "sin", "erf", "log1p", "expm1", "erfinv")
+
+
 def _make_unary(op):
     def infer(x):
         _bitwise_operands(op, x.dtype)
+        if op in FLOAT_UNARY and not x.dtype.is_float:
+            return Result(x.shape, DType.f32)
         return Result(x.shape, x.dtype)
     return infer
 
@@ -154,6 +167,9 @@ def _make_binary(op):
             _fail(op, f"divides integers, not {dtype}")
         if op in ("atan2", "hypot", "copysign") and not dtype.is_float:
             _fail(op, f"takes floating-point operands, not {dtype} (cast them first, as torch does)")
+        if op == "pow" and not dtype.is_float:  # the kernels' pow is a float function (exp2 and log2)
+            _fail(op, f"of {dtype} operands is not supported: the kernels compute pow in floats "
+                      f"(cast to a float type first, or write x * x for a small integer power)")
         _bitwise_operands(op, dtype)
         return Result(broadcast_shapes(op, [a.shape, b.shape]), dtype)
     return infer
@@ -246,7 +262,7 @@ def _infer_slice(x, *, axis, start, stop, step):
     if step < 1:
         _fail("slice", f"step {step} must be >= 1")
     span = D.dim(stop) - D.dim(start)
-    if span.is_number and span < 0:
+    if (span.is_number and span < 0) or span.is_negative:
         _fail("slice", f"stop {D.fmt(stop)} is before start {D.fmt(start)}")
     length = span if step == 1 else sympy.floor((span + step - 1) / step)
     if (stop - extent).is_number and stop - extent > 0:
@@ -254,6 +270,8 @@ def _infer_slice(x, *, axis, start, stop, step):
     shape = list(x.shape)
     shape[a] = length
     cons = () if (extent - stop).is_number else (("le", stop, extent, "slice"),)
+    if not D.nonnegative(span):  # x["m":2] holds where m <= 2 only: an extent is never negative
+        cons += (("le", D.dim(start), D.dim(stop), "slice"),)
     return Result(tuple(shape), x.dtype, cons)
 
 
@@ -321,6 +339,8 @@ def _infer_split(x, *, axis, count, pad):
     holds `pad` (the neutral element of the reduction that follows). Without a pad,
     count must divide N."""
     a = _axis("split", axis, len(x.shape))
+    if D.dim(count).is_number and D.dim(count) < 1:
+        _fail("split", f"count {D.fmt(count)} must be >= 1 (operand 0 has shape {D.fmt_shape(x.shape)})")
     n = x.shape[a]
     inner = D.cdiv(n, count)
     cons = ()

@@ -59,7 +59,7 @@ def print_graph(graph, name: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
-_HEADER = re.compile(r"^graph\s+(\S+)\s*\{$")
+_HEADER = re.compile(r"^graph\s+(.*?)\s*\{$")  # any name the builder took: "my graph" reads back
 _NODE = re.compile(r"^%(\d+)\s*=\s*(\w+)\((.*)\)\s*:\s*(\w+)(\[.*\])$")
 _RETURN = re.compile(r"^return\s*(.*)$")
 
