@@ -12,7 +12,7 @@ one of its accumulators is first needed, as one `for` per segment of its tiles
 from __future__ import annotations
 
 import math
-
+import re
 from dataclasses import dataclass, field
 
 import sympy
@@ -298,6 +298,8 @@ class Emitter:
         self.loop_chains: set = set()  # the loop chain of each loop body emitted
         self.loop_runs: dict = {}  # id(instance) -> whether computing it runs a loop (runs_loop)
         self.emitting: set = set()  # the loops whose bodies are being emitted (emit_loop)
+        self.bodies: dict = {}  # id(loop body Block) -> its loop label, while emit_loop fills it
+        self.prefetches: dict = {}  # id(loop body Block) -> its index loads carried a step ahead
 
     # -- small helpers ----------------------------------------------------
     def within_numel(self, dims) -> None:
@@ -701,8 +703,9 @@ class Emitter:
         ptr = f"{buffer_name(self.views.graph, node)}_ptr"
         addr = ptr + (" + " + " + ".join(terms) if terms else "")
         read = None
+        raw_mask = self.mask(mask, dims, block)[len(", mask="):] if mask else None
         if mask and not node.dtype.is_float:  # an index tile: its mask is kept for the loads it addresses
-            read = self.var(b, self.mask(mask, dims, block)[len(", mask="):], dims, "tl.int1")
+            read = self.var(b, raw_mask, dims, "tl.int1")
             mask = {read.name: set(dims)}
         m = f"{self.mask(mask, dims, block)}, other=0" if mask else ""
         elems = _prod([self.t.block[d] for d in dims])
@@ -726,7 +729,8 @@ class Emitter:
         tile = tile_load(self, inst, dims, _ITEMSIZE[ty]) if self.tma and dot_only and dense else None
         if tile is None:
             cg = ", cache_modifier=\".cg\"" if name in self.uncached else ""
-            out = self.var(b, f"tl.load({addr}{m}{cg})", dims, ty)
+            carried = self.prefetched(b, node, addr, raw_mask, cg, [self.t.block[d] for d in dims])
+            out = self.var(b, carried or f"tl.load({addr}{m}{cg})", dims, ty)
         else:
             desc = self.descriptors.setdefault((name, tile.block), f"{name}_desc{len(self.descriptors)}")
             self.stats.tma_in_loop |= bool(b.chain)
@@ -1000,6 +1004,31 @@ class Emitter:
         return vals if node.attrs["which"] == "values" else idxs
 
     # -- loops ------------------------------------------------------------
+    def prefetched(self, b: Block, node, addr: str, mask: str | None, cg: str, shape: list) -> str | None:
+        """The name carrying an index tile loaded a step ahead (Target.index_prefetch), or
+        None: only an integer tile in a loop body whose address and mask read no value of
+        the body but the step's index, so that the next step's can be loaded in this one."""
+        x = self.bodies.get(id(b))
+        if not self.target.index_prefetch or x is None or node.dtype.is_float:
+            return None
+        assigned = {m.group(1) for line in b.lines if (m := re.match(r"(\w+) = ", line))} - {f"idx{x}"}
+        if set(re.findall(r"[A-Za-z_]\w*", addr + (mask or ""))) & assigned:
+            return None
+        carried = f"pf{self.n}"
+        self.n += 1
+        self.prefetches.setdefault(id(b), []).append((carried, addr, mask, cg, shape))
+        self.stats.index_prefetch = True
+        return carried
+
+    def prefetch_load(self, x, addr: str, mask: str | None, cg: str, shape: list, index: str, start: str,
+                      hi: str) -> str:
+        """An index tile's load at the step starting at `start` (`index` its idx), none
+        where that step is past the segment's end `hi`. The guard is a tile of the load's
+        shape: Triton's interpreter rejects a mask broadcast from a scalar compare."""
+        at = lambda text: re.sub(rf"\bidx{x}\b", index, text)  # noqa: E731
+        guard = f"(tl.full({shape}, 0, tl.int64) + {start} < {hi})"
+        return f"tl.load({at(addr)}, mask=" + (f"({at(mask)}) & {guard}" if mask else guard) + f", other=0{cg})"
+
     def emit_loop(self, h: Block, loop: Loop):
         """Loop `loop` (decided by loops.py) rendered in block h, its accumulators cached there."""
         if loop in self.emitting:
@@ -1035,9 +1064,20 @@ class Emitter:
             body = Block(h, h.chain + (x,), trips=h.trips * trips * seg.fraction)
             self.loop_chains.add(body.chain)
             self.keep, self.whole = seg.keep, (x if seg.full else None)
+            self.bodies[id(body)] = x
             self.loop_body(body, loop, accs, deferred)
+            del self.bodies[id(body)]
             self.keep, self.whole = {}, None
             h.lines += [f"{sym} = {render(b)}" for sym, b in seg.defs]
+            # index tiles carried a step ahead: the first step's loaded before the loop,
+            # each next one at the end of the step (none past the segment)
+            off = f" + {self.windows[x].off}" if x in self.windows else ""
+            lo, hi = render(seg.lo), render(seg.hi)
+            for carried, addr, mask, cg, shape in self.prefetches.pop(id(body), ()):
+                h.lines.append(f"{carried} = " + self.prefetch_load(
+                    x, addr, mask, cg, shape, f"({lo}{off} + tl.arange(0, {bx}))", lo, hi))
+                body.lines.append(f"{carried} = " + self.prefetch_load(
+                    x, addr, mask, cg, shape, f"(idx{x} + {bx})", f"(start{x} + {bx})", hi))
             self.searched |= any(isinstance(b, Search) for _, b in seg.defs)
             h.lines.append(f"for start{x} in range({render(seg.lo)}, {render(seg.hi)}, {bx}):")
             h.lines += ["    " + line for line in body.lines]

@@ -19,6 +19,9 @@ class Stats:
     # decode's fused kernel compiled for sm_90: one buffer at 2-4 stages, two at 5 and 6,
     # three at 7; at 3 and 4 only the index tile is copied ahead, the same code at both)
     gathered: set = field(default_factory=set)
+    # the index tiles of the loop are loaded a step ahead (Target.index_prefetch): a
+    # gathered tile then gets stages - 1 buffers (two at 3 stages, compiled for sm_90)
+    index_prefetch: bool = False
     fixed_smem: dict = field(default_factory=dict)  # dot operands held across the loop (the q tile)
     acc_elems: int = 0
     deferred: bool = False  # a loop accumulates a tile lane by lane (codegen.deferred_tile)
@@ -58,8 +61,11 @@ class Stats:
 
     def buffers(self, key, stages: int) -> int:
         """Copies of a loop's tile Triton keeps in shared memory at `stages`: one per
-        stage, a gathered tile (stages - 1) // 2 and one at least."""
-        return max(1, (stages - 1) // 2) if key in self.gathered else stages
+        stage, a gathered tile (stages - 1) // 2 and one at least (stages - 1 where its
+        indices are loaded a step ahead)."""
+        if key not in self.gathered:
+            return stages
+        return max(1, stages - 1 if self.index_prefetch else (stages - 1) // 2)
 
     def in_flight(self, stages: int) -> float:
         """Bytes a program has in flight while it computes on a step: the tiles of the

@@ -36,6 +36,11 @@ class Target:
     # "float32 matrix multiplications use the bfloat16 datatype for internal
     # computations"). torch's "high" (TF32) runs as "highest" (runtime/operator.py).
     f32_matmul: str = "highest"
+    # Load a loop's index tiles (a paged cache's page indices) one step ahead, carried into
+    # the next step: Triton then gives the tile gathered through them two buffers at three
+    # stages, where it gives one at any count (RESULTS.md, session 37; compiled, not yet
+    # timed). Off by default until the GPU says; `benchmarks.build --index-prefetch`.
+    index_prefetch: bool = False
 
     def __post_init__(self):
         if self.f32_matmul not in F32_MATMUL_PRECISIONS:
