@@ -53,6 +53,39 @@ VARIANTS = {"plain": {}, "ws2": {"ws": True}, "ws3": {"ws": True, "stages": 3},
 
 
 @gluon.jit
+def _program_tile(q_desc, k_desc, S, CAUSAL: gl.constexpr):
+    """This program's q tile (the longest causal rows first): its row in the flattened
+    [B·H·S, D] tensors, its head's first kv row, and how many kv tiles it reads."""
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    pid_m = S // BM - 1 - gl.program_id(0)
+    bh = gl.program_id(1)
+    if CAUSAL:
+        n_kv = pid_m + 1
+    else:
+        n_kv = S // BN
+    return bh * S + pid_m * BM, bh * S, n_kv
+
+
+@gluon.jit
+def _kv_rings(k_desc, v_desc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """K and V rings of STAGES tiles with their "ready" barriers (a TMA completes them)
+    and "empty" ones (each of CONSUMERS warpgroups arrives once it is done with a tile)."""
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    return k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
+
+
+@gluon.jit
 def _scores_softmax(s, m_i, l_i, qk_scale, MASK: gl.constexpr, layout: gl.constexpr,
                     BM: gl.constexpr, BN: gl.constexpr):
     """One tile's online-softmax step in base 2; MASK keeps the diagonal tile's rows >= cols."""
@@ -79,15 +112,7 @@ def attn_fwd(q_desc, k_desc, v_desc, o_desc, qk_scale, S, CAUSAL: gl.constexpr, 
     gl.static_assert(BM == BN)
     gl.static_assert(BN == D)
 
-    n_m = S // BM
-    pid_m = n_m - 1 - gl.program_id(0)  # the longest causal rows first
-    bh = gl.program_id(1)
-    q_row = bh * S + pid_m * BM
-    kv_row = bh * S
-    if CAUSAL:
-        n_kv = pid_m + 1
-    else:
-        n_kv = S // BN
+    q_row, kv_row, n_kv = _program_tile(q_desc, k_desc, S, CAUSAL)
 
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                       instr_shape=[16, BN, 16])
@@ -236,29 +261,11 @@ def attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, qk_scale, S, CAUSAL: gl.constexp
     D: gl.constexpr = q_desc.block_type.shape[1]
     BN: gl.constexpr = k_desc.block_type.shape[0]
     dtype: gl.constexpr = q_desc.dtype
-    n_m = S // BM
-    pid_m = n_m - 1 - gl.program_id(0)
-    bh = gl.program_id(1)
-    q_row = bh * S + pid_m * BM
-    kv_row = bh * S
-    if CAUSAL:
-        n_kv = pid_m + 1
-    else:
-        n_kv = S // BN
+    q_row, kv_row, n_kv = _program_tile(q_desc, k_desc, S, CAUSAL)
     q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=1)
+    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = _kv_rings(k_desc, v_desc, STAGES, 1)
     fence_async_shared()
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma_load(q_desc, [q_row, 0], q_bar, q_smem)
@@ -365,38 +372,16 @@ def _pp_wg1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, t
 def attn_fwd_pp(q_desc, k_desc, v_desc, o_desc, qk_scale, S, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     """Warp-specialised with ping-pong: two consumer warpgroups of 64 rows take turns on the
     tensor cores; a loader warpgroup streams K and V. Launch with num_warps=4."""
-    BM: gl.constexpr = q_desc.block_type.shape[0]
-    D: gl.constexpr = q_desc.block_type.shape[1]
-    BN: gl.constexpr = k_desc.block_type.shape[0]
-    dtype: gl.constexpr = q_desc.dtype
-    n_m = S // BM
-    pid_m = n_m - 1 - gl.program_id(0)
-    bh = gl.program_id(1)
-    q_row = bh * S + pid_m * BM
-    kv_row = bh * S
-    if CAUSAL:
-        n_kv = pid_m + 1
-    else:
-        n_kv = S // BN
+    q_row, kv_row, n_kv = _program_tile(q_desc, k_desc, S, CAUSAL)
     last_masked = gl.to_tensor(CAUSAL)
-    q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     turn0 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     turn1 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     mbarrier.init(turn0, count=1)
     mbarrier.init(turn1, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
+    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = _kv_rings(k_desc, v_desc, STAGES, 2)
     fence_async_shared()
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma_load(q_desc, [q_row, 0], q_bar, q_smem)
