@@ -86,6 +86,25 @@ def _kv_rings(k_desc, v_desc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
 
 
 @gluon.jit
+def _softmax_state(BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
+    """A row tile's running max and sum, its output accumulator, and the zero scores
+    each QK^T starts from."""
+    row: gl.constexpr = gl.SliceLayout(1, layout)
+    return (gl.full([BM], float("-inf"), gl.float32, layout=row), gl.full([BM], 0.0, gl.float32, layout=row),
+            gl.zeros([BM, D], gl.float32, layout=layout), gl.zeros([BM, BN], gl.float32, layout=layout))
+
+
+@gluon.jit
+def _online_step(s2, m_i, l_i):
+    """The online softmax's step over base-2 scores s2: (p, the rescale of what came
+    before, the new running max, the new running sum)."""
+    m_new = gl.maximum(m_i, gl.max(s2, axis=1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s2 - gl.expand_dims(m_new, 1))
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
 def _scores_softmax(s, m_i, l_i, qk_scale, MASK: gl.constexpr, layout: gl.constexpr,
                     BM: gl.constexpr, BN: gl.constexpr):
     """One tile's online-softmax step in base 2; MASK keeps the diagonal tile's rows >= cols."""
@@ -95,11 +114,7 @@ def _scores_softmax(s, m_i, l_i, qk_scale, MASK: gl.constexpr, layout: gl.conste
         cols = gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
         keep = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
         s2 = gl.where(keep, s2, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s2, axis=1))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s2 - gl.expand_dims(m_new, 1))
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, m_new, l_i
+    return _online_step(s2, m_i, l_i)
 
 
 @gluon.jit
@@ -117,7 +132,6 @@ def attn_fwd(q_desc, k_desc, v_desc, o_desc, qk_scale, S, CAUSAL: gl.constexpr, 
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                       instr_shape=[16, BN, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=layout, k_width=2)
-    row: gl.constexpr = gl.SliceLayout(1, layout)
 
     q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [2, BN, D], k_desc.layout)
@@ -141,10 +155,7 @@ def attn_fwd(q_desc, k_desc, v_desc, o_desc, qk_scale, S, CAUSAL: gl.constexpr, 
         mbarrier.expect(v_bar.index(i), kv_bytes, pred=has)
         tma_load(v_desc, [kv_row + i * BN, 0], v_bar.index(i), v_smem.index(i), pred=has)
 
-    m_i = gl.full([BM], float("-inf"), gl.float32, layout=row)
-    l_i = gl.full([BM], 0.0, gl.float32, layout=row)
-    o = gl.zeros([BM, D], gl.float32, layout=layout)
-    zero_s = gl.zeros([BM, BN], gl.float32, layout=layout)
+    m_i, l_i, o, zero_s = _softmax_state(BM, BN, D, layout)
 
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_bar.index(0), 0)
@@ -217,11 +228,7 @@ def _ws_compute(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empt
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                       instr_shape=[16, BN, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=layout, k_width=2)
-    row: gl.constexpr = gl.SliceLayout(1, layout)
-    m_i = gl.full([BM], float("-inf"), gl.float32, layout=row)
-    l_i = gl.full([BM], 0.0, gl.float32, layout=row)
-    o = gl.zeros([BM, D], gl.float32, layout=layout)
-    zero_s = gl.zeros([BM, BN], gl.float32, layout=layout)
+    m_i, l_i, o, zero_s = _softmax_state(BM, BN, D, layout)
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_ready.index(0), 0)
     s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
@@ -288,12 +295,7 @@ def _pp_softmax(s, m_i, l_i, qk_scale, keep_all, ROW0: gl.constexpr, layout: gl.
     rows = ROW0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
     keep = (gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)) | keep_all
-    s2 = gl.where(keep, s * qk_scale, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s2, axis=1))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s2 - gl.expand_dims(m_new, 1))
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, m_new, l_i
+    return _online_step(gl.where(keep, s * qk_scale, float("-inf")), m_i, l_i)
 
 
 @gluon.jit
@@ -309,12 +311,8 @@ def _pp_body(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, 
     dtype: gl.constexpr = k_smem.dtype
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=layout, k_width=2)
-    row: gl.constexpr = gl.SliceLayout(1, layout)
     q_half = q_smem.slice(WG * BM, BM, dim=0)
-    m_i = gl.full([BM], float("-inf"), gl.float32, layout=row)
-    l_i = gl.full([BM], 0.0, gl.float32, layout=row)
-    o = gl.zeros([BM, D], gl.float32, layout=layout)
-    zero_s = gl.zeros([BM, BN], gl.float32, layout=layout)
+    m_i, l_i, o, zero_s = _softmax_state(BM, BN, D, layout)
     turn_phase = 1 - WG  # warpgroup 0 goes first: a fresh barrier's previous phase counts as done
 
     mbarrier.wait(q_bar, 0)

@@ -703,8 +703,9 @@ class Emitter:
         ptr = f"{buffer_name(self.views.graph, node)}_ptr"
         addr = ptr + (" + " + " + ".join(terms) if terms else "")
         read = None
-        raw_mask = self.mask(mask, dims, block)[len(", mask="):] if mask else None
+        raw_mask = None  # an index tile's mask as written, for its load a step ahead (prefetched)
         if mask and not node.dtype.is_float:  # an index tile: its mask is kept for the loads it addresses
+            raw_mask = self.mask(mask, dims, block)[len(", mask="):]
             read = self.var(b, raw_mask, dims, "tl.int1")
             mask = {read.name: set(dims)}
         m = f"{self.mask(mask, dims, block)}, other=0" if mask else ""
