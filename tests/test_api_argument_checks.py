@@ -32,6 +32,14 @@ def test_search_of_a_non_graph_says_what_a_graph_comes_from():
         cleave.search("graph")
 
 
+def test_search_of_a_graph_without_outputs_says_so():
+    """It returned a candidate of cost 0 that computes nothing."""
+    g = cleave.Graph("empty")
+    g.input("x", ("m",), "f32")
+    with pytest.raises(ValueError, match=r"search: graph 'empty' has no outputs"):
+        cleave.search(g, progress=False)
+
+
 @pytest.mark.parametrize("as_given", [lambda p: [str(p)], lambda p: str(p), lambda p: p],
                          ids=["list of paths", "one path string", "one Path"])
 def test_search_takes_rule_files_as_cleave_compile_does(as_given):

@@ -243,6 +243,24 @@ def test_a_float_function_of_an_integer_is_a_float_in_the_interpreter_and_the_ke
         torch.testing.assert_close(o, want)
 
 
+def test_the_builders_slash_of_integers_divides_exactly_as_torch():
+    """x / y of i32 nodes truncated (7 / 2 = 3) where torch's `/` gives 3.5; the IR's div
+    of integers is torch's rounding_mode="trunc", which `g.add("div", ...)` still builds."""
+    g = Graph("int_div")
+    x, y = g.input("x", ("n",), "i32"), g.input("y", ("n",), "i32")
+    g.output(x / y, names=["q"])
+    g.output(7 / x, names=["r"])
+    g.output(g.add("div", x, y), names=["t"])
+    xs, ys = torch.tensor([7, -7, 9], dtype=torch.int32), torch.tensor([2, 2, -4], dtype=torch.int32)
+    want = (xs / ys, 7 / xs, torch.div(xs, ys, rounding_mode="trunc"))
+    ref = interpret(g, {"x": xs, "y": ys})
+    out = launch(cleave.schedule(g, {"n": 3})[0], {"x": xs, "y": ys})
+    assert [o.dtype for o in out] == [torch.float32, torch.float32, torch.int32]
+    for r, o, w in zip(ref, out, want):
+        torch.testing.assert_close(r, w)
+        torch.testing.assert_close(o, w)
+
+
 @pytest.mark.parametrize("start, stop", [("m", 0), ("m", 2)])
 def test_a_slice_whose_start_may_pass_its_stop_is_refused_or_constrained(start, stop):
     """x["m":0] built a dim of -m (and schedule died in half_swap with an AttributeError);

@@ -93,3 +93,13 @@ def test_a_rejected_candidate_of_a_cancelling_rule_names_it(tmp_path):
     caught = _search_a_masked_bias(tmp_path, "add-sub-cancel: sub(add(x, y), y) => x")
     messages = [str(w.message) for w in caught if issubclass(w.category, CandidateRejected)]
     assert messages and all("add-sub-cancel" in m and "no rule" not in m for m in messages), messages
+
+
+def test_a_rule_that_never_matches_is_named(tmp_path):
+    """A user rule whose left side occurs nowhere in the graph (a double negation the
+    program never takes) was silent: only the search's stats showed it never fired."""
+    path = tmp_path / "never.rules"
+    path.write_text("family probe phase rewrite\n\nrule probe-neg-neg: neg(neg(x)) => x\n  why: -(-a) = a\n")
+    with pytest.warns(RuleNotUsed, match=r"rule\(s\) probe-neg-neg never matched"):
+        result = cleave.search(_graph(), rules=load_file(path))
+    assert not result.stats["rules_fired"].get("probe-neg-neg")

@@ -51,6 +51,14 @@ def _lift(node, value):
     return node.graph.const(value, dtype)
 
 
+def _true_div(a, b):
+    """`a / b` as Python and torch read it: two integers divide exactly, in f32 (the IR's
+    div of integers truncates, as `torch.div(..., rounding_mode="trunc")` does)."""
+    if not (a.dtype.is_float or b.dtype.is_float):
+        a, b = a.graph.add("cast", a, dtype="f32"), b.graph.add("cast", b, dtype="f32")
+    return a.graph.add("div", a, b)
+
+
 class TensorOps:
     __slots__ = ()
 
@@ -67,8 +75,8 @@ class TensorOps:
     def __rsub__(self, o): return self._rop("sub", o)
     def __mul__(self, o): return self._op("mul", o)
     def __rmul__(self, o): return self._rop("mul", o)
-    def __truediv__(self, o): return self._op("div", o)
-    def __rtruediv__(self, o): return self._rop("div", o)
+    def __truediv__(self, o): return _true_div(self, _lift(self, o))
+    def __rtruediv__(self, o): return _true_div(_lift(self, o), self)
     def __pow__(self, o): return self._op("pow", o)
     def __neg__(self): return self._op("neg")
     def __matmul__(self, o): return self._op("matmul", o)

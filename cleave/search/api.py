@@ -116,19 +116,27 @@ def _cancelling(rules, fired: dict) -> list[str]:
 
 
 class RuleNotUsed(UserWarning):
-    """A rule of the user's fired, yet no candidate's derivation lists it."""
+    """A rule of the user's never matched the graph, or fired yet no candidate's
+    derivation lists it."""
 
 
 def _warn_unused_own_rules(graph, rules, library: set, fired: dict, candidates, rejected: set,
                            stopped: str | None) -> None:
-    """Say which of the user's own rules (not the library's) fired without reaching a
-    candidate, and why where it is known: a researcher's exp(x)·exp(y) => exp(x + y)
+    """Say which of the user's own rules (not the library's) never matched (a typo in an
+    op's name or a dtype the graph lacks, found only by reading the stats before), or
+    fired without reaching a candidate, and why where it is known: a researcher's exp(x)·exp(y) => exp(x + y)
     fired and was never extracted (an exp of an operand that is no difference may
     overflow, so extraction leaves it out), and nothing said so; a rule whose candidate
     the check rejected (`rejected`) was said to "cost more". A rule whose right side is
     one of its variables only cancels terms: derivations never list it."""
     from cleave.rules.dsl import Var
 
+    budget = f"; the search stopped at a budget ({stopped})" if stopped else ""
+    never = [r.name for r in rules if r.name not in library and not fired.get(r.name)]
+    if never:
+        warnings.warn(RuleNotUsed(
+            f"search of {graph.name}: rule(s) {', '.join(never)} never matched: no term of the graph, nor of any "
+            f"form the other rules derived from it, has their left side's shape and dtypes{budget}"), stacklevel=3)
     builds = {r.name for r in rules if not isinstance(r.rhs, Var)}
     used = {name for c in candidates for name in c.derivation}
     unused = sorted(n for n in fired if n in builds and n not in library and n not in used)
@@ -140,11 +148,11 @@ def _warn_unused_own_rules(graph, rules, library: set, fired: dict, candidates, 
             stacklevel=3)
     unused = [n for n in unused if n not in rejected]
     if unused:
-        budget = f"; the search stopped at a budget ({stopped}), so they may not have been ranked" if stopped else ""
+        ranked = ", so they may not have been ranked" if stopped else ""
         warnings.warn(RuleNotUsed(
             f"search of {graph.name}: rule(s) {', '.join(unused)} fired, but no candidate kept uses them: "
             "their results cost more than the candidates kept, or are forms the extraction leaves out (an exp "
-            f"or exp2 of an operand that is not a difference x - m, which may overflow; docs/rules.md){budget}"),
+            f"or exp2 of an operand that is not a difference x - m, which may overflow; docs/rules.md){budget}{ranked}"),
             stacklevel=3)
 
 
@@ -283,6 +291,8 @@ def _check_graph(graph) -> None:
     if not isinstance(graph, Graph):
         raise TypeError(f"search: graph must be a cleave Graph (from cleave.capture(fn, *inputs), "
                         f"cleave.parse_graph(text) or cleave.Graph), got {type(graph).__name__} {graph!r:.80}")
+    if not graph.outputs:  # else a candidate of cost 0 that computes nothing, first among any others
+        raise ValueError(f"search: graph {graph.name!r} has no outputs (give it some with graph.output(...))")
 
 
 def _check_shapes(graph: Graph, shapes) -> None:
