@@ -124,6 +124,16 @@ def test_launch_names_a_dynamic_symbol_no_input_binds():
         launch(plan, {"x": torch.randn(3)})
 
 
+def test_launch_refuses_an_input_the_graph_does_not_have():
+    """A misspelt name was ignored (the graph's own input then reported missing, or an
+    unread extra one dropped without a word)."""
+    from cleave.runtime.launch import launch
+
+    plan = cleave.schedule(_row_sum(), {"m": 3, "n": 5})[0]
+    with pytest.raises(BindingError, match=r"launch: 'mask' is not an input of graph 'rowsum' \(its inputs: x\)"):
+        launch(plan, {"x": torch.randn(3, 5), "mask": torch.ones(3, 5)})
+
+
 # -- fidelity ---------------------------------------------------------------------
 def test_matching_nan_and_inf_compare_equal():
     want = torch.tensor([[1.0, math.nan, math.inf], [-math.inf, 2.0, 3.0], [math.nan, math.nan, -math.inf]])

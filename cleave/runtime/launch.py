@@ -107,6 +107,10 @@ def bind(plan: Plan, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
     graph = _cached(plan).get("graph")
     if graph is None:
         graph = _cached(plan)["graph"] = parse_graph(plan.graph)
+    unknown = [name for name in inputs if name not in graph.inputs]
+    if unknown:  # a misspelt name was ignored, and the input it meant reported missing or taken from elsewhere
+        raise BindingError(f"launch: {', '.join(map(repr, unknown))} is not an input of graph {graph.name!r} "
+                           f"(its inputs: {', '.join(graph.inputs)})")
     env = graph.bind({k: tuple(v.shape) for k, v in inputs.items()}, extra=dict(plan.split))
     _bind_from_plan(plan, graph, env)
     failed = plan.fits(env)
