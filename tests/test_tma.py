@@ -260,3 +260,32 @@ def test_an_intermediate_passed_as_an_address_gets_its_typed_view(descriptors_ma
     desc, use = values
     assert use and descriptors_made == [(16, 16)]
     assert desc.base.dtype == torch.bfloat16 and desc.base.data_ptr() == workspace.data_ptr() + 256
+
+
+def test_a_direct_launch_reuses_its_descriptors_per_address_and_holds_no_tensor(descriptors_made):
+    """A compiled kernel launched directly keeps the descriptors it built: the next call on
+    the same buffers builds none (three per attention call were a third of its host
+    time), one on another buffer builds that one, and no kept descriptor keeps the
+    caller's tensor alive."""
+    import weakref
+    from types import SimpleNamespace
+
+    prepared = SimpleNamespace(intermediates=[])
+    tma = (True, [(0, "q", [8, 32], [32, 1], [8, 32]), (1, "k", [8, 32], [32, 1], [8, 32])])
+    q, k = torch.randn(8, 32), torch.randn(8, 32)
+    kept = {}
+    first = L._with_descriptors(tma, [None, None], {"q": q, "k": k}, True, prepared, None, kept)
+    again = L._with_descriptors(tma, [None, None], {"q": q, "k": k}, True, prepared, None, kept)
+    assert descriptors_made == [(8, 32), (8, 32)] and again[0] is first[0] and again[1] is first[1]
+    assert [d.base.data_ptr() for d in first[:2]] == [q.data_ptr(), k.data_ptr()]
+    assert first[0].base.dtype == torch.float32 and first[2] is True
+
+    other = torch.randn(8, 32)
+    moved = L._with_descriptors(tma, [None, None], {"q": q, "k": other}, True, prepared, None, kept)
+    assert len(descriptors_made) == 3 and moved[0] is first[0] and moved[1].base.data_ptr() == other.data_ptr()
+    gone = weakref.ref(other)
+    del other, moved
+    assert gone() is None  # the kept descriptor holds an address, not the tensor
+
+    unaligned = L._with_descriptors(tma, [None, None], {"q": q, "k": k}, False, prepared, None, kept)
+    assert unaligned == [None, None, False]
