@@ -4,6 +4,7 @@ and inf that match eager as matching."""
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,21 @@ def test_launch_refuses_an_input_the_graph_does_not_have():
     plan = cleave.schedule(_row_sum(), {"m": 3, "n": 5})[0]
     with pytest.raises(BindingError, match=r"launch: 'mask' is not an input of graph 'rowsum' \(its inputs: x\)"):
         launch(plan, {"x": torch.randn(3, 5), "mask": torch.ones(3, 5)})
+
+
+def test_launch_says_when_it_rounds_an_input_to_the_plans_dtype():
+    """An f64 tensor given to an f32 plan was rounded to f32 without a word; a bf16 one
+    widens exactly, and is converted silently."""
+    from cleave.runtime.launch import InputCastWarning, launch
+
+    plan = cleave.schedule(_row_sum(), {"m": 3, "n": 5})[0]
+    x = torch.randn(3, 5, dtype=torch.float64)
+    with pytest.warns(InputCastWarning, match=r"launch: input 'x' is torch.float64, and the plan takes torch.float32"):
+        (o,) = launch(plan, {"x": x})
+    torch.testing.assert_close(o, x.float().exp().sum(-1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputCastWarning)
+        launch(plan, {"x": x.to(torch.bfloat16)})
 
 
 # -- fidelity ---------------------------------------------------------------------

@@ -304,7 +304,7 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
     for name, want in prepared.casts:
         t = inputs[name]
         if want is not None:
-            tensors[name] = t = (t if t.dtype == want else t.to(want)).contiguous()
+            tensors[name] = t = (t if t.dtype == want else _cast_input(name, t, want)).contiguous()
             bases_ok = bases_ok and t.data_ptr() % 16 == 0
         device = t.device
     if device is None:
@@ -381,6 +381,21 @@ def _interpreted_launch():
 
     with _INTERPRETER_LOCK, numpy.errstate(all="ignore"):
         yield
+
+
+class InputCastWarning(UserWarning):
+    """An input is converted to the plan's dtype, and the conversion may change values."""
+
+
+def _cast_input(name: str, t: torch.Tensor, want: torch.dtype) -> torch.Tensor:
+    """t as the plan's dtype. A float input narrowed to a smaller float type, or any float
+    to an integer, changes values: said, where it happened without a word (an f32
+    tensor given to a bf16 plan came back rounded to bf16)."""
+    if t.is_floating_point() and (not want.is_floating_point or torch.finfo(want).bits < torch.finfo(t.dtype).bits):
+        warnings.warn(InputCastWarning(f"launch: input {name!r} is {t.dtype}, and the plan takes {want}: converted "
+                                       "before the kernels, which rounds it (pass it as the plan's dtype)"),
+                      stacklevel=4)
+    return t.to(want)
 
 
 class SharedMemoryWarning(UserWarning):
