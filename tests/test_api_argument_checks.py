@@ -148,6 +148,9 @@ def test_launch_says_when_it_rounds_an_input_to_the_plans_dtype():
     with warnings.catch_warnings():
         warnings.simplefilter("error", InputCastWarning)
         launch(plan, {"x": x.to(torch.bfloat16)})
+    half = cleave.schedule(cleave.parse_graph(_row_sum().text().replace("f32", "bf16")), {"m": 3, "n": 5})[0]
+    with pytest.warns(InputCastWarning, match=r"is torch.float16, and the plan takes torch.bfloat16"):
+        launch(half, {"x": x.half()})  # same width, another rounding: not exact either way
 
 
 # -- fidelity ---------------------------------------------------------------------

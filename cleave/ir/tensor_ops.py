@@ -55,7 +55,7 @@ def _true_div(a, b):
     """`a / b` as Python and torch read it: two integers divide exactly, in f32 (the IR's
     div of integers truncates, as `torch.div(..., rounding_mode="trunc")` does)."""
     if not (a.dtype.is_float or b.dtype.is_float):
-        a, b = a.graph.add("cast", a, dtype="f32"), b.graph.add("cast", b, dtype="f32")
+        a, b = a.cast("f32"), b.cast("f32")
     return a.graph.add("div", a, b)
 
 

@@ -388,10 +388,10 @@ class InputCastWarning(UserWarning):
 
 
 def _cast_input(name: str, t: torch.Tensor, want: torch.dtype) -> torch.Tensor:
-    """t as the plan's dtype. A float input narrowed to a smaller float type, or any float
-    to an integer, changes values: said, where it happened without a word (an f32
-    tensor given to a bf16 plan came back rounded to bf16)."""
-    if t.is_floating_point() and (not want.is_floating_point or torch.finfo(want).bits < torch.finfo(t.dtype).bits):
+    """t as the plan's dtype. A float input made an integer, or a float type no wider
+    (f32 to bf16, bf16 to f16 and back), changes values: said, where it happened without
+    a word (an f32 tensor given to a bf16 plan came back rounded to bf16)."""
+    if t.is_floating_point() and (not want.is_floating_point or torch.finfo(want).bits <= torch.finfo(t.dtype).bits):
         warnings.warn(InputCastWarning(f"launch: input {name!r} is {t.dtype}, and the plan takes {want}: converted "
                                        "before the kernels, which rounds it (pass it as the plan's dtype)"),
                       stacklevel=4)

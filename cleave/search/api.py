@@ -124,8 +124,8 @@ def _warn_unused_own_rules(graph, rules, library: set, fired: dict, candidates, 
                            stopped: str | None) -> None:
     """Say which of the user's own rules (not the library's) never matched (a typo in an
     op's name or a dtype the graph lacks, found only by reading the stats before), or
-    fired without reaching a candidate, and why where it is known: a researcher's exp(x)·exp(y) => exp(x + y)
-    fired and was never extracted (an exp of an operand that is no difference may
+    fired without reaching a candidate, and why where it is known: a researcher's
+    exp(x)·exp(y) => exp(x + y) fired and was never extracted (an exp of an operand that is no difference may
     overflow, so extraction leaves it out), and nothing said so; a rule whose candidate
     the check rejected (`rejected`) was said to "cost more". A rule whose right side is
     one of its variables only cancels terms: derivations never list it."""
@@ -136,7 +136,8 @@ def _warn_unused_own_rules(graph, rules, library: set, fired: dict, candidates, 
     if never:
         warnings.warn(RuleNotUsed(
             f"search of {graph.name}: rule(s) {', '.join(never)} never matched: no term of the graph, nor of any "
-            f"form the other rules derived from it, has their left side's shape and dtypes{budget}"), stacklevel=3)
+            f"form the other rules derived from it, matches their left side where their conditions hold{budget}"),
+            stacklevel=3)
     builds = {r.name for r in rules if not isinstance(r.rhs, Var)}
     used = {name for c in candidates for name in c.derivation}
     unused = sorted(n for n in fired if n in builds and n not in library and n not in used)
