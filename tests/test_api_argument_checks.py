@@ -153,6 +153,26 @@ def test_launch_says_when_it_rounds_an_input_to_the_plans_dtype():
         launch(half, {"x": x.half()})  # same width, another rounding: not exact either way
 
 
+def test_launch_says_when_it_narrows_an_integer_input():
+    """int64 indices given to an int32 plan wrapped past 2**31 without a word; int16
+    widens exactly, and an integer too wide for the plan's float significand rounds."""
+    from cleave.runtime.launch import InputCastWarning, launch
+
+    g = cleave.Graph("isum")
+    i = g.input("i", ("m", "n"), "i32")
+    plan = cleave.schedule(g.output(i.sum(-1), names=["o"]), {"m": 3, "n": 5})[0]
+    big = torch.full((3, 5), 2**31 + 7, dtype=torch.int64)
+    with pytest.warns(InputCastWarning, match=r"input 'i' is torch.int64, and the plan takes torch.int32: .*"
+                                              r"wraps values outside torch.int32's range"):
+        launch(plan, {"i": big})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputCastWarning)
+        (o,) = launch(plan, {"i": torch.arange(15, dtype=torch.int16).reshape(3, 5)})
+    assert o.tolist() == [10, 35, 60]
+    with pytest.warns(InputCastWarning, match=r"is torch.int32, and the plan takes torch.float32: .* rounds it"):
+        launch(cleave.schedule(_row_sum(), {"m": 3, "n": 5})[0], {"x": torch.ones(3, 5, dtype=torch.int32)})
+
+
 # -- fidelity ---------------------------------------------------------------------
 def test_matching_nan_and_inf_compare_equal():
     want = torch.tensor([[1.0, math.nan, math.inf], [-math.inf, 2.0, 3.0], [math.nan, math.nan, -math.inf]])

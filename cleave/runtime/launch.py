@@ -387,13 +387,37 @@ class InputCastWarning(UserWarning):
     """An input is converted to the plan's dtype, and the conversion may change values."""
 
 
+def _holds_every_value(of: torch.dtype, into: torch.dtype) -> bool:
+    """Whether every value of dtype `of` converts to `into` unchanged: a wider float
+    holds a narrower one, a float holds an integer within its significand (f32 holds
+    int16, not int32), an integer holds one of a range inside its own."""
+    if of == torch.bool:
+        return True
+    if into == torch.bool or into.is_complex or of.is_complex:
+        return of == into
+    if of.is_floating_point:
+        if not into.is_floating_point:
+            return False
+        a, b = torch.finfo(of), torch.finfo(into)
+        return b.eps <= a.eps and b.max >= a.max and b.smallest_normal <= a.smallest_normal
+    source = torch.iinfo(of)
+    if into.is_floating_point:
+        magnitude_bits = source.bits - (source.min < 0)
+        return magnitude_bits <= 1 - math.log2(torch.finfo(into).eps)
+    target = torch.iinfo(into)
+    return target.min <= source.min and target.max >= source.max
+
+
 def _cast_input(name: str, t: torch.Tensor, want: torch.dtype) -> torch.Tensor:
-    """t as the plan's dtype. A float input made an integer, or a float type no wider
-    (f32 to bf16, bf16 to f16 and back), changes values: said, where it happened without
-    a word (an f32 tensor given to a bf16 plan came back rounded to bf16)."""
-    if t.is_floating_point() and (not want.is_floating_point or torch.finfo(want).bits <= torch.finfo(t.dtype).bits):
+    """t as the plan's dtype. A conversion that may change values (f32 to bf16, f16 to
+    bf16, a float to an integer, int64 to int32, int32 to f32) is said, where it happened
+    without a word: an f32 tensor given to a bf16 plan came back rounded, int64 indices
+    past int32's range wrapped."""
+    if not _holds_every_value(t.dtype, want):
+        changes = ("rounds it" if want.is_floating_point else "truncates it" if t.is_floating_point()
+                   else f"wraps values outside {want}'s range")
         warnings.warn(InputCastWarning(f"launch: input {name!r} is {t.dtype}, and the plan takes {want}: converted "
-                                       "before the kernels, which rounds it (pass it as the plan's dtype)"),
+                                       f"before the kernels, which {changes} (pass it as the plan's dtype)"),
                       stacklevel=4)
     return t.to(want)
 
