@@ -47,7 +47,7 @@ _UNARY = per_op({
     "erf": torch.erf, "log1p": torch.log1p, "expm1": torch.expm1,
     "inf_to_zero": lambda x: torch.where(torch.isinf(x), torch.zeros_like(x), x),
     "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc, "round": torch.round, "sign": torch.sign,
-    "erfinv": torch.erfinv, "bit_not": torch.bitwise_not,
+    "erfinv": torch.erfinv, "erfc": torch.erfc, "bit_not": torch.bitwise_not,
 }, "unary", where="interpreter")
 _BINARY = per_op({
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,

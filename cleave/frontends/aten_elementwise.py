@@ -33,12 +33,28 @@ def floats_only(a, n):
     return None if dtype.is_floating_point else f"torch computes it on floating-point tensors only, not {dtype}"
 
 
-_UNARY_CHECKS = {"round": lambda a, n: "decimals other than 0 are not supported" if a.get("decimals", 0) else None,
-                 "silu": floats_only}  # the other float functions of integers give floats (exp, tanh)
+_UNARY_CHECKS = {"silu": floats_only}  # the other float functions of integers give floats (exp, tanh)
 for _name in _UNARY:
     # prims ops of the same name are what PyTorch's decompositions leave (round, sign...)
     _prims = [f"prims.{_name}"] if hasattr(torch.ops.prims, _name) else []
     rule(_name, *_prims, check=_UNARY_CHECKS.get(_name))(_unary)
+
+
+@rule("round.decimals", check=floats_only)
+def _round_decimals(t, node, a):
+    """round(x * 10^d) / 10^d, or round(x / 10^-d) * 10^-d for d < 0, in the op-math type
+    with 10^d as that type holds it, rounded to x's type once: torch's kernel, bit for bit."""
+    x, decimals = a["self"], a.get("decimals", 0)
+    if not decimals:
+        return t.add("round", x)
+    wide = _cast(t, x, op_math(x.dtype))
+    scale = t.const(float(torch.tensor(10.0 ** abs(decimals), dtype=getattr(torch, wide.dtype.torch_name))),
+                    wide.dtype.value)
+    if decimals > 0:
+        rounded = t.add("div", t.add("round", t.add("mul", wide, scale)), scale)
+    else:
+        rounded = t.add("mul", t.add("round", t.add("div", wide, scale)), scale)
+    return _cast(t, rounded, x.dtype)
 
 
 @rule("log2", "prims.log2", "log10", "prims.log10")
@@ -455,6 +471,15 @@ def _dropout(t, node, a):
     return a["input"]
 
 
+@rule("rrelu_with_noise_functional", check=lambda a, n: "rrelu in training mode (random slopes)" if a.get("training")
+      else floats_only(a, n))
+def _rrelu_eval(t, node, a):
+    """Out of training, rrelu is leaky_relu with the slope (lower + upper) / 2, as torch
+    computes it: x where x > 0, else x times the slope; the noise buffer is not touched."""
+    x, slope = a["self"], (a.get("lower", 0.125) + a.get("upper", 1 / 3)) / 2
+    return t.add("where", t.add("gt", x, t.lift(0, x)), x, binary(t, "mul", x, slope)), a["noise"]
+
+
 def fill(t, node, value):
     """A tensor of torch's output shape holding one value, in its dtype: a half's fill is
     rounded to it (torch.full_like(x_bf16, 0.1).float() is 0.10009765625)."""
@@ -468,6 +493,8 @@ def fill(t, node, value):
 
 rule("ones", "ones_like", "new_ones")(lambda t, n, a: fill(t, n, 1))
 rule("zeros", "zeros_like", "new_zeros")(lambda t, n, a: fill(t, n, 0))
+# torch.empty's values are whatever memory held: zeros are one such (rrelu's unused noise)
+rule("empty.memory_format", "empty_like", "new_empty")(lambda t, n, a: fill(t, n, 0))
 rule("full", "full_like", "new_full", check=_scalars_fit("fill_value"))(
     lambda t, n, a: fill(t, n, a["fill_value"]))
 rule("scalar_tensor", "prims.scalar_tensor", check=_scalars_fit("s", in_op_math=True))(

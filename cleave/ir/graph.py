@@ -59,7 +59,7 @@ def _check_name(kind: str, name: str) -> None:
 # a symbol is a kernel parameter, so one of these would shadow or clash with it.
 KERNEL_NAMES = frozenset({
     "tl", "triton", "os", "DOT_BF16", "INTERPRETED", "TMA", "AXIS", "to_bf16", "mul", "max_nan", "min_nan",
-    "reduce_max", "reduce_min", "first_at_least", "negative", "pow_f32", "atan2_f32", "hypot_f32", "erfinv_f32",
+    "reduce_max", "reduce_min", "first_at_least", "negative", "pow_f32", "atan2_f32", "hypot_f32", "erfinv_f32", "erfc_f32",
     "pid", "tile", "pmn", "first", "rows", "arrived", "arrivals", "out"})
 # kernel locals and buffers (v3, tid0, idx1, acc0, start2, t4, out0), pointer and
 # descriptor parameters (x_ptr), and the split factors the search adds (s_n)

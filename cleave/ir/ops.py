@@ -24,7 +24,7 @@ from .errors import DimMismatch, ShapeError
 # The elementwise vocabulary, by kind; the structural ops are registered at the end.
 UNARY = ("exp", "exp2", "log", "sqrt", "rsqrt", "neg", "recip", "silu", "sigmoid", "tanh",
          "square", "cos", "sin", "abs", "erf", "log1p", "expm1", "inf_to_zero",
-         "floor", "ceil", "trunc", "round", "sign", "erfinv",
+         "floor", "ceil", "trunc", "round", "sign", "erfinv", "erfc",
          "bit_not")  # ~x of an integer or bool
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow", "fmod",  # fmod: C's, exact (torch.fmod)
           "idiv",  # integer division truncated toward 0 (C's; torch.div(rounding_mode="trunc"))
@@ -139,7 +139,7 @@ def _infer_iota(*, shape, axis, dtype):
 # Unary ops torch computes in floating point: of an integer or bool operand they give
 # torch's default float type (torch.exp(int32) is float32), as the kernels compute them.
 FLOAT_UNARY = ("exp", "exp2", "log", "sqrt", "rsqrt", "recip", "silu", "sigmoid", "tanh",
-               "cos", "sin", "erf", "log1p", "expm1", "erfinv")
+               "cos", "sin", "erf", "log1p", "expm1", "erfinv", "erfc")
 
 
 def _make_unary(op):

@@ -16,7 +16,7 @@ from cleave.ir import Graph
 # Ops mapping finite operands to finite values (exp overflows in f32 at 89; a max
 # over an empty axis is -inf; a division or log can make an infinity from finite data).
 KEEPS_FINITE = frozenset({
-    "neg", "abs", "square", "silu", "sigmoid", "tanh", "cos", "sin", "erf", "floor", "ceil", "trunc", "round", "sign",
+    "neg", "abs", "square", "silu", "sigmoid", "tanh", "cos", "sin", "erf", "erfc", "floor", "ceil", "trunc", "round", "sign",
     "add", "sub", "mul", "max", "min", "atan2", "copysign", "lt", "le", "gt", "ge", "eq", "ne",
     "where", "matmul", "cast", "broadcast", "reshape", "permute", "slice", "concat", "gather", "take",
 })
