@@ -18,10 +18,6 @@ SIZE_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 # `_assert_async`, a check of tensor data (`torch._assert_async`, a Python `assert` on a
 # tensor under dynamo): it has no rule, so it runs eagerly (a graph break), and raises.
 IGNORED = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range", "sym_constrain_range_for_size"}
-# The `_assert_async` of an index's range that torch's own op traces (F.one_hot's, a graph
-# break in every MoE router writing it) checks nothing the kernels check: an index out of
-# range is not checked there (README, "Indices out of range"), and one_hot's row is zeros.
-INDEX_RANGE_ASSERTS_OF = {"one_hot"}
 
 
 @dataclass(frozen=True)
@@ -66,13 +62,8 @@ def rule_for(fx_node) -> Rule | None:
 
 
 def is_ignored(fx_node) -> bool:
-    from .errors import decomposed_from
-
     target = fx_node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return False
-    name = target._schema.name.split("::")[-1]
-    return name in IGNORED or name == "_assert_async" and decomposed_from(fx_node) in INDEX_RANGE_ASSERTS_OF
+    return isinstance(target, torch._ops.OpOverload) and target._schema.name.split("::")[-1] in IGNORED
 
 
 def is_supported(fx_node) -> bool:
@@ -165,4 +156,4 @@ def meta_args(fx_node) -> dict:
     return bind_args(fx_node, meta)
 
 
-from . import aten_attention, aten_elementwise, aten_layout, aten_reduce  # noqa: E402,F401  (they register rules)
+from . import aten_attention, aten_elementwise, aten_layout, aten_reduce, aten_scatter  # noqa: E402,F401  (they register rules)

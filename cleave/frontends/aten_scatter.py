@@ -1,0 +1,173 @@
+"""Writes at indices (index_put, scatter, scatter_add) as reads: each element of the
+result looks up the last index entry naming its position, takes that entry's value, and
+keeps its own where none does. A boolean mask is a `where`.
+
+The kernels compare every position with every index entry, so the index must be short
+where the comparison runs per element (scatter along an axis, accumulating writes): past
+SHORT_INDEX entries, or of a size only known at run time, those stay eager. A write into
+an input (a KV cache's `index_copy_`, `k_cache[:, :, pos] = k`) stays eager too: torch
+writes those rows alone, where the result of a kernel is a whole new tensor, copied back.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..ir import dims as D
+from .aten_elementwise import _cast
+from .aten_layout import broadcast, reshape, unsqueeze
+from .aten_map import rule
+
+SHORT_INDEX = 256  # index entries compared per element of the result
+
+
+def _into_an_input(n) -> bool:
+    """Whether the op writes into a graph input in place: its destination is an input (or
+    a view of one), and its result is an output of the graph, directly or scattered back
+    into the input's base (`cache[0].index_copy_`): functionalized, that output is
+    copied into the input. A functional `torch.scatter(x, ...)` read further compiles."""
+    if n is None or not n.args:
+        return False
+    dest = n.args[0]
+    while isinstance(dest, torch.fx.Node) and dest.op == "call_function" \
+            and isinstance(dest.target, torch._ops.OpOverload) and dest.target.is_view:
+        dest = dest.args[0]
+    if not (isinstance(dest, torch.fx.Node) and dest.op == "placeholder"):
+        return False
+    frontier, seen = [n], set()
+    while frontier:
+        node = frontier.pop()
+        for user in node.users:
+            if user.op == "output":
+                return True
+            name = str(user.target)
+            if user not in seen and name.split(".")[1 if name.startswith("aten.") else 0].endswith("_scatter"):
+                seen.add(user)
+                frontier.append(user)
+    return False
+
+
+def _short(extent, what: str) -> str | None:
+    if not isinstance(extent, int):
+        return f"{what} has a size known only at run time; each element would compare with all of it"
+    if extent > SHORT_INDEX:
+        return f"{what} has {extent} entries (over {SHORT_INDEX}); each element would compare with all of them"
+    return None
+
+
+def _index_put_check(a, n):
+    if _into_an_input(n):
+        return "a write into an input stays eager: torch writes those elements alone"
+    present = [i for i in a["indices"] if i is not None]
+    if len(present) != 1:
+        return "indices on several axes"
+    index, values = present[0], a["values"]
+    if index.dtype in (torch.bool, torch.uint8):
+        if values.numel() != 1:
+            return "values assigned through a mask one by one (only a single value is a where)"
+        return None
+    if a.get("accumulate"):
+        return _short(index.numel(), "the index")
+    return None
+
+
+@rule("index_put", check=_index_put_check)
+def _index_put(t, node, a):
+    """x[..., i, ...] = v on one axis: by a boolean mask (its leading axes from there),
+    where(mask, v, x); by integer indices, each position takes the value of the last
+    entry naming it (negative ones count from the end), or with `accumulate` adds them
+    all."""
+    x, values = a["self"], a["values"]
+    axis = next(d for d, i in enumerate(a["indices"]) if i is not None)
+    index = a["indices"][axis]
+    values = _cast(t, values, x.dtype)
+    if not index.dtype.is_int:
+        mask = reshape(t, index, (D.dim(1),) * axis + index.shape + (D.dim(1),) * (x.rank - axis - index.rank))
+        one = reshape(t, values, ())
+        return t.add("where", mask, t.add("add", x, one) if a.get("accumulate") else one, x)
+    entries = index.shape
+    at = x.shape[:axis] + entries + x.shape[axis + 1:]
+    values = broadcast(t, reshape(t, values, (D.dim(1),) * (len(at) - values.rank) + values.shape), at)
+    flat = math.prod(entries, start=D.dim(1))
+    index = reshape(t, index, (flat,))
+    values = reshape(t, values, x.shape[:axis] + (flat,) + x.shape[axis + 1:])
+    return _write_along(t, x, axis, index, values, bool(a.get("accumulate")))
+
+
+def _write_along(t, x, axis, index, values, accumulate: bool):
+    """x with position k of `axis` replaced by values[..., j, ...] for the last j where
+    index[j] names k (index 1-d, its entries along `axis` of values), or with every
+    such j added."""
+    extent, entries = x.shape[axis], index.shape[0]
+    index = _from_the_end(t, index, extent)
+    hits = t.add("eq", reshape(t, index, (D.dim(1), entries)), t.add("iota", shape=(extent, D.dim(1)), axis=0,
+                                                                       dtype=index.dtype.value))
+    last = _last_hit(t, hits, t.add("iota", shape=(D.dim(1), entries), axis=1, dtype="i64"), axis=1)
+    written = reshape(t, t.add("ge", last, t.const(0, "i64")),
+                      (D.dim(1),) * axis + (extent,) + (D.dim(1),) * (x.rank - axis - 1))
+    if accumulate:
+        grid = reshape(t, hits, (D.dim(1),) * axis + (extent, entries) + (D.dim(1),) * (x.rank - axis - 1))
+        added = t.add("reduce", t.add("where", grid, unsqueeze(t, values, axis), t.lift(0, values)),
+                      op="sum", axis=axis + 1, keepdim=0)
+        return t.add("where", written, t.add("add", x, _cast(t, added, x.dtype)), x)
+    taken = t.add("take", values, t.add("max", last, t.const(0, "i64")), axis=axis)
+    return t.add("where", written, taken, x)
+
+
+def _from_the_end(t, index, extent):
+    """Negative entries counted from the end of an axis of `extent`, as advanced indexing does."""
+    size = t.lift(extent, index)
+    return t.add("where", t.add("lt", index, t.lift(0, index)), t.add("add", index, size), index)
+
+
+def _last_hit(t, hits, positions, axis):
+    """Per row, the largest position along `axis` where `hits` holds, or -1."""
+    found = t.add("where", hits, positions, t.const(-1, "i64"))
+    return t.add("reduce", found, op="max", axis=axis, keepdim=0)
+
+
+def _scatter_check(a, n):
+    if _into_an_input(n):
+        return "a write into an input stays eager: torch writes those elements alone"
+    x, index = a["self"], a["index"]
+    if x.dim() == 0:
+        return "a scatter into a 0-d tensor"
+    axis = a["dim"] % x.dim()
+    if index.dim() != x.dim() or any(index.shape[d] != x.shape[d] for d in range(x.dim()) if d != axis):
+        return "an index narrower than its destination off the scattered axis"
+    return _short(index.shape[axis], "the index along the scattered axis")
+
+
+@rule("scatter.src", "scatter.value", "scatter_add", check=_scatter_check)
+def _scatter(t, node, a):
+    """torch.scatter (the last write of a position wins) and scatter_add along `dim`:
+    out[..., k, ...] reads the entries of index's row equal to k."""
+    x, index = a["self"], a["index"]
+    axis = a["dim"] % x.rank
+    src = a.get("src", a.get("value"))
+    if not hasattr(src, "graph"):
+        src = t.lift(src, x, rounded=True)
+    src = _cast(t, src, x.dtype)
+    if src.rank:
+        for d in range(src.rank):
+            if not D.equal(src.shape[d], index.shape[d]):
+                src = t.add("slice", src, axis=d, start=D.dim(0), stop=index.shape[d], step=1)
+    else:
+        src = broadcast(t, reshape(t, src, (D.dim(1),) * index.rank), index.shape)
+    extent, entries = x.shape[axis], index.shape[axis]
+    index = _from_the_end(t, index, extent)
+    grid = t.add("eq", unsqueeze(t, index, axis),
+                 t.add("iota", shape=(D.dim(1),) * axis + (extent, D.dim(1)) + (D.dim(1),) * (x.rank - axis - 1),
+                       axis=axis, dtype=index.dtype.value))
+    positions = t.add("iota", shape=(D.dim(1),) * (axis + 1) + (entries,) + (D.dim(1),) * (x.rank - axis - 1),
+                      axis=axis + 1, dtype="i64")
+    last = _last_hit(t, grid, positions, axis=axis + 1)
+    written = t.add("ge", last, t.const(0, "i64"))
+    if "scatter_add" in str(node.target):
+        added = t.add("reduce", t.add("where", grid, unsqueeze(t, src, axis), t.lift(0, src)),
+                      op="sum", axis=axis + 1, keepdim=0)
+        out = t.add("where", written, t.add("add", x, _cast(t, added, x.dtype)), x)
+    else:
+        out = t.add("where", written, t.add("gather", src, t.add("max", last, t.const(0, "i64")), axis=axis), x)
+    return out

@@ -1,0 +1,149 @@
+"""Writes at indices (index_put, index_copy, index_add, index_fill, scatter, scatter_add)
+compile as reads (`frontends/aten_scatter.py`); each was a graph break. A write into an
+input (a KV cache's index_copy_) stays eager, where torch writes the rows alone."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cleave
+
+
+def mask_set(x):
+    y = x.clone()
+    y[y < 0] = 0.5
+    return y * 2
+
+
+def index_fill(x):
+    return x.index_fill(1, torch.tensor([0, -2]), -1.0) + 1  # a negative index counts from the end
+
+
+def topk_mask(x):
+    v, i = x.topk(2, -1)
+    return torch.full_like(x, float("-inf")).scatter(-1, i, v).softmax(-1)
+
+
+def router_gates(x):
+    w, i = x.softmax(-1).topk(3, -1)
+    return torch.zeros_like(x).scatter(1, i, w / w.sum(-1, keepdim=True)) * 2
+
+
+def scatter_add(x):
+    i = (x.abs() * 3).long() % 5
+    return torch.zeros(x.shape[0], 5, dtype=x.dtype).scatter_add(1, i, x) + 1
+
+
+def index_copy(x):
+    c = torch.zeros(x.shape[0], 9, dtype=x.dtype)
+    c.index_copy_(1, torch.tensor([8, 2, 5, 0, 1, 3, 4]), x)
+    return c + 1
+
+
+def index_add(x):
+    c = torch.ones(x.shape[0], 4, dtype=x.dtype)
+    c.index_add_(1, torch.tensor([0, 3, 3, 1, 0, 2, 2]), x, alpha=0.5)
+    return c * 1
+
+
+def rows_put(x):
+    c = torch.zeros(3, *x.shape, dtype=x.dtype)
+    c[torch.tensor([2, 0])] = x * 2
+    return c - 1
+
+
+def put_accumulate(x):
+    c = torch.zeros(4, x.shape[1], dtype=x.dtype)
+    c.index_put_((torch.tensor([1, 1, 2]),), x[:3] * 2, accumulate=True)  # row 1 twice: both added
+    return c
+
+
+def last_write_wins(x):
+    c = torch.zeros(x.shape[0], 3, dtype=x.dtype)
+    c[:, torch.tensor([1, 1, 2])] = x[:, :3]  # column 1 twice: the last entry's, as torch's CPU kernel
+    return c
+
+
+CASES = [mask_set, index_fill, topk_mask, router_gates, scatter_add, index_copy, index_add, rows_put,
+         put_accumulate, last_write_wins]
+
+
+def _no_break(f, *args):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")  # a graph break or a fallback warns
+        return f(*args)
+
+
+@pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__)
+def test_writes_at_indices_compile_exactly(fn):
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(5, 7, generator=gen)
+    f = torch.compile(fn, backend="cleave")
+    torch.testing.assert_close(_no_break(f, x), fn(x), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(_no_break(cleave.compile(fn, verbose=False), x), fn(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn", [index_copy, rows_put, mask_set, index_add], ids=lambda f: f.__name__)
+def test_writes_at_indices_under_dynamic_shapes_and_bf16(fn):
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(3)
+    f = torch.compile(fn, backend="cleave", dynamic=True)
+    for rows in (5, 8, 11):
+        x = torch.randn(rows, 7, generator=gen)
+        torch.testing.assert_close(_no_break(f, x), fn(x), rtol=1e-6, atol=1e-6)
+    xb = torch.randn(6, 7, generator=gen).bfloat16()
+    torch.testing.assert_close(_no_break(torch.compile(fn, backend="cleave"), xb).float(), fn(xb).float(),
+                               rtol=1e-2, atol=1e-2)
+
+
+def test_a_write_into_an_input_stays_eager_and_exact():
+    """A KV cache written in place: torch writes the row alone, where a kernel's result is
+    the whole cache, copied back. The write is a graph break, named with its reason."""
+    def step(cache, k):
+        cache.index_copy_(0, torch.tensor([3]), k)
+        return cache.sum(-1)
+
+    torch._dynamo.reset()
+    cache = torch.randn(6, 7)
+    kept, k = cache.clone(), torch.randn(1, 7)
+    with pytest.warns(UserWarning, match=r"index_put.*a write into an input stays eager"):
+        got = torch.compile(step, backend="cleave")(cache, k)
+    want = step(kept, k)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(cache, kept)
+
+
+def test_a_long_or_dynamic_index_accumulates_eagerly():
+    """Each element compares with every index entry: an accumulating write of more than
+    SHORT_INDEX entries stays eager, named, and exact."""
+    from cleave.frontends.aten_scatter import SHORT_INDEX
+
+    def histogram(i):
+        return torch.zeros(10).index_add_(0, i, torch.ones(i.shape[0])) * 1
+
+    torch._dynamo.reset()
+    i = torch.randint(0, 10, (SHORT_INDEX + 1,))
+    with pytest.warns(UserWarning, match=r"the index has 257 entries \(over 256\)"):
+        got = torch.compile(histogram, backend="cleave")(i)
+    torch.testing.assert_close(got, histogram(i))
+
+
+def test_one_hot_gates_of_a_router():
+    """The dense gates a MoE router builds by scatter, used in its combine."""
+    def moe(x, w1, w2):
+        probs = F.softmax(x @ w1.sum(-1).T, -1)
+        w, i = probs.topk(2, -1)
+        gates = torch.zeros_like(probs).scatter(1, i, w)
+        return torch.einsum("te,etd->td", gates, torch.einsum("td,edf->etf", x, w1) @ w2)
+
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(11)
+    x, w1, w2 = torch.randn(9, 8, generator=gen), torch.randn(4, 8, 6, generator=gen), torch.randn(6, 8, generator=gen)
+    torch.testing.assert_close(_no_break(torch.compile(moe, backend="cleave"), x, w1, w2), moe(x, w1, w2),
+                               rtol=1e-4, atol=1e-4)
