@@ -38,8 +38,10 @@ class Target:
     f32_matmul: str = "highest"
     # Load a loop's index tiles (a paged cache's page indices) one step ahead, carried into
     # the next step: Triton then gives the tile gathered through them two buffers at three
-    # stages, where it gives one at any count (RESULTS.md, session 37; compiled, not yet
-    # timed). Off by default until the GPU says; `benchmarks.build --index-prefetch`.
+    # stages, where it gives one at any count (RESULTS.md, session 37). Off: on an H100 the
+    # MLA paged decode's prefetched kernel faulted (illegal memory access) once the tuning
+    # launched it at one stage (session 39), cause not yet found, and it was never timed
+    # against the default. `benchmarks.build --index-prefetch` builds it.
     index_prefetch: bool = False
 
     def __post_init__(self):
