@@ -69,8 +69,20 @@ def last_write_wins(x):
     return c
 
 
+def pairs_put(x):
+    y = x.clone()  # entries on two axes, broadcast together; -1 counts from the end
+    y[torch.tensor([[0], [2]]), torch.tensor([1, -1])] = torch.tensor([5.0, 6.0])
+    return y * 1
+
+
+def pairs_accumulate(x):
+    y = torch.zeros(3, 4, dtype=x.dtype)
+    y.index_put_((torch.tensor([0, 0, 2]), torch.tensor([1, 1, 3])), x[0, :3], accumulate=True)
+    return y * 1
+
+
 CASES = [mask_set, index_fill, topk_mask, router_gates, scatter_add, index_copy, index_add, rows_put,
-         put_accumulate, last_write_wins]
+         put_accumulate, last_write_wins, pairs_put, pairs_accumulate]
 
 
 def _no_break(f, *args):
@@ -117,6 +129,21 @@ def test_a_write_into_an_input_stays_eager_and_exact():
     want = step(kept, k)
     torch.testing.assert_close(got, want)
     assert torch.equal(cache, kept)
+
+
+def test_an_entry_outside_its_axis_writes_nothing():
+    """Merged, (0, 9) of a 3 x 4 tensor would name position 9, row 2's second element:
+    an entry outside its axis names none (eager raises; README, *Indices out of range*)."""
+    def put(x):
+        y = x.clone()
+        y[torch.tensor([0, 1]), torch.tensor([9, 2])] = -1.0
+        return y * 1
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 4)
+    want = x.clone()
+    want[1, 2] = -1.0
+    torch.testing.assert_close(_no_break(torch.compile(put, backend="cleave"), x), want)
 
 
 def test_a_long_or_dynamic_index_accumulates_eagerly():

@@ -15,6 +15,7 @@ import math
 import torch
 
 from ..ir import dims as D
+from ..ir.ops import broadcast_shapes
 from .aten_elementwise import _cast
 from .aten_layout import broadcast, reshape, unsqueeze
 from .aten_map import rule
@@ -59,40 +60,65 @@ def _short(extent, what: str) -> str | None:
 def _index_put_check(a, n):
     if _into_an_input(n):
         return "a write into an input stays eager: torch writes those elements alone"
-    present = [i for i in a["indices"] if i is not None]
-    if len(present) != 1:
-        return "indices on several axes"
-    index, values = present[0], a["values"]
+    axes = [d for d, i in enumerate(a["indices"]) if i is not None]
+    index, values = a["indices"][axes[0]], a["values"]
     if index.dtype in (torch.bool, torch.uint8):
+        if len(axes) > 1:
+            return "a mask beside other indices"
         if values.numel() != 1:
             return "values assigned through a mask one by one (only a single value is a where)"
         return None
+    if axes != list(range(axes[0], axes[0] + len(axes))):
+        return "index tensors on axes that are not next to each other"
     if a.get("accumulate"):
-        return _short(index.numel(), "the index")
+        return _short(torch.broadcast_shapes(*(a["indices"][d].shape for d in axes)).numel(), "the index")
     return None
 
 
 @rule("index_put", check=_index_put_check)
 def _index_put(t, node, a):
-    """x[..., i, ...] = v on one axis: by a boolean mask (its leading axes from there),
-    where(mask, v, x); by integer indices, each position takes the value of the last
-    entry naming it (negative ones count from the end), or with `accumulate` adds them
-    all."""
+    """x[..., i, ...] = v: by a boolean mask (its leading axes from there), where(mask, v,
+    x); by integer indices (on one axis, or several adjacent ones merged), each position
+    takes the value of the last entry naming it (negative ones count from the end), or
+    with `accumulate` adds them all."""
     x, values = a["self"], a["values"]
-    axis = next(d for d, i in enumerate(a["indices"]) if i is not None)
-    index = a["indices"][axis]
+    axes = [d for d, i in enumerate(a["indices"]) if i is not None]
+    axis, last = axes[0], axes[-1]
     values = _cast(t, values, x.dtype)
+    index = a["indices"][axis]
     if not index.dtype.is_int:
         mask = reshape(t, index, (D.dim(1),) * axis + index.shape + (D.dim(1),) * (x.rank - axis - index.rank))
         one = reshape(t, values, ())
         return t.add("where", mask, t.add("add", x, one) if a.get("accumulate") else one, x)
-    entries = index.shape
-    at = x.shape[:axis] + entries + x.shape[axis + 1:]
+    index, entries = _merged_index(t, x, [a["indices"][d] for d in axes], axes)
+    merged = math.prod(x.shape[axis:last + 1], start=D.dim(1))
+    at = x.shape[:axis] + entries + x.shape[last + 1:]
     values = broadcast(t, reshape(t, values, (D.dim(1),) * (len(at) - values.rank) + values.shape), at)
     flat = math.prod(entries, start=D.dim(1))
     index = reshape(t, index, (flat,))
-    values = reshape(t, values, x.shape[:axis] + (flat,) + x.shape[axis + 1:])
-    return _write_along(t, x, axis, index, values, bool(a.get("accumulate")))
+    values = reshape(t, values, x.shape[:axis] + (flat,) + x.shape[last + 1:])
+    flat_x = reshape(t, x, x.shape[:axis] + (merged,) + x.shape[last + 1:])
+    return reshape(t, _write_along(t, flat_x, axis, index, values, bool(a.get("accumulate"))), x.shape)
+
+
+def _merged_index(t, x, indices, axes):
+    """Index tensors on adjacent axes (broadcast together) as one index into those axes
+    merged, row-major; each counted from the end when negative. An entry outside its
+    axis gets the merged extent, which names no position (it would alias another row)."""
+    if len(indices) == 1:
+        return indices[0], indices[0].shape
+    shape = broadcast_shapes("index_put", [i.shape for i in indices])
+    linear, inside, stride = None, None, D.dim(1)
+    for d, i in reversed(list(zip(axes, indices))):
+        i = broadcast(t, reshape(t, i, (D.dim(1),) * (len(shape) - i.rank) + i.shape), shape)
+        i = _from_the_end(t, i, x.shape[d])
+        ok = t.add("where", t.add("ge", i, t.lift(0, i)), t.add("lt", i, t.lift(x.shape[d], i)),
+                   t.const(False, "bool"))
+        inside = ok if inside is None else t.add("where", inside, ok, t.const(False, "bool"))
+        term = i if stride == 1 else t.add("mul", i, t.lift(stride, i))
+        linear = term if linear is None else t.add("add", linear, term)
+        stride = stride * x.shape[d]
+    return t.add("where", inside, linear, t.lift(stride, linear)), shape
 
 
 def _write_along(t, x, axis, index, values, accumulate: bool):
