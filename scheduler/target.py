@@ -39,9 +39,10 @@ class Target:
     # Load a loop's index tiles (a paged cache's page indices) one step ahead, carried into
     # the next step: Triton then gives the tile gathered through them two buffers at three
     # stages, where it gives one at any count (RESULTS.md, session 37). Off: on an H100 the
-    # MLA paged decode's prefetched kernel faulted (illegal memory access) once the tuning
-    # launched it at one stage (session 39), cause not yet found, and it was never timed
-    # against the default. `benchmarks.build --index-prefetch` builds it.
+    # runtime's tuning of the MLA paged decode's prefetched plans faulted (illegal memory
+    # access) with asynchronous launches, never with CUDA_LAUNCH_BLOCKING=1, and each of their
+    # kernel options ran clean alone (session 39); cause not found, never timed against the
+    # default. `benchmarks.build --index-prefetch` builds them.
     index_prefetch: bool = False
 
     def __post_init__(self):
