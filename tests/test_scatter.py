@@ -81,7 +81,13 @@ def pairs_accumulate(x):
     return y * 1
 
 
-CASES = [mask_set, index_fill, topk_mask, router_gates, scatter_add, index_copy, index_add, rows_put,
+def pad_embedding(x):
+    y = x.clone()  # a vector for each masked row: one value per trailing element
+    y[x[:, 0] > 0] = torch.arange(7, dtype=x.dtype)
+    return y * 1
+
+
+CASES = [pad_embedding, mask_set, index_fill, topk_mask, router_gates, scatter_add, index_copy, index_add, rows_put,
          put_accumulate, last_write_wins, pairs_put, pairs_accumulate]
 
 
@@ -101,7 +107,7 @@ def test_writes_at_indices_compile_exactly(fn):
     torch.testing.assert_close(_no_break(cleave.compile(fn, verbose=False), x), fn(x), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("fn", [index_copy, rows_put, mask_set, index_add], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [index_copy, rows_put, mask_set, index_add, pad_embedding], ids=lambda f: f.__name__)
 def test_writes_at_indices_under_dynamic_shapes_and_bf16(fn):
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(3)

@@ -57,6 +57,13 @@ def _short(extent, what: str) -> str | None:
     return None
 
 
+def _broadcasts(shape, onto) -> bool:
+    """Whether `shape` broadcasts to `onto` (right-aligned, without growing it)."""
+    if len(shape) > len(onto):
+        return False
+    return all(s == 1 or s == o for s, o in zip(reversed(shape), reversed(onto)))
+
+
 def _index_put_check(a, n):
     if _into_an_input(n):
         return "a write into an input stays eager: torch writes those elements alone"
@@ -65,8 +72,9 @@ def _index_put_check(a, n):
     if index.dtype in (torch.bool, torch.uint8):
         if len(axes) > 1:
             return "a mask beside other indices"
-        if values.numel() != 1:
-            return "values assigned through a mask one by one (only a single value is a where)"
+        trailing = a["self"].shape[axes[0] + index.dim():]
+        if values.numel() != 1 and not _broadcasts(values.shape, trailing):
+            return "values assigned through a mask one by one (a where takes one value, or one per trailing element)"
         return None
     if axes != list(range(axes[0], axes[0] + len(axes))):
         return "index tensors on axes that are not next to each other"
@@ -78,7 +86,7 @@ def _index_put_check(a, n):
 @rule("index_put", check=_index_put_check)
 def _index_put(t, node, a):
     """x[..., i, ...] = v: by a boolean mask (its leading axes from there), where(mask, v,
-    x); by integer indices (on one axis, or several adjacent ones merged), each position
+    x), v one value or one per trailing element (`x[pad] = embedding`); by integer indices (on one axis, or several adjacent ones merged), each position
     takes the value of the last entry naming it (negative ones count from the end), or
     with `accumulate` adds them all."""
     x, values = a["self"], a["values"]
@@ -88,8 +96,8 @@ def _index_put(t, node, a):
     index = a["indices"][axis]
     if not index.dtype.is_int:
         mask = reshape(t, index, (D.dim(1),) * axis + index.shape + (D.dim(1),) * (x.rank - axis - index.rank))
-        one = reshape(t, values, ())
-        return t.add("where", mask, t.add("add", x, one) if a.get("accumulate") else one, x)
+        value = reshape(t, values, ()) if values.rank and math.prod(values.shape) == 1 else values
+        return t.add("where", mask, t.add("add", x, value) if a.get("accumulate") else value, x)
     index, entries = _merged_index(t, x, [a["indices"][d] for d in axes], axes)
     merged = math.prod(x.shape[axis:last + 1], start=D.dim(1))
     at = x.shape[:axis] + entries + x.shape[last + 1:]
