@@ -5,6 +5,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import re
 import warnings
 
 import pytest
@@ -180,3 +181,25 @@ def test_one_hot_gates_of_a_router():
     x, w1, w2 = torch.randn(9, 8, generator=gen), torch.randn(4, 8, 6, generator=gen), torch.randn(6, 8, generator=gen)
     torch.testing.assert_close(_no_break(torch.compile(moe, backend="cleave"), x, w1, w2), moe(x, w1, w2),
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("write", ["uint8 mask", "f16 values"])
+def test_writes_torch_refuses_raise_as_eagerly(write):
+    """A uint8 mask and values of another dtype: torch's index_put_ refuses both, and the
+    compiled function raised nothing."""
+    def put(x):
+        y = x.clone()
+        if write == "uint8 mask":
+            y.index_put_(((x > 0).to(torch.uint8),), torch.tensor(0.5))
+        else:
+            y.index_put_((torch.tensor([0, 2]),), torch.ones(2, 5, dtype=torch.float16))
+        return y * 1
+
+    torch._dynamo.reset()
+    x = torch.randn(4, 5)
+    with pytest.raises(RuntimeError) as eager:
+        put(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the graph break
+        with pytest.raises(RuntimeError, match=re.escape(str(eager.value).split("\n")[0][:40])):
+            torch.compile(put, backend="cleave")(x)

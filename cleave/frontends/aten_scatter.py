@@ -15,6 +15,7 @@ import math
 import torch
 
 from ..ir import dims as D
+from ..ir.dtypes import DType
 from ..ir.ops import broadcast_shapes
 from .aten_elementwise import _cast
 from .aten_layout import broadcast, reshape, unsqueeze
@@ -69,7 +70,11 @@ def _index_put_check(a, n):
         return "a write into an input stays eager: torch writes those elements alone"
     axes = [d for d, i in enumerate(a["indices"]) if i is not None]
     index, values = a["indices"][axes[0]], a["values"]
-    if index.dtype in (torch.bool, torch.uint8):
+    if index.dtype == torch.uint8:
+        return "a uint8 mask (torch refuses it)"
+    if values.dtype != a["self"].dtype:
+        return f"values of {values.dtype} written into {a['self'].dtype} (torch refuses it)"
+    if index.dtype == torch.bool:
         if len(axes) > 1:
             return "a mask beside other indices"
         trailing = a["self"].shape[axes[0] + index.dim():]
@@ -86,15 +91,16 @@ def _index_put_check(a, n):
 @rule("index_put", check=_index_put_check)
 def _index_put(t, node, a):
     """x[..., i, ...] = v: by a boolean mask (its leading axes from there), where(mask, v,
-    x), v one value or one per trailing element (`x[pad] = embedding`); by integer indices (on one axis, or several adjacent ones merged), each position
-    takes the value of the last entry naming it (negative ones count from the end), or
-    with `accumulate` adds them all."""
+    x), v one value or one per trailing element
+    (`x[pad] = embedding`); by integer indices (on one axis, or several adjacent ones
+    merged), each position takes the value of the last entry naming it (negative ones
+    count from the end), or with `accumulate` adds them all."""
     x, values = a["self"], a["values"]
     axes = [d for d, i in enumerate(a["indices"]) if i is not None]
     axis, last = axes[0], axes[-1]
     values = _cast(t, values, x.dtype)
     index = a["indices"][axis]
-    if not index.dtype.is_int:
+    if index.dtype == DType.bool:
         mask = reshape(t, index, (D.dim(1),) * axis + index.shape + (D.dim(1),) * (x.rank - axis - index.rank))
         value = reshape(t, values, ()) if values.rank and math.prod(values.shape) == 1 else values
         return t.add("where", mask, t.add("add", x, value) if a.get("accumulate") else value, x)
@@ -198,7 +204,7 @@ def _scatter(t, node, a):
                       axis=axis + 1, dtype="i64")
     last = _last_hit(t, grid, positions, axis=axis + 1)
     written = t.add("ge", last, t.const(0, "i64"))
-    if "scatter_add" in str(node.target):
+    if node.target._schema.name.endswith("scatter_add"):
         added = t.add("reduce", t.add("where", grid, unsqueeze(t, src, axis), t.lift(0, src)),
                       op="sum", axis=axis + 1, keepdim=0)
         out = t.add("where", written, t.add("add", x, _cast(t, added, x.dtype)), x)
