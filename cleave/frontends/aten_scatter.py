@@ -17,7 +17,7 @@ import torch
 from ..ir import dims as D
 from ..ir.dtypes import DType
 from ..ir.ops import broadcast_shapes
-from .aten_elementwise import _cast
+from .aten_elementwise import _cast, binary
 from .aten_layout import broadcast, reshape, unsqueeze
 from .aten_map import rule
 
@@ -113,6 +113,40 @@ def _index_put(t, node, a):
     values = reshape(t, values, x.shape[:axis] + (flat,) + x.shape[last + 1:])
     flat_x = reshape(t, x, x.shape[:axis] + (merged,) + x.shape[last + 1:])
     return reshape(t, _write_along(t, flat_x, axis, index, values, bool(a.get("accumulate"))), x.shape)
+
+
+def _along_check(accumulating: bool):
+    def check(a, n):
+        if _into_an_input(n):
+            return "a write into an input stays eager: torch writes those elements alone"
+        x, index, source = a["self"], a["index"], a.get("source")
+        if x.dim() == 0 or index.dim() != 1:
+            return "a 0-d destination or an index that is not 1-d"
+        if source is not None and source.dtype != x.dtype:
+            return f"a source of {source.dtype} written into {x.dtype} (torch refuses it)"
+        return _short(index.shape[0], "the index") if accumulating else None
+    return check
+
+
+@rule("index_copy", "index_fill", check=_along_check(accumulating=False))
+@rule("index_add", check=_along_check(accumulating=True))
+def _index_along(t, node, a):
+    """index_copy, index_add (times alpha) and index_fill along `dim` with a 1-d index:
+    index_put's write on one axis (the last entry naming a position wins; index_add adds
+    them all)."""
+    x, index = a["self"], a["index"]
+    axis = a["dim"] % x.rank
+    name = node.target._schema.name.split("::")[-1]
+    if name == "index_fill":
+        value = a["value"]
+        value = _cast(t, value if hasattr(value, "graph") else t.lift(value, x, rounded=True), x.dtype)
+        values = broadcast(t, reshape(t, value, (D.dim(1),) * x.rank),
+                           x.shape[:axis] + index.shape + x.shape[axis + 1:])
+    else:
+        values = a["source"]
+        if a.get("alpha", 1) != 1:
+            values = _cast(t, binary(t, "mul", values, a["alpha"]), x.dtype)
+    return _write_along(t, x, axis, index, values, accumulate=name == "index_add")
 
 
 def _merged_index(t, x, indices, axes):
