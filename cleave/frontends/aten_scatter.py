@@ -174,6 +174,8 @@ def _write_along(t, x, axis, index, values, accumulate: bool):
     index[j] names k (index 1-d, its entries along `axis` of values), or with every
     such j added."""
     extent, entries = x.shape[axis], index.shape[0]
+    if entries.is_number and int(entries) == 0:  # nothing written (a take from nothing has no value)
+        return x
     index = _from_the_end(t, index, extent)
     hits = t.add("eq", reshape(t, index, (D.dim(1), entries)), t.add("iota", shape=(extent, D.dim(1)), axis=0,
                                                                        dtype=index.dtype.value))
