@@ -487,6 +487,28 @@ def _int_indices(a, n):
     return None
 
 
+def from_the_end(t, i, extent):
+    """Index entries counted from the end of an axis of `extent` where negative, as
+    advanced indexing counts them."""
+    return t.add("where", binary(t, "lt", i, 0), t.add("add", i, t.lift(extent, i)), i)
+
+
+def merged_index(t, x, indices, dims):
+    """Index tensors on the adjacent axes `dims` of x as one index into those axes merged,
+    row-major (i * n_j + j, in the indices' broadcast shape), each counted from the end
+    when negative; with whether each entry lies inside its axes, and the merged extent."""
+    linear, inside, stride = None, None, sympy.Integer(1)
+    for d, i in reversed(list(zip(dims, indices))):
+        n = x.shape[d]
+        i = from_the_end(t, i, n)
+        ok = t.add("where", binary(t, "ge", i, 0), t.add("lt", i, t.lift(n, i)), t.const(False, "bool"))
+        inside = ok if inside is None else t.add("where", inside, ok, t.const(False, "bool"))
+        term = i if stride == 1 else t.add("mul", i, t.lift(stride, i))
+        linear = term if linear is None else t.add("add", linear, term)
+        stride = stride * n
+    return linear, inside, stride
+
+
 @rule("index.Tensor", check=_int_indices)
 def _index_tensor(t, node, a):
     """x[i] along one axis is a take. x[i, j] (index tensors on adjacent axes, broadcast
@@ -497,16 +519,7 @@ def _index_tensor(t, node, a):
     dims = [d for d, i in enumerate(idx) if i is not None]
     if len(dims) == 1:
         return t.add("take", x, idx[dims[0]], axis=dims[0])
-    linear, inside, stride = None, None, sympy.Integer(1)
-    for d in reversed(dims):
-        i, n = idx[d], x.shape[d]
-        size = t.lift(n, i)
-        i = t.add("where", binary(t, "lt", i, 0), t.add("add", i, size), i)
-        ok = t.add("where", binary(t, "ge", i, 0), t.add("lt", i, size), t.const(False, "bool"))
-        inside = ok if inside is None else t.add("where", inside, ok, t.const(False, "bool"))
-        term = i if stride == 1 else t.add("mul", i, t.lift(stride, i))
-        linear = term if linear is None else t.add("add", linear, term)
-        stride = stride * n
+    linear, inside, stride = merged_index(t, x, [idx[d] for d in dims], dims)
     linear = t.add("where", inside, linear, t.lift(0, linear))
     merged = reshape(t, x, x.shape[:dims[0]] + (stride,) + x.shape[dims[-1] + 1:])
     taken = t.add("take", merged, linear, axis=dims[0])

@@ -16,9 +16,8 @@ import torch
 
 from ..ir import dims as D
 from ..ir.dtypes import DType
-from ..ir.ops import broadcast_shapes
 from .aten_elementwise import _cast, binary
-from .aten_layout import broadcast, reshape, unsqueeze
+from .aten_layout import broadcast, from_the_end, merged_index, reshape, unsqueeze
 from .aten_map import rule
 
 SHORT_INDEX = 256  # index entries compared per element of the result
@@ -43,8 +42,8 @@ def _into_an_input(n) -> bool:
         for user in node.users:
             if user.op == "output":
                 return True
-            name = str(user.target)
-            if user not in seen and name.split(".")[1 if name.startswith("aten.") else 0].endswith("_scatter"):
+            scatter = isinstance(user.target, torch._ops.OpOverload) and user.target._schema.name.endswith("_scatter")
+            if scatter and user not in seen:
                 seen.add(user)
                 frontier.append(user)
     return False
@@ -150,23 +149,13 @@ def _index_along(t, node, a):
 
 
 def _merged_index(t, x, indices, axes):
-    """Index tensors on adjacent axes (broadcast together) as one index into those axes
-    merged, row-major; each counted from the end when negative. An entry outside its
-    axis gets the merged extent, which names no position (it would alias another row)."""
+    """Index tensors on adjacent axes as one index into those axes merged, and its shape.
+    An entry outside its axis gets the merged extent, which names no position (merged, it
+    would alias another row)."""
     if len(indices) == 1:
         return indices[0], indices[0].shape
-    shape = broadcast_shapes("index_put", [i.shape for i in indices])
-    linear, inside, stride = None, None, D.dim(1)
-    for d, i in reversed(list(zip(axes, indices))):
-        i = broadcast(t, reshape(t, i, (D.dim(1),) * (len(shape) - i.rank) + i.shape), shape)
-        i = _from_the_end(t, i, x.shape[d])
-        ok = t.add("where", t.add("ge", i, t.lift(0, i)), t.add("lt", i, t.lift(x.shape[d], i)),
-                   t.const(False, "bool"))
-        inside = ok if inside is None else t.add("where", inside, ok, t.const(False, "bool"))
-        term = i if stride == 1 else t.add("mul", i, t.lift(stride, i))
-        linear = term if linear is None else t.add("add", linear, term)
-        stride = stride * x.shape[d]
-    return t.add("where", inside, linear, t.lift(stride, linear)), shape
+    linear, inside, extent = merged_index(t, x, indices, axes)
+    return t.add("where", inside, linear, t.lift(extent, linear)), linear.shape
 
 
 def _write_along(t, x, axis, index, values, accumulate: bool):
@@ -176,7 +165,7 @@ def _write_along(t, x, axis, index, values, accumulate: bool):
     extent, entries = x.shape[axis], index.shape[0]
     if entries.is_number and int(entries) == 0:  # nothing written (a take from nothing has no value)
         return x
-    index = _from_the_end(t, index, extent)
+    index = from_the_end(t, index, extent)
     hits = t.add("eq", reshape(t, index, (D.dim(1), entries)), t.add("iota", shape=(extent, D.dim(1)), axis=0,
                                                                        dtype=index.dtype.value))
     last = _last_hit(t, hits, t.add("iota", shape=(D.dim(1), entries), axis=1, dtype="i64"), axis=1)
@@ -189,12 +178,6 @@ def _write_along(t, x, axis, index, values, accumulate: bool):
         return t.add("where", written, t.add("add", x, _cast(t, added, x.dtype)), x)
     taken = t.add("take", values, t.add("max", last, t.const(0, "i64")), axis=axis)
     return t.add("where", written, taken, x)
-
-
-def _from_the_end(t, index, extent):
-    """Negative entries counted from the end of an axis of `extent`, as advanced indexing does."""
-    size = t.lift(extent, index)
-    return t.add("where", t.add("lt", index, t.lift(0, index)), t.add("add", index, size), index)
 
 
 def _last_hit(t, hits, positions, axis):
@@ -232,7 +215,7 @@ def _scatter(t, node, a):
     else:
         src = broadcast(t, reshape(t, src, (D.dim(1),) * index.rank), index.shape)
     extent, entries = x.shape[axis], index.shape[axis]
-    index = _from_the_end(t, index, extent)
+    index = from_the_end(t, index, extent)
     grid = t.add("eq", unsqueeze(t, index, axis),
                  t.add("iota", shape=(D.dim(1),) * axis + (extent, D.dim(1)) + (D.dim(1),) * (x.rank - axis - 1),
                        axis=axis, dtype=index.dtype.value))
