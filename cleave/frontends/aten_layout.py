@@ -155,14 +155,19 @@ def _reads_inside(t, x, shape, strides, offset) -> None:
 def _returned_as_view(n) -> bool:
     """Whether n, or a view of it, is a result of the graph: eager returns it as a view of
     its input (y.diagonal() beside y shares y's memory), which a compiled copy is not."""
+    return reaches_output(n, lambda user: getattr(user.target, "is_view", False) or user.target is operator.getitem)
+
+
+def reaches_output(n, through) -> bool:
+    """Whether n is a result of the graph, directly or through users for which
+    `through(user)` holds."""
     stack, seen = [n], set()
     while stack:
         node = stack.pop()
         for user in node.users:
             if user.op == "output":
                 return True
-            view = getattr(user.target, "is_view", False) or user.target is operator.getitem
-            if view and user not in seen:
+            if through(user) and user not in seen:
                 seen.add(user)
                 stack.append(user)
     return False

@@ -17,7 +17,7 @@ import torch
 from ..ir import dims as D
 from ..ir.dtypes import DType
 from .aten_elementwise import _cast, binary
-from .aten_layout import broadcast, from_the_end, merged_index, reshape, unsqueeze
+from .aten_layout import broadcast, from_the_end, merged_index, reaches_output, reshape, unsqueeze
 from .aten_map import rule
 
 SHORT_INDEX = 256  # index entries compared per element of the result
@@ -36,17 +36,8 @@ def _into_an_input(n) -> bool:
         dest = dest.args[0]
     if not (isinstance(dest, torch.fx.Node) and dest.op == "placeholder"):
         return False
-    frontier, seen = [n], set()
-    while frontier:
-        node = frontier.pop()
-        for user in node.users:
-            if user.op == "output":
-                return True
-            scatter = isinstance(user.target, torch._ops.OpOverload) and user.target._schema.name.endswith("_scatter")
-            if scatter and user not in seen:
-                seen.add(user)
-                frontier.append(user)
-    return False
+    return reaches_output(n, lambda user: isinstance(user.target, torch._ops.OpOverload)
+                          and user.target._schema.name.endswith("_scatter"))
 
 
 def _short(extent, what: str) -> str | None:
