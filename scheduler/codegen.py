@@ -1243,7 +1243,12 @@ class Emitter:
             self.stats.epilogue_smem = self.stats.masked_store_bytes
             # A persistent kernel: each program runs tiles pid, pid + programs, ... (the
             # launcher starts min(tiles, SMs x resident programs) of them), in grouped order.
-            top.lines = [f"for tile in tl.range({pid}, {n_tiles}, tl.num_programs(0), flatten=True):"] + \
+            # Flattened with its K loop, unless a combine runs after that loop: triton 3.6
+            # fails to fuse the two around its `if` (TritonGPUFuseNestedLoops: "scf.if op
+            # region control flow edge ...", a split-K GEMM's s_k = 4 plan at 4096 x 4096 x
+            # 6144; RESULTS.md, session 40), and prints the whole module as it fails.
+            flatten = ", flatten=True" if not epilogue else ""
+            top.lines = [f"for tile in tl.range({pid}, {n_tiles}, tl.num_programs(0){flatten}):"] + \
                 ["    " + ln for ln in top.lines]
         bufs = []
         for inst in self.views.memo.values():

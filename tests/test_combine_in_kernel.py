@@ -76,6 +76,12 @@ def test_a_persistent_split_k_gemm_combines_per_tile(monkeypatch):
     (plan,) = schedule(g, {"m": 4096, "k": 4096, "n": 4096}, dynamic={"m", "k", "n"}, top_k=1, split={"s": 2})
     (kernel,) = plan.kernels
     assert kernel.arrivals and kernel.programs_per_sm > 0
+    # triton 3.6 fails to flatten the tile loop with its K loop around the combine's `if`
+    # (an s = 4 plan at 4096 x 4096 x 6144): that loop runs unflattened; a GEMM's without
+    # a combine stays flattened
+    assert "tl.num_programs(0)):" in kernel.source and "flatten=True" not in kernel.source
+    (plain,) = schedule(g, {"m": 4096, "k": 4096, "n": 4096}, dynamic={"m", "k", "n"}, top_k=1, split={"s": 1})
+    assert plain.kernels[0].programs_per_sm > 0 and "flatten=True" in plain.kernels[0].source
     for m, k, n in ((37, 70, 45), (130, 33, 300)):  # more tiles than the interpreter's 4 SMs run at once
         _check(g, plan, _matmul_inputs(m, k, n, seed=m))
 
