@@ -33,7 +33,7 @@ from .loops import Loop, accumulators, loop_nest, through_units
 from .monotone import FIRST_AT_LEAST
 from .partition import KernelSpec, buffer_name, stored_dtype
 from .tile_order import descending
-from .tiles import Tiling, dot_labels, is_full
+from .tiles import Tiling, dot_labels, is_full, unit_label
 from .target import H200
 from .tma import emit as emit_tma, tile_load, wants_tma
 from .views import gathers, merged_offset
@@ -1197,13 +1197,20 @@ class Emitter:
         n_tiles = " * ".join(tiles[lid] for lid in order) or "1"
         grouped = not tile_args and len(order) >= 2 and all(self.t.block[i] > 1 for i in order[:2]) and \
             set(order[:2]) <= dot_labels(self.views)
-        # Persistent: a plain tiled GEMM, one MatMul accumulated in its loop and no tile
-        # read beside it in the epilogue. On the H200 (triton 3.6) a persistent loop with
-        # a residual tile read in its epilogue ran 4-1000x slower (Llama's down projection
-        # 1.6-53 ms against 0.37; RESULTS.md, 2026-12-01 session 3), and with that tile
-        # loaded after the K loop still 1.9-3.5x (Llama's and Qwen3's, session 19); SwiGLU's
-        # two accumulators 2.7 ms against 1.8; attention's softmax loops are not flattened either.
+        # Persistent: a plain tiled GEMM, one MatMul accumulated in its loop, and nothing
+        # read beside it in the epilogue that varies along its columns. On the H200 (triton
+        # 3.6) a persistent loop with a residual tile read in its epilogue ran 4-1000x slower
+        # (Llama's down projection 1.6-53 ms against 0.37; RESULTS.md, 2026-12-01 session 3),
+        # and with that tile loaded after the K loop still 1.9-3.5x (Llama's and Qwen3's,
+        # session 19); a bias 9% slower (GPT-2's, session 35): in the wgmma accumulator's
+        # layout a thread holds a quarter of the columns, so a column vector is dozens of
+        # registers. A thread holds two of every sixteen rows: a row vector (RMSNorm's row
+        # scale) costs it a few, and persistence took that GEMM from 0.3256 to 0.3104 ms
+        # (H100, session 40). SwiGLU's two accumulators 2.7 ms against 1.8; attention's
+        # softmax loops are not flattened either.
+        columns = unit_label(self.accs[0].view[-1], self.views.by_sym()) if len(self.accs) == 1 else None
         epilogue_tiles = any(inst.leaf and self.dims(inst.labels) and
+                             (columns is None or columns.id in inst.labels) and
                              not any(self.t.role[lid] == "loop" for lid in inst.labels)
                              for inst in self.views.memo.values())
         self.persistent = not tile_args and grouped and [a.op for a in self.accs] == ["matmul"] \

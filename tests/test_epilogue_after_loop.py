@@ -41,3 +41,48 @@ def test_residual_and_bias_load_after_the_k_loop(rows):
         loop = _first_line(lines, r"^\s*for start")
         for buf in ("r", "b"):
             assert _first_line(lines, rf"\b{buf}_(ptr \+|desc\d+\.load)") > loop, (buf, kernel.source)
+
+
+
+def _scaled(side: str):
+    """(x @ w) * v in f32, v a vector along the product's rows or its columns."""
+    dim, shape = ("s", "[s,1]") if side == "rows" else ("n", "[1,n]")
+    return parse_graph(f'''graph scaled_{side} {{
+  %0 = input(name="x", shape=[s,k], dtype=bf16) : bf16[s,k]
+  %1 = input(name="w", shape=[k,n], dtype=bf16) : bf16[k,n]
+  %2 = input(name="v", shape=[{dim}], dtype=f32) : f32[{dim}]
+  %3 = matmul(%0, %1) : bf16[s,n]
+  %4 = cast(%3, dtype=f32) : f32[s,n]
+  %5 = reshape(%2, shape={shape}) : f32{shape}
+  %6 = mul(%4, %5) : f32[s,n]
+  %7 = cast(%6, dtype=bf16) : bf16[s,n]
+  return y=%7
+}}''')
+
+
+def test_a_row_vector_beside_the_accumulator_keeps_the_gemm_persistent():
+    """A row scale (RMSNorm's, moved past the MatMul) costs a thread of the wgmma layout a
+    few registers: the GEMM stays persistent, and is exact over several tiles a program
+    at odd sizes. A column vector (a bias) costs it dozens: that GEMM is not persistent."""
+    import os
+
+    import torch
+
+    from cleave.interpreter import interpret
+    from cleave.runtime.launch import launch
+    from kernel_check import check_outputs
+
+    big = {"s": 4096, "k": 4096, "n": 6144}
+    rows = schedule(_scaled("rows"), big, dynamic={"s", "k", "n"}, top_k=3)
+    assert rows and all(k.programs_per_sm > 0 for p in rows for k in p.kernels)
+    columns = schedule(_scaled("columns"), big, dynamic={"s", "k", "n"}, top_k=3)
+    assert columns and all(k.programs_per_sm == 0 for p in columns for k in p.kernels)
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    gen = torch.Generator().manual_seed(7)
+    for s, k, n in ((37, 70, 45), (130, 33, 300)):  # more tiles than the interpreter's 4 SMs run at once
+        inputs = {"x": torch.randn(s, k, generator=gen).bfloat16(), "w": torch.randn(k, n, generator=gen).bfloat16(),
+                  "v": torch.rand(s, generator=gen) + 0.5}
+        ref = interpret(_scaled("rows"), inputs, compute_dtype=torch.float64)
+        out = [torch.full((s, n), float("nan"), dtype=torch.bfloat16)]
+        check_outputs(launch(rows[0], inputs, out=out), ref, f"s={s} k={k} n={n}")
