@@ -1208,13 +1208,13 @@ class Emitter:
         # scale) costs it a few, and persistence took that GEMM from 0.3256 to 0.3104 ms
         # (H100, session 40). SwiGLU's two accumulators 2.7 ms against 1.8; attention's
         # softmax loops are not flattened either.
-        columns = unit_label(self.accs[0].view[-1], self.views.by_sym()) if len(self.accs) == 1 else None
+        gemm = [a.op for a in self.accs] == ["matmul"]
+        columns = unit_label(self.accs[0].view[-1], self.views.by_sym()) if gemm else None
         epilogue_tiles = any(inst.leaf and self.dims(inst.labels) and
                              (columns is None or columns.id in inst.labels) and
                              not any(self.t.role[lid] == "loop" for lid in inst.labels)
                              for inst in self.views.memo.values())
-        self.persistent = not tile_args and grouped and [a.op for a in self.accs] == ["matmul"] \
-            and not epilogue_tiles
+        self.persistent = not tile_args and grouped and gemm and not epilogue_tiles
         wide = any(self.numel(inst.node) >= 2 ** 30 for inst in self.views.memo.values() if inst.leaf) or \
             any(self.numel(st.node) >= 2 ** 30 for st in self.spec.stores) or bool(self.dynamic)
         # int32 offsets when every buffer (and a tile of overhang) stays below 2**31 elements

@@ -86,3 +86,16 @@ def test_a_row_vector_beside_the_accumulator_keeps_the_gemm_persistent():
         ref = interpret(_scaled("rows"), inputs, compute_dtype=torch.float64)
         out = [torch.full((s, n), float("nan"), dtype=torch.bfloat16)]
         check_outputs(launch(rows[0], inputs, out=out), ref, f"s={s} k={k} n={n}")
+
+
+def test_a_loop_reducing_to_a_scalar_is_no_gemm():
+    """The persistence check reads a GEMM accumulator's columns: a kernel whose one
+    accumulator sums into a scalar (`(x > 0).sum()`, dynamic) has none, and schedules."""
+    graph = parse_graph('''graph count {
+  %0 = input(name="x", shape=[s,n], dtype=f32) : f32[s,n]
+  %1 = reshape(%0, shape=[n*s]) : f32[n*s]
+  %2 = reduce(%1, op="sum", axis=0, keepdim=0) : f32[]
+  return y=%2
+}''')
+    plans = schedule(graph, {"s": 4, "n": 6}, dynamic={"s", "n"}, top_k=1)
+    assert plans and all(k.programs_per_sm == 0 for k in plans[0].kernels)
