@@ -2,7 +2,8 @@
 shapes; each ran eagerly. A flattened (b * s, d) input (a MoE's experts after its
 routing) binds b and s only through their product: the ints dynamo passes the region
 carry them ("cannot solve s27*s77"). A [2 * s, k] input names s ("a data-dependent
-size"). A Linear over C·p·p features reads C from torch's guard 16·C == 48."""
+size"). A Linear over C·p·p features reads C from torch's guard 16·C == 48, one over a
+pooled map's 8·w² features w from 8·w² == 128."""
 from __future__ import annotations
 
 import warnings
@@ -78,6 +79,38 @@ def test_unification_of_a_multiple_and_a_number():
     c = D.symbol("C")
     assert unification((16 * c, 48), {c: 3}) == ("C", 3)
     assert unification((16 * c, 40), {c: 3}) is None  # 40 / 16 is no size
+    w = D.symbol("w")
+    assert unification((8 * w**2, 128), {w: 4}) == ("w", 4)  # a pooled w x w map into 128 features
+    assert unification((w**2 - 5 * w, -6), {w: 3}) == ("w", 3)  # the root torch traced, of two
+    assert unification((8 * w**2, 128), {w: 5}) is None  # traced where it does not hold
+
+
+class PooledHead(torch.nn.Module):
+    """A CNN's head: a 2 x 2 pooled map of w x w flattened into a Linear's 8·4·4 features."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        return self.fc(torch.nn.functional.max_pool2d(torch.relu(x), 2).flatten(1))
+
+
+def test_a_polynomial_in_a_symbol_beside_a_number_reads_the_symbol_as_its_root():
+    # torch guards 8·(w/2)² == 128 for the Linear: the pooled width is read as 4, and
+    # the region compiled (it ran eagerly: "contracted dims 8*s_by2**2 vs 128")
+    torch._dynamo.reset()
+    backend.reset()
+    module = PooledHead().eval()
+    f = torch.compile(module, backend="cleave", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for b in (2, 3, 5):
+            x = torch.randn(b, 8, 8, 8)
+            torch.testing.assert_close(f(x), module(x), rtol=1e-5, atol=1e-5)
+    ctx = backend.context()
+    assert ctx.eager_regions == 0
+    assert sum(op.stats["compiles"] + op.stats["from_cache"] for op in ctx.operators.values()) == 1
 
 
 def test_a_region_whose_only_input_is_a_multiple_of_a_symbol():

@@ -58,13 +58,18 @@ def _linear(diff, hints: dict) -> tuple[str, sympy.Expr] | None:
         poly = sympy.Poly(diff, *syms)
     except sympy.PolynomialError:  # floors, products of symbols: not linear
         return None
-    if poly.total_degree() != 1 or not all(c.is_integer for c in poly.coeffs()):
+    if poly.total_degree() < 1 or not all(c.is_integer for c in poly.coeffs()):
         return None
-    if len(syms) == 1:  # c·s beside a number k (16·C beside 48, torch guards C == 3): s is k / c
+    if len(syms) == 1:
+        # A polynomial in s beside a number, torch guarding their equality: c·s beside k
+        # (16·C beside 48: C == 3), or 8·w² beside 128 (a pooled map of w × w flattened
+        # into a Linear's 128 features: w == 4). s is the positive integer root torch
+        # traced; a binding at another root runs eagerly.
         s = syms[0]
-        value = sympy.solve(diff, s)
-        if len(value) == 1 and value[0].is_Integer and value[0] >= 1 and _agrees(s, value[0], hints):
-            return s.name, value[0]
+        roots = [r for r in sympy.solve(diff, s) if r.is_Integer and r >= 1 and _agrees(s, r, hints)]
+        return (s.name, roots[0]) if roots else None
+    if poly.total_degree() != 1:
+        return None
     for s in reversed(syms):  # the later name first, as pairs of symbols are merged
         coeff = diff.coeff(s)
         if abs(coeff) != 1:
