@@ -108,6 +108,55 @@ def test_gpu_branch_compiles_every_plan_once_and_ranks_each_bucket(monkeypatch, 
     assert "[cleave tune] gqa_decode bucket L=1024,b=2" in err
 
 
+@pytest.mark.parametrize("error, serves", [
+    (RuntimeError("PassManager::run failed"), True),  # triton 3.6 on a persistent split-K GEMM's fused loops
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), False),  # the context is lost
+])
+def test_a_plan_triton_cannot_compile_is_left_out(monkeypatch, tmp_path, error, serves):
+    """The CUDA branch, with a recording launch: a plan whose kernels fail to compile is
+    left out (one warning names it) and the others serve; the whole operator ran eagerly.
+    A fault of the device itself still fails the operator, and so does every plan failing."""
+    import warnings
+
+    import cleave.runtime.operator as operator
+
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(tmp_path))
+    scratch, launched = operator._scratch, []
+    monkeypatch.setattr(operator, "_scratch", lambda plan, device: scratch(plan, "meta"))
+    op = CompiledOperator(W.get("gqa_decode").graph, {"b", "L"}, top_k=3)
+    op.device = torch.device("cuda")
+    def launch(plan, inputs, out=None):
+        (spec,) = op.specs.values()
+        if plan is spec.plans[0]:
+            raise error
+        launched.append(plan)
+        return [None]
+
+    monkeypatch.setattr(operator, "launch", launch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if not serves:
+            with pytest.raises(operator.CompileFailure, match="illegal memory access"):
+                op(W.get("gqa_decode").inputs(DECODE, seed=1))
+            return
+        for L in (45, 50):
+            op(W.get("gqa_decode").inputs({**DECODE, "L": L}, seed=L))
+    (spec,) = op.specs.values()
+    assert spec.broken == {0} and len(spec.plans) > 1
+    assert all(plan is not spec.plans[0] for plan in launched)
+    said = [str(w.message) for w in caught if "does not compile" in str(w.message)]
+    assert said == ["cleave: plan 0 of gqa_decode does not compile here (RuntimeError: PassManager::run failed); "
+                    "the other plans serve"]
+    # every plan failing: the operator fails (its caller runs it eagerly)
+    op2 = CompiledOperator(W.get("gqa_decode").graph, {"b", "L"}, top_k=3)
+    op2.device = torch.device("cuda")
+    monkeypatch.setattr(operator, "launch", lambda plan, inputs, out=None: (_ for _ in ()).throw(error))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(operator.CompileFailure, match="no plan of gqa_decode compiles here"):
+            op2(W.get("gqa_decode").inputs(DECODE, seed=1))
+
+
 def test_each_wave_count_of_a_buckets_choice_is_timed_once(monkeypatch, tmp_path):
     """Inside one bucket (b in 33..64) the chosen plan's programs need one wave over the
     SMs at b=33 and two at b=36: the second count gets its own timing, once, and the

@@ -90,6 +90,7 @@ class Spec:
     tuning: dict[str, list[int]] = field(default_factory=dict)
     from_cache: bool = False
     warm: bool = False  # every plan compiled (GPU)
+    broken: set = field(default_factory=set)  # plans this process's Triton failed to compile (_warm)
     mixes: dict = field(default_factory=dict)  # per-kernel picks -> the composed plan (mix.compose)
 
 
@@ -215,6 +216,9 @@ class CompiledOperator:
         if all(empty):  # no kernel has programs: nothing to time
             return spec.plans[fits[0]]
         self._warm(spec, inputs, fits, compiles_all=not any(empty))
+        fits = [i for i in fits if i not in spec.broken]
+        if not fits:
+            raise CompileFailure(f"no plan of {self.graph.name} that serves {env} compiles here")
         key = bucket(env, self.dynamic)
         ranking = [i for i in spec.tuning.get(key, []) if i in fits]
         timed_here = not ranking
@@ -241,7 +245,7 @@ class CompiledOperator:
         shape (`ranking`); a saved mix that no longer matches the plans (another build)
         is ignored."""
         first = ranking[0]
-        if not picks:
+        if not picks or any((p if isinstance(p, int) else p[0]) in spec.broken for p in picks):
             return spec.plans[first]
         plan = spec.mixes.get(picks_key(picks))
         if plan is None:
@@ -294,7 +298,7 @@ class CompiledOperator:
         if spec.warm:
             return
         self._outside_capture("its plans compiled")
-        start = time.perf_counter()
+        start, failure = time.perf_counter(), None
         for i, plan in enumerate(spec.plans):
             if id(plan) in self._launched:
                 continue
@@ -307,8 +311,18 @@ class CompiledOperator:
             except BindingError:
                 raise
             except Exception as err:
-                raise CompileFailure(f"plan {i} failed on its first launch ({_reason(err)})") from err
+                if _device_fault(err):  # the CUDA context is lost: no plan runs after it
+                    raise CompileFailure(f"plan {i} failed on its first launch ({_reason(err)})") from err
+                # A Triton that cannot compile one plan (triton 3.6 failed a persistent
+                # split-K GEMM's fused loops) leaves the others to serve.
+                spec.broken.add(i)
+                failure = failure or f"plan {i}: {_reason(err)}"
+                warnings.warn(f"cleave: plan {i} of {self.graph.name} does not compile here ({_reason(err)}); "
+                              f"the other plans serve", stacklevel=_user_level())
+                continue
             self._launched.add(id(plan))
+        if len(spec.broken) == len(spec.plans):
+            raise CompileFailure(f"no plan of {self.graph.name} compiles here ({failure})")
         spec.warm = True
 
     # -- building or loading ----------------------------------------------
@@ -518,6 +532,13 @@ def _reduced_symbols(graph: Graph) -> set[str]:
 def _no_gpu_nor_interpreter(inputs: dict[str, torch.Tensor]) -> bool:
     """CPU tensors with Triton's interpreter off: Triton finds no driver to launch on."""
     return not knobs.runtime.interpret and all(t.device.type == "cpu" for t in inputs.values())
+
+
+def _device_fault(err: BaseException) -> bool:
+    """An error of the GPU itself (an illegal address, a launch failure), after which the
+    CUDA context runs nothing: not a kernel that failed to compile."""
+    accelerator = getattr(torch, "AcceleratorError", ())
+    return isinstance(err, accelerator) or "CUDA error" in str(err)
 
 
 def _reason(err: BaseException) -> str:
