@@ -1,7 +1,9 @@
 """topk keeps the whole reduced axis in one tile. Over an axis of dynamic extent that
 tile was sized at the binding the operator was scheduled for, and a longer axis lost
-its elements past it: a silent wrong answer. Such a region now runs eagerly with a
-warning that names topk; over a static axis it still compiles. argmax and argmin (a
+its elements past it: a silent wrong answer. There topk is now a graph break: it runs
+eagerly with a warning that names it and why, and what the function does around it
+compiles (the whole function ran eagerly: a MoE router whose weights are an argument
+under dynamic=True); over a static axis it still compiles. argmax and argmin (a
 top-1 before) are a min over the indices that hit the extreme, two reductions that
 tile in a loop: over a dynamic axis they compile, exact, NaN and ties as torch."""
 import os
@@ -41,7 +43,30 @@ def test_topk_over_a_dynamic_axis_runs_eagerly_and_exactly(fn, axis):
             x = torch.randn(*shape, generator=gen)
             assert torch.equal(f(x), fn(x)), n
     said = [str(w.message) for w in caught if "cleave" in str(w.message)]
-    assert len(said) == 1 and "topk over an axis of dynamic extent n" in said[0], said
+    assert len(said) == 1 and "aten.topk.default" in said[0] and "over an axis of dynamic size" in said[0], said
+
+
+def router(x, w):
+    p, e = (x @ w).softmax(-1).topk(2, -1)
+    return p.sum(-1) * 2, e
+
+
+def test_around_a_topk_over_a_dynamic_axis_the_function_compiles():
+    from cleave.runtime import backend
+
+    torch._dynamo.reset()
+    backend.reset()
+    f = torch.compile(router, backend="cleave", dynamic=True)
+    gen = torch.Generator().manual_seed(8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (5, 9):
+            x, w = torch.randn(n, 8, generator=gen), torch.randn(8, 4 + n, generator=gen)
+            got, want = f(x, w), router(x, w)
+            torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+            assert torch.equal(got[1], want[1])
+    ctx = backend.context()
+    assert ctx.operators and sum(op.stats["calls"] for op in ctx.operators.values()) >= 2
 
 
 def test_topk_over_a_static_axis_with_dynamic_rows_compiles():

@@ -468,7 +468,21 @@ rule("argmax", check=_no_bool)(_arg(True))
 rule("argmin", check=_no_bool)(_arg(False))
 
 
-@rule("topk", check=lambda a, n: None if isinstance(a["k"], int) else "k must be a Python int")
+def _topk_check(a, n):
+    """topk's kernel holds its axis whole in one tile: over an axis of dynamic size no
+    tile serves every size, and the op runs eagerly (the rest of the graph compiles;
+    the whole function ran eagerly when the scheduler found it)."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    if not isinstance(a["k"], int):
+        return "k must be a Python int"
+    x = a["self"]
+    if x.dim() and not is_concrete_int(x.shape[a.get("dim", -1) % x.dim()]):
+        return "over an axis of dynamic size (its kernel holds the whole axis in one tile)"
+    return None
+
+
+@rule("topk", check=_topk_check)
 @_rank0_as_vector
 def _topk(t, node, a):
     x, k = a["self"], a["k"]
