@@ -384,8 +384,13 @@ def _constant_pad(t, node, a):
     """F.pad's constant mode: per axis from the last, a negative pad crops (a slice) and
     a positive one concatenates a block holding the value. Its wider decomposition
     writes into a new tensor (prims.copy_to), which AOTAutograd rejects."""
-    x, value = a["self"], a.get("value", 0)
-    pads = [_signed(t, sympy.Integer(p) if isinstance(p, int) else D.dim(p)) for p in a["pad"]]
+    return pad_constant(t, a["self"], a["pad"], a.get("value", 0))
+
+
+def pad_constant(t, x, pad, value):
+    """x padded as F.pad's constant mode pads it: `pad` from the last axis, (before,
+    after) each."""
+    pads = [_signed(t, sympy.Integer(p) if isinstance(p, int) else D.dim(p)) for p in pad]
     for k in range(len(pads) // 2):
         axis = x.rank - 1 - k
         (before, grow_before), (after, grow_after) = pads[2 * k], pads[2 * k + 1]
