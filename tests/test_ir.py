@@ -61,6 +61,20 @@ def test_parse_rejects_wrong_annotation():
         parse_graph(text)
 
 
+def test_parse_accepts_another_form_of_the_same_dims():
+    """sympy prints a product as built (3*(s+2)*(t+2), a convolution's flattened padded
+    input) and rebuilds it as (3*s+6)*(t+2): the annotation matches by value, and the
+    plan's graph, re-parsed at launch, no longer failed its first launch."""
+    text = '''graph flat {
+  %0 = input(name="x", shape=[3,s+2,t+2], dtype=f32) : f32[3,s+2,t+2]
+  %1 = reshape(%0, shape=[3*(s+2)*(t+2)]) : f32[3*(s+2)*(t+2)]
+  return y=%1
+}'''
+    assert parse_graph(text).outputs[0].shape[0].free_symbols
+    with pytest.raises(ParseError, match="annotated"):
+        parse_graph(text.replace(": f32[3*(s+2)*(t+2)]", ": f32[3*(s+2)*(t+3)]"))
+
+
 def test_split_records_divisibility_only_without_pad():
     g = Graph()
     x = g.input("x", ("b", "L"))
