@@ -1,4 +1,4 @@
-"""Average pooling (frontends/aten_pool.py): each window a take from the flattened,
+"""Average pooling (frontends/aten_windows.py): each window a take from the flattened,
 zero-padded input, summed and divided by its count; exact against eager at odd sizes,
 with and without the padding in the count, a divisor override, 1-D pooling (which
 decomposes to it) and dynamic sizes. It was a graph break: PyTorch has no

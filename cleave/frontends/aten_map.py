@@ -156,4 +156,4 @@ def meta_args(fx_node) -> dict:
     return bind_args(fx_node, meta)
 
 
-from . import aten_attention, aten_elementwise, aten_layout, aten_pool, aten_reduce, aten_scatter  # noqa: E402,F401  (they register rules)
+from . import aten_attention, aten_elementwise, aten_layout, aten_reduce, aten_scatter, aten_windows  # noqa: E402,F401  (they register rules)
