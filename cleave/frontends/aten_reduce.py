@@ -501,3 +501,39 @@ def _topk(t, node, a):
     indices = t.add("topk", flipped, k=k, axis=axis, which="indices")
     return t.add("gather", x, indices, axis=axis), indices
 
+
+
+def _cdist_check(a, n):
+    if not a["x1"].is_floating_point():
+        return "an integer input (eager refuses it)"
+    if a["p"] < 0:
+        return "a negative p (eager refuses it)"
+    if a["p"] == math.inf and a["x1"].shape[-1] == 0:
+        return "p = inf over no features"
+    return None
+
+
+@rule("_cdist_forward", check=_cdist_check)
+def _cdist(t, node, a):
+    """torch.cdist as its definition: per pair of rows the p-norm of their difference,
+    x1[..., i, None, :] - x2[..., None, j, :] reduced over the features in one kernel.
+    torch's own form for p = 2 past 25 rows (|x|² + |y|² - 2·x·y through a MatMul)
+    cancels; this one does not, and agrees with it within its rounding."""
+    from .aten_elementwise import binary
+    from .aten_layout import unsqueeze
+
+    x1, x2, p = a["x1"], a["x2"], float(a["p"])
+    d = binary(t, "sub", unsqueeze(t, x1, x1.rank - 1), unsqueeze(t, x2, x2.rank - 2))
+    last = d.rank - 1
+    if p == 0:  # the count of differing features
+        ne = t.add("cast", binary(t, "ne", d, 0), dtype=d.dtype)
+        return t.add("reduce", ne, op="sum", axis=last, keepdim=False)
+    size = t.add("abs", d)
+    if p == math.inf:
+        return t.add("reduce", size, op="max", axis=last, keepdim=False)
+    if p == 1:
+        return t.add("reduce", size, op="sum", axis=last, keepdim=False)
+    if p == 2:
+        return t.add("sqrt", t.add("reduce", t.add("square", d), op="sum", axis=last, keepdim=False))
+    total = t.add("reduce", binary(t, "pow", size, p), op="sum", axis=last, keepdim=False)
+    return binary(t, "pow", total, 1.0 / p)
