@@ -58,14 +58,18 @@ class Patchify(torch.nn.Module):
 
 def test_a_multiple_of_a_symbol_beside_a_number_reads_the_symbol_as_their_ratio():
     # torch guards 16·C == 48 for the Linear's contraction: C is read as 3
+    _compiles_once_whole(Patchify().eval(), [torch.randn(2, 3, hw, hw) for hw in (16, 12)])
+
+
+def _compiles_once_whole(module, inputs):
+    """module under dynamic=True equals eager on each input, with no eager region and
+    one compile."""
     torch._dynamo.reset()
     backend.reset()
-    module = Patchify().eval()
     f = torch.compile(module, backend="cleave", dynamic=True)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for hw in (16, 12):
-            x = torch.randn(2, 3, hw, hw)
+        for x in inputs:
             torch.testing.assert_close(f(x), module(x), rtol=1e-5, atol=1e-5)
     ctx = backend.context()
     assert ctx.eager_regions == 0
@@ -99,18 +103,7 @@ class PooledHead(torch.nn.Module):
 def test_a_polynomial_in_a_symbol_beside_a_number_reads_the_symbol_as_its_root():
     # torch guards 8·(w/2)² == 128 for the Linear: the pooled width is read as 4, and
     # the region compiled (it ran eagerly: "contracted dims 8*s_by2**2 vs 128")
-    torch._dynamo.reset()
-    backend.reset()
-    module = PooledHead().eval()
-    f = torch.compile(module, backend="cleave", dynamic=True)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for b in (2, 3, 5):
-            x = torch.randn(b, 8, 8, 8)
-            torch.testing.assert_close(f(x), module(x), rtol=1e-5, atol=1e-5)
-    ctx = backend.context()
-    assert ctx.eager_regions == 0
-    assert sum(op.stats["compiles"] + op.stats["from_cache"] for op in ctx.operators.values()) == 1
+    _compiles_once_whole(PooledHead().eval(), [torch.randn(b, 8, 8, 8) for b in (2, 3, 5)])
 
 
 def test_a_region_whose_only_input_is_a_multiple_of_a_symbol():

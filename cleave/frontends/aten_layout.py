@@ -198,12 +198,19 @@ def _as_strided(t, node, a):
     if row_major and offset == 0 and _traced_equal(t, expect, numel):
         return reshape(t, x, shape)  # as a constraint where only equal as traced (C = g * (C // g))
     _reads_inside(t, x, shape, strides, offset)
+    return strided_take(t, x, shape, strides, offset)
+
+
+def strided_take(t, x, shape, strides, offset=0):
+    """The elements of x, read row-major as one flat axis, at offset + Σ i_k·stride_k for
+    each index i of `shape`: a strided view (as_strided), or sliding windows."""
+    offset = sympy.sympify(offset)
     index = t.const(offset, "i64") if offset.is_number else t.add("size", value=offset, dtype="i64")
     for axis, stride in enumerate(strides):
         if stride != 0:
             lanes = t.add("iota", shape=tuple(shape), axis=axis, dtype="i64")
             index = t.add("add", index, lanes if stride == 1 else t.add("mul", lanes, t.lift(stride, lanes)))
-    return t.add("take", reshape(t, x, (numel,)), index, axis=0)
+    return t.add("take", reshape(t, x, (sympy.Mul(*x.shape),)), index, axis=0)
 
 
 @rule("movedim.int")

@@ -13,7 +13,8 @@ from ..ir import dims as D
 from ..ir.dtypes import DType
 from ..ir.graph import Constraint
 
-from .aten_elementwise import floats_only
+from .aten_elementwise import binary, floats_only
+from .aten_layout import unsqueeze
 from .aten_map import rule
 from .errors import CaptureError
 
@@ -519,9 +520,6 @@ def _cdist(t, node, a):
     x1[..., i, None, :] - x2[..., None, j, :] reduced over the features in one kernel.
     torch's own form for p = 2 past 25 rows (|x|² + |y|² - 2·x·y through a MatMul)
     cancels; this one does not, and agrees with it within its rounding."""
-    from .aten_elementwise import binary
-    from .aten_layout import unsqueeze
-
     x1, x2, p = a["x1"], a["x2"], float(a["p"])
     d = binary(t, "sub", unsqueeze(t, x1, x1.rank - 1), unsqueeze(t, x2, x2.rank - 2))
     last = d.rank - 1

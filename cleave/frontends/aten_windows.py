@@ -10,7 +10,7 @@ import math
 import sympy
 
 from ..ir import dims as D
-from .aten_layout import _contraction_check, matmul, pad_constant, permute, reshape, swap
+from .aten_layout import _contraction_check, matmul, pad_constant, permute, reshape, strided_take, swap
 from .aten_map import rule
 
 
@@ -26,15 +26,7 @@ def windows(t, x, kernel, stride, dilation, out_sizes):
         step = step * d
     shape = tuple(lead) + tuple(out_sizes) + tuple(D.dim(k) for k in kernel)
     strides = outer + [s * i for s, i in zip(stride, inner)] + [dl * i for dl, i in zip(dilation, inner)]
-    index = None
-    for axis, st in enumerate(strides):
-        if st == 0:
-            continue
-        lanes = t.add("iota", shape=shape, axis=axis, dtype="i64")
-        term = lanes if st == 1 else t.add("mul", lanes, t.lift(st, lanes))
-        index = term if index is None else t.add("add", index, term)
-    flat = reshape(t, x, (sympy.Mul(*x.shape),))
-    return t.add("take", flat, index, axis=0)
+    return strided_take(t, x, shape, strides)
 
 
 def _pairs(value, default, n=2):
