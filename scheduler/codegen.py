@@ -347,7 +347,24 @@ class Emitter:
         """Grid label lid's indices in its tile (tid{lid} decoded): a run of `block`, or
         `step` indices repeated over the block's lanes (Tiling.step)."""
         rows, bx = self.t.rows(lid), self.t.block[lid]
-        return f"tid{lid} * {self.t.period(lid)} + tl.arange(0, {bx})" + (f" % {rows}" if rows != bx else "")
+        return f"tid{lid} * {self.t.period(lid)} + {self.arange(lid)}" + (f" % {rows}" if rows != bx else "")
+
+    # -- tensors made from nothing: the one place a dialect's layouts enter (gluon.py) --
+    def arange(self, lid: int) -> str:
+        """The lanes 0 .. block - 1 of label lid."""
+        return f"tl.arange(0, {self.t.block[lid]})"
+
+    def filled(self, dims, value: str, ty: str) -> str:
+        """A tile over dims holding `value` in every lane."""
+        return f"tl.full({[self.t.block[d] for d in dims]}, {value}, {ty})"
+
+    def relayout(self, name: str, dims) -> list[str]:
+        """Lines that give tile `name`, just reshaped and permuted, back its dims' layout."""
+        return []
+
+    def scalar(self, value: str, ty: str) -> str:
+        """A 0-d tensor of type ty holding `value` (a literal)."""
+        return f"tl.zeros([], {ty})" if value == "0" else f"tl.full([], {value}, {ty})"
 
     def dims(self, labels) -> tuple:
         return tuple(i for i in self.canon if i in labels and self.t.block[i] > 1)
@@ -547,7 +564,8 @@ class Emitter:
             name = f"v{self.n}"
             self.n += 1
             shape = [self.t.block[d] for d in base.dims]
-            h.lines += half_swap.lines(name, base.name, shape, base.dims.index(swap.label), swap.half)
+            h.lines += half_swap.lines(name, base.name, shape, base.dims.index(swap.label), swap.half) + \
+                self.relayout(name, base.dims)
             self.stats.tile_elems = max(self.stats.tile_elems, _prod(shape))
             if h.chain:
                 self.stats.loop_elems = max(self.stats.loop_elems, _prod(shape))
@@ -567,13 +585,13 @@ class Emitter:
             ty = "tl.float32" if n.dtype in (DType.bf16, DType.f16) else TL[n.dtype]
             value = n.attrs["value"]
             lit = float_literal(value) if n.dtype.is_float else str(int(value))
-            return self.var(b, f"tl.full([], {lit}, {ty})", (), ty)
+            return self.var(b, self.scalar(lit, ty), (), ty)
         if op == "size":  # an integer size stays one: it may index a load (flip over a dynamic axis)
             if n.dtype.is_float:
-                return self.var(b, f"tl.zeros([], tl.float32) + {code(n.attrs['value'])}", (), "tl.float32")
+                return self.var(b, f"{self.scalar('0', 'tl.float32')} + {code(n.attrs['value'])}", (), "tl.float32")
             # computed wide, then wrapped into its type as torch wraps 300 beside an int8 (44)
             ty = TL[n.dtype]
-            return self.var(b, f"(tl.zeros([], tl.int64) + {code(n.attrs['value'])}).to({ty})", (), ty)
+            return self.var(b, f"({self.scalar('0', 'tl.int64')} + {code(n.attrs['value'])}).to({ty})", (), ty)
         if op == "iota":
             e = code(inst.view[n.attrs["axis"]], self.index_names(b, inst.view, dims))
             return self.var(b, e, dims, "tl.int32")
@@ -756,7 +774,7 @@ class Emitter:
         # to the tile: Triton's CPU interpreter broadcasts a scalar comparison with its
         # operands' integer dtype, and its load and store then reject the mask.
         uniform = block and bool(dims) and any(not set(labels) & set(dims) for labels in terms.values())
-        head = [f"tl.full({[self.t.block[d] for d in dims]}, 1, tl.int1)"] if uniform else []
+        head = [self.filled(dims, "1", "tl.int1")] if uniform else []
         return ", mask=" + " & ".join(head + list(terms))
 
     def numel(self, node) -> int:
@@ -1124,7 +1142,7 @@ class Emitter:
     def loop_body(self, body: Block, loop: Loop, accs, deferred: dict):
         x = loop.label
         off = f" + {self.windows[x].off}" if x in self.windows else ""
-        body.lines.append(f"idx{x} = start{x}{off} + tl.arange(0, {self.t.block[x]})")
+        body.lines.append(f"idx{x} = start{x}{off} + {self.arange(x)}")
         # Several MatMuls each step computes whole (S = q·Kᵀ of each row tile a program
         # holds, row_halves.py) are issued first, before a softmax waits on one of them,
         # so the tensor cores run beside it. One alone is emitted where it is read.
@@ -1187,16 +1205,8 @@ class Emitter:
         parameters the body does not read itself, `epilogue` lines that run after the stores."""
         top = self.top = Block(None, ())
         g = self.spec.views.graph
-        grid_terms = []
-        order = list(reversed(self.canon_grid()))
-        tiles = {lid: self.grid_tiles(lid) for lid in order}
-        for lid in order:
-            bx = self.t.period(lid)
-            term = f"cdiv({code(self.labels[lid].extent)}, {bx})" if bx > 1 else code(self.labels[lid].extent)
-            grid_terms.append(f"max({term}, 1)" if lid in self.one_tile_at_least else term)
+        order, tiles, grouped = self.grid_order(tile_args)
         n_tiles = " * ".join(tiles[lid] for lid in order) or "1"
-        grouped = not tile_args and len(order) >= 2 and all(self.t.block[i] > 1 for i in order[:2]) and \
-            set(order[:2]) <= dot_labels(self.views)
         # Persistent: a plain tiled GEMM, one MatMul accumulated in its loop, and nothing
         # read beside it in the epilogue that varies along its columns. On the H200 (triton
         # 3.6) a persistent loop with a residual tile read in its epilogue ran 4-1000x slower
@@ -1224,7 +1234,7 @@ class Emitter:
             used |= inst.labels | ({inst.reduced.id} if inst.reduced else set())
         for lab in self.views.labels:
             if self.t.role[lab.id] == "full" and self.t.block[lab.id] > 1 and lab.id in used:
-                top.lines.append(f"idx{lab.id} = tl.arange(0, {self.t.block[lab.id]})")
+                top.lines.append(f"idx{lab.id} = {self.arange(lab.id)}")
         for st in self.spec.stores:
             v = self.ensure(top, st.inst)
             self.store(top, st, v)
@@ -1274,7 +1284,25 @@ class Emitter:
                    for lab in self.views.labels]
         lines = comment + [f"@triton.jit{dns}", f"def {name}({', '.join(params)}):"] + \
             ["    " + ln for ln in top.lines]
-        return Function(name, lines, bufs, [" * ".join(grid_terms) or "1"], self.searched)
+        return Function(name, lines, bufs, [self.grid()], self.searched)
+
+    def grid_order(self, tile_args: bool = False) -> tuple[list, dict, bool]:
+        """The grid labels, fastest varying first; each one's tile count (code); and
+        whether two tiled MatMul sides decode in grouped order."""
+        order = list(reversed(self.canon_grid()))
+        tiles = {lid: self.grid_tiles(lid) for lid in order}
+        grouped = not tile_args and len(order) >= 2 and all(self.t.block[i] > 1 for i in order[:2]) and \
+            set(order[:2]) <= dot_labels(self.views)
+        return order, tiles, grouped
+
+    def grid(self) -> str:
+        """The launch's program count (host code: `cdiv`, `max`), one per tile of each grid label."""
+        terms = []
+        for lid in reversed(self.canon_grid()):
+            bx = self.t.period(lid)
+            term = f"cdiv({code(self.labels[lid].extent)}, {bx})" if bx > 1 else code(self.labels[lid].extent)
+            terms.append(f"max({term}, 1)" if lid in self.one_tile_at_least else term)
+        return " * ".join(terms) or "1"
 
     def outer_load_steps(self) -> tuple[float, float]:
         """Steps per program of the loops that load tiles around an inner loop, and the
@@ -1363,7 +1391,7 @@ class Emitter:
         if v.dims != dims and v.dims and dims:
             value = f"tl.broadcast_to({value}, {[self.t.block[d] for d in dims]})"
         elif not v.dims and dims:
-            value = f"tl.full({[self.t.block[d] for d in dims]}, 0, {v.ty}) + {value}"
+            value = f"{self.filled(dims, '0', v.ty)} + {value}"
         m = self.mask(mask, dims) if mask else ""
         if mask:
             lanes = _prod([self.t.block[d] for d in dims])
