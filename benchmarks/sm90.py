@@ -30,16 +30,21 @@ TYPES = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "f64": "fp64", "i8": "i8"
 def _signature(plan: dict, kernel: dict, fn) -> tuple[dict, dict]:
     """Triton's signature and constexprs for one kernel, as the launcher binds them: buffers
     as pointers (16-byte aligned, as the JIT specialises them), descriptors as tensor
-    descriptors, symbols at the plan's binding, the TMA switch on."""
+    descriptors (a Gluon kernel's with their shared-memory layout; a `tl` twin's it does
+    not read as None), symbols at the plan's binding, the TMA switch on."""
     dtypes = {b["name"]: b["dtype"] for key in ("inputs", "outputs", "intermediates") for b in plan[key]}
     if kernel.get("arrivals"):
         dtypes[kernel["arrivals"][0]] = "i32"
     descriptors = {d[0]: (dtypes[d[1]], d[2]) for d in kernel.get("descriptors", [])}
+    unread = {d[0] for d in (kernel.get("fallback") or {}).get("descriptors", [])} - set(descriptors)
     signature, constants = {}, {}
     for name, param in zip(kernel["args"], fn.params):
         if name in descriptors:
             dtype, block = descriptors[name]
-            signature[param.name] = f"tensordesc<{TYPES[dtype]}[{', '.join(str(b) for b in block)}]>"
+            signature[param.name] = f"tensordesc<{TYPES[dtype]}[{', '.join(str(b) for b in block)}]" + \
+                (f",{_gluon_layout(dtype, block)!r}>" if kernel.get("dialect") == "gluon" else ">")
+        elif name in unread:
+            signature[param.name], constants[param.name] = "constexpr", None
         elif name in dtypes:
             signature[param.name] = "*" + TYPES[dtypes[name]]
         elif param.is_constexpr:
@@ -49,6 +54,13 @@ def _signature(plan: dict, kernel: dict, fn) -> tuple[dict, dict]:
     for param in fn.params[len(kernel["args"]):]:  # the launcher's switches: TMA on where descriptors exist
         signature[param.name], constants[param.name] = "constexpr", bool(descriptors)
     return signature, constants
+
+
+def _gluon_layout(dtype: str, block: list):
+    """The shared-memory layout the launcher gives a Gluon kernel's descriptor (launch.gluon_descriptor)."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for(block, {"bf16": gl.bfloat16, "f16": gl.float16}[dtype])
 
 
 def compile_sm90(plan: dict, kernel: dict, warps: int, stages: int) -> dict:
@@ -66,9 +78,14 @@ def compile_sm90(plan: dict, kernel: dict, warps: int, stages: int) -> dict:
         fn = getattr(module, kernel["name"])
         signature, constants = _signature(plan, kernel, fn)
         aligned = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if signature[p.name][0] == "*"}
-        compiled = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constants,
-                                                            attrs=aligned),
-                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+        if kernel.get("dialect") == "gluon":
+            from triton.experimental.gluon._runtime import GluonASTSource
+
+            source = GluonASTSource(fn, signature, constexprs=constants, attrs=aligned)
+        else:
+            source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=aligned)
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": warps, "num_stages": stages})
         cubin = pathlib.Path(tmp) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
         tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -77,7 +94,8 @@ def compile_sm90(plan: dict, kernel: dict, warps: int, stages: int) -> dict:
     local = re.search(r"LOCAL:(\d+)", usage)
     buffers = sorted(set(re.findall(r"memdesc<((?:\d+x)+)\w+, #\w+, #smem, mutable>", compiled.asm["ttgir"])))
     return {"shared": compiled.metadata.shared, "regs": int(regs.group(1)) if regs else None,
-            "local": int(local.group(1)) if local else None, "buffers": [b.rstrip("x") for b in buffers]}
+            "local": int(local.group(1)) if local else None, "buffers": [b.rstrip("x") for b in buffers],
+            "setmaxnreg": "setmaxnreg" in compiled.asm["ptx"]}
 
 
 def main(argv=None) -> int:
@@ -92,8 +110,9 @@ def main(argv=None) -> int:
     import triton
 
     print(f"triton {triton.__version__}, sm_90", file=sys.stderr)
-    print("| plan file | plan | kernel | warps | stages | shared bytes | registers | local bytes | loop buffers |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| plan file | plan | kernel | warps | stages | shared bytes | registers | local bytes | loop buffers | "
+          "dialect (registers reallocated) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for path in sorted(pathlib.Path(args.plans).glob("*.json")):
         spec = json.loads(path.read_text())
         if args.only and spec["workload"] not in args.only:
@@ -112,10 +131,11 @@ def main(argv=None) -> int:
                         r = compile_sm90(plan, kernel, warps, stages)
                     except Exception as err:  # a kernel Triton rejects is itself the finding
                         print(f"| {path.stem} | {index} | {kernel['name']} | {warps} | {stages} | failed: "
-                              f"{type(err).__name__}: {str(err).splitlines()[0][:120]} | | | |")
+                              f"{type(err).__name__}: {str(err).splitlines()[0][:120]} | | | | |")
                         continue
                     print(f"| {path.stem} | {index} | {kernel['name']} | {warps} | {stages} | {r['shared']} | "
-                          f"{r['regs']} | {r['local']} | {', '.join(r['buffers'])} |", flush=True)
+                          f"{r['regs']} | {r['local']} | {', '.join(r['buffers'])} | "
+                          f"{kernel.get('dialect', 'triton')}{' (setmaxnreg)' if r['setmaxnreg'] else ''} |", flush=True)
     return 0
 
 

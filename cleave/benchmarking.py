@@ -71,7 +71,7 @@ def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None,
         # as the runtime keeps them (runtime/operator.py): the plans of the candidate whose
         # best plan the model costs least; the GPU profiles those
         _, index, plans = min(scheduled, key=lambda t: t[:2])
-        chosen = [(p.cost, index, p) for p in plans[:top_plans]]
+        chosen = [(p.cost, index, p) for p in plans]  # the ranked top_plans and a Gluon twin
         specs.append({
             "workload": name, "preset": preset, "env": env, "search_seconds": searched, "f32_matmul": f32_matmul,
             "candidates": [{"text": c.graph.text(), "derivation": c.derivation} for c in result.candidates],

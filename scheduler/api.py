@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import threading
 from collections.abc import Iterable, Mapping
 
 from cleave import passes
@@ -12,7 +13,7 @@ from cleave.ir import dims as D
 from cleave.ir.graph import rebuild
 from cleave.ir.ops import UNARY
 
-from . import row_halves, scale_after
+from . import gluon, row_halves, scale_after
 from .codegen import Emitter, fact_table
 from .combine import fuse_combines
 from .cost import kernel_time, misfit, resident_programs
@@ -70,7 +71,51 @@ def _kernel_options(spec, facts, env, dynamic, symbols, target, relaxed: bool = 
         more = f"; {len(errors) - 1} other tiling(s) failed too" if len(errors) > 1 else ""
         raise BindingError(f"scheduler: no tiling of kernel {spec.name} fits the target"
                            + (f" ({errors[0]}{more})" if errors else " (no tiling to try)"))
-    return _ranked(spec, found, target)
+    ranked = _ranked(spec, found, target)
+    if target.gluon:
+        _note_gluon_origin(ranked, facts, env, dynamic, symbols)
+    return ranked
+
+
+# Kernel options whose Gluon form (scheduler/gluon.py) schedule() may add: (name, source,
+# warps, stages) -> what the form is rendered from (the best-ranked option that holds one
+# row tile of 64 or more per program, its binding). Per thread: first calls compile on several.
+_GLUON = threading.local()
+
+
+def _note_gluon_origin(ranked: list, facts, env, dynamic, symbols) -> None:
+    if getattr(_GLUON, "origins", None) is None:  # options ranked outside schedule()
+        return
+    first = next((f for f in ranked if not f[3][1].unroll and row_halves.chained_rows(f[3][0].views, f[3][1])), None)
+    if first is None:
+        return
+    origin = (*first[3], facts, dict(env), set(dynamic), list(symbols))
+    for f in ranked:
+        _GLUON.origins[(f[1].name, f[1].source, f[1].num_warps, f[1].num_stages)] = origin
+
+
+def _with_gluon_twin(plans: list[Plan]) -> list[Plan]:
+    """plans, and after them the first with each kernel that has a Gluon form in that
+    form (the same partition: the runtime's tuning may take either kernel for a slot).
+    The model does not cost its schedule (warp specialisation, ping-pong), so it is not
+    ranked: the runtime profiles it where Gluon runs, after checking its output."""
+    gluon.last_refusal = "no kernel of the first plan chains two MatMuls in a loop over row tiles of 64 or more"
+    if not plans:
+        return plans
+    kernels, changed = [], False
+    for k in plans[0].kernels:
+        origin = _GLUON.origins.get((k.name, k.source, k.num_warps, k.num_stages))
+        twin = None
+        if origin is not None:
+            with passes.timed("codegen"):
+                twin = gluon.variant(*origin[:2], origin[2], origin[3], origin[4], origin[5], k)
+        kernels.append(twin or k)
+        changed |= twin is not None
+    if not changed:
+        return plans
+    first = plans[0]
+    return plans + [Plan(first.graph, kernels, first.inputs, first.outputs, first.intermediates, dict(first.split),
+                         dict(first.tiles), first.cost, list(first.dynamic), dict(first.env), list(first.requires))]
 
 
 def _options(spec, facts, env, dynamic, symbols, target, relaxed: bool):
@@ -264,7 +309,17 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     (top_k plans of each count, at most PLANS_PER_DYNAMIC_SPLIT).
     Plans over dynamic extents are ranked at `shapes` and also with the reduced ones
     long (`_long`, without a split) and the batch-like ones wide (`_wide`), and the
-    rankings interleaved."""
+    rankings interleaved. Where the first plan has kernels with a Gluon form, a plan of
+    those forms follows the ranked ones (`_with_gluon_twin`)."""
+    _GLUON.origins = {}
+    try:
+        plans = _schedule(candidate, shapes, dynamic, top_k, target, split)
+        return _with_gluon_twin(plans) if target.gluon else plans
+    finally:
+        _GLUON.origins = {}
+
+
+def _schedule(candidate, shapes, dynamic, top_k, target, split) -> list[Plan]:
     if isinstance(candidate, Graph):
         candidate = Candidate(candidate)
     if not isinstance(candidate, Candidate):

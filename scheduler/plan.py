@@ -58,6 +58,11 @@ class Kernel:
     # the stage counts worth launching it with, ascending (kernel_stats.Stats.stage_choices;
     # empty: any): neither the scheduler nor the runtime's tuning tries others
     stage_choices: tuple = ()
+    # "gluon": the source is a Gluon kernel (scheduler/gluon.py), run only on an sm_90 GPU
+    # whose Triton has Gluon, after a check of its output against the `tl` plan's
+    dialect: str = "triton"
+    # a Gluon kernel's `tl` twin, with the same arguments: what runs where Gluon does not
+    fallback: "Kernel | None" = None
 
     def to_json(self) -> dict:
         return {"name": self.name, "source": self.source, "grid": list(self.grid), "args": list(self.args),
@@ -65,7 +70,8 @@ class Kernel:
                 "descriptors": [list(d) for d in self.descriptors], "programs_per_sm": self.programs_per_sm,
                 "loops": list(self.loops), "max_pipelined_warps": self.max_pipelined_warps,
                 "arrivals": list(self.arrivals), "pipelined": self.pipelined,
-                "stage_choices": list(self.stage_choices)}
+                "stage_choices": list(self.stage_choices), "dialect": self.dialect,
+                "fallback": self.fallback.to_json() if self.fallback else None}
 
     def launches(self, num_warps: int, num_stages: int) -> bool:
         """Whether this launch configuration is one the kernel may run with."""
@@ -79,7 +85,8 @@ class Kernel:
                    [list(x) for x in d.get("descriptors", [])], d.get("programs_per_sm", 0),
                    loops=list(d.get("loops", [])), max_pipelined_warps=d.get("max_pipelined_warps", 0),
                    arrivals=list(d.get("arrivals", [])), pipelined=d.get("pipelined", True),
-                   stage_choices=tuple(d.get("stage_choices", ())))
+                   stage_choices=tuple(d.get("stage_choices", ())), dialect=d.get("dialect", "triton"),
+                   fallback=cls.from_json(d["fallback"]) if d.get("fallback") else None)
 
 
 @dataclass

@@ -44,6 +44,9 @@ class Target:
     # kernel options ran clean alone (session 39); cause not found, never timed against the
     # default. `benchmarks.build --index-prefetch` builds them.
     index_prefetch: bool = False
+    # Offer each attention-class kernel's Gluon form (scheduler/gluon.py) beside its `tl`
+    # options: warp-specialised, for sm_90; the runtime serves it only there, checked.
+    gluon: bool = True
 
     def __post_init__(self):
         if self.f32_matmul not in F32_MATMUL_PRECISIONS:

@@ -39,6 +39,7 @@ class DoubleKernel:
     name: str
     source: str
     grid: str
+    dialect: str = "triton"
 
 
 @dataclass

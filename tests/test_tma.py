@@ -255,7 +255,7 @@ def test_an_intermediate_passed_as_an_address_gets_its_typed_view(descriptors_ma
 
     workspace = torch.zeros(1024, dtype=torch.uint8)
     prepared = SimpleNamespace(intermediates=[("t1", 0, [4, 8], torch.float32), ("t2", 256, [16, 16], torch.bfloat16)])
-    tma = (True, [(0, "t2", [16, 16], [16, 1], [16, 16])])
+    tma = (True, [(0, "t2", [16, 16], [16, 1], [16, 16])], L.TensorDescriptor)
     values = L._with_descriptors(tma, [None], {"t2": workspace.data_ptr() + 256}, True, prepared, workspace)
     desc, use = values
     assert use and descriptors_made == [(16, 16)]
@@ -271,7 +271,7 @@ def test_a_direct_launch_reuses_its_descriptors_per_address_and_holds_no_tensor(
     from types import SimpleNamespace
 
     prepared = SimpleNamespace(intermediates=[])
-    tma = (True, [(0, "q", [8, 32], [32, 1], [8, 32]), (1, "k", [8, 32], [32, 1], [8, 32])])
+    tma = (True, [(0, "q", [8, 32], [32, 1], [8, 32]), (1, "k", [8, 32], [32, 1], [8, 32])], L.TensorDescriptor)
     q, k = torch.randn(8, 32), torch.randn(8, 32)
     kept = {}
     first = L._with_descriptors(tma, [None, None], {"q": q, "k": k}, True, prepared, None, kept)

@@ -142,9 +142,21 @@ class _Prepared:
 
     def __init__(self, plan: Plan, inputs: dict[str, torch.Tensor]):
         env = bind(plan, inputs)
+        # a persistent grid fills the GPU's SMs (a CPU scalar input does not name the device)
+        cuda = [t.device for t in inputs.values() if isinstance(t, torch.Tensor) and t.device.type == "cuda"]
+        device = cuda[0] if cuda else torch.device("cpu")
+        shapes = {b.name: ([evaluate(d, env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)].itemsize)
+                  for b in plan.inputs + plan.outputs + plan.intermediates}
+        # A Gluon kernel runs where Gluon does and its descriptors take these shapes; else
+        # its `tl` twin (the same arguments) runs. A call whose tensors start unaligned
+        # launches the twin too (`fallbacks`).
+        gluon_here = gluon_runs_on(device)
+        kernels = [k.fallback if k.dialect == "gluon" and not (gluon_here and _descriptors(k, shapes, True)[0])
+                   else k for k in plan.kernels]
+        self.fallbacks = [None] * len(kernels)
         # An input no kernel reads (an int argument carried as a length, n + 1 elements of
         # one: frontends/fx_graph.py; its symbol is the kernels' argument) is not copied.
-        read = {a for k in plan.kernels for a in k.args if a not in env}
+        read = {a for k in kernels for a in k.args if a not in env}
         self.casts = [(b.name, TORCH_DTYPES[ir_dtype(b.dtype)] if b.name in read else None) for b in plan.inputs]
         self.outputs = [(b.name, [evaluate(d, env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)])
                         for b in plan.outputs]
@@ -156,22 +168,24 @@ class _Prepared:
             self.intermediates.append((b.name, self.workspace_bytes, shape, dtype))
             size = math.prod(shape) * dtype.itemsize
             self.workspace_bytes += -(-size // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
-        # a persistent grid fills the GPU's SMs (a CPU scalar input does not name the device)
-        cuda = [t.device for t in inputs.values() if isinstance(t, torch.Tensor) and t.device.type == "cuda"]
-        sms = _sms(cuda[0] if cuda else torch.device("cpu"))
-        tiles = [evaluate(k.grid[0], env) for k in plan.kernels]
-        self.kernels = [(_kernel_fn(plan, k), (_programs(k, n, sms), 1, 1),
-                         [(a, None) if a not in env else (None, env[a]) for a in k.args],
-                         dict(num_warps=k.num_warps, num_stages=k.num_stages))
-                        for k, n in zip(plan.kernels, tiles)]
-        # TMA descriptors per kernel: (ok at these shapes, [(arg position, buffer, shape,
-        # strides, block)]), or None for a kernel without any.
-        shapes = {b.name: ([evaluate(d, env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)].itemsize)
-                  for b in plan.inputs + plan.outputs + plan.intermediates}
-        # A launch of fewer tiles than SMs (a decode step at batch 1) is too short to
-        # repay building its descriptors: it takes the pointer path.
-        self.names = [k.name for k in plan.kernels]
-        self.tma = [_descriptors(k, shapes, n >= sms) if k.descriptors else None for k, n in zip(plan.kernels, tiles)]
+        sms = _sms(device)
+
+        def launch_of(k):
+            tiles = evaluate(k.grid[0], env)
+            # A launch of fewer tiles than SMs (a decode step at batch 1) is too short to
+            # repay building its descriptors: it takes the pointer path. TMA descriptors:
+            # (ok at these shapes, [(arg position, buffer, shape, strides, block)], their
+            # class), or None for a kernel without any.
+            tma = _descriptors(k, shapes, tiles >= sms or k.dialect == "gluon") if k.descriptors else None
+            return ((_kernel_fn(plan, k), (_programs(k, tiles, sms), 1, 1),
+                     [(a, None) if a not in env else (None, env[a]) for a in k.args],
+                     dict(num_warps=k.num_warps, num_stages=k.num_stages)), tma)
+
+        launches = [launch_of(k) for k in kernels]
+        self.kernels = [entry for entry, _ in launches]
+        self.tma = [tma for _, tma in launches]
+        self.fallbacks = [launch_of(k.fallback) if k.dialect == "gluon" else None for k in kernels]
+        self.names = [k.name for k in kernels]
         # Kernels without programs here (an empty output or intermediate) are skipped:
         # Triton does not compile them at this shape.
         self.launches = [grid[0] > 0 for _, grid, _, _ in self.kernels]
@@ -185,8 +199,8 @@ class _Prepared:
         # not specialised): its registers and shared memory give the occupancy.
         self.compiled: list = _cached(plan).setdefault("compiled", [None] * len(self.kernels))
         # the counter buffers' names, and the slots the largest needs (all share one buffer)
-        self.arrivals = [k.arrivals[0] for k in plan.kernels if k.arrivals]
-        self.arrival_slots = max((evaluate(k.arrivals[1], env) for k in plan.kernels if k.arrivals), default=0)
+        self.arrivals = [k.arrivals[0] for k in kernels if k.arrivals]
+        self.arrival_slots = max((evaluate(k.arrivals[1], env) for k in kernels if k.arrivals), default=0)
         ints = [value for _, _, args, _ in self.kernels for name, value in args if name is None]
         self.direct_ok = all(abs(v) < 2 ** 31 for v in ints)
         self.kept: dict[tuple, _Pool] = {}  # (lane, inference mode) -> this shape's kept outputs
@@ -204,10 +218,10 @@ def _sms(device: torch.device) -> int:
     return INTERPRETER_SMS
 
 
-def _descriptors(k, shapes: dict, worth_it: bool) -> tuple[bool, list]:
-    """A kernel's TMA descriptors at these shapes (contiguous buffers), and whether TMA
-    takes them: worth building here, every dim non-empty and every stride but the last
-    16-byte aligned (the base pointers are checked per call)."""
+def _descriptors(k, shapes: dict, worth_it: bool) -> tuple[bool, list, Callable]:
+    """A kernel's TMA descriptors at these shapes (contiguous buffers), whether TMA
+    takes them (worth building here, every dim non-empty and every stride but the last
+    16-byte aligned; the base pointers are checked per call), and what builds one."""
     descs, ok = [], worth_it
     for arg, buffer, block in k.descriptors:
         shape, itemsize = shapes[buffer]
@@ -215,7 +229,7 @@ def _descriptors(k, shapes: dict, worth_it: bool) -> tuple[bool, list]:
         ok = ok and all(0 < d < 2 ** 31 for d in shape) and all(st * itemsize % 16 == 0 for st in strides[:-1]) \
             and math.prod(shape) * itemsize < 2 ** 40  # int32 coordinates, 40-bit strides
         descs.append((k.args.index(arg), buffer, shape, strides, block))
-    return ok, descs
+    return ok, descs, gluon_descriptor if k.dialect == "gluon" else TensorDescriptor
 
 
 def _with_descriptors(tma, values: list, tensors: dict, bases_ok: bool, prepared, workspace,
@@ -225,7 +239,7 @@ def _with_descriptors(tma, values: list, tensors: dict, bases_ok: bool, prepared
     `kept` (a compiled kernel's own, launched directly) maps an argument position to the
     descriptor built for an address: a call on the same buffers reuses it, where building
     and validating three took a third of a prefill's host time per call."""
-    ok, descs = tma
+    ok, descs, make = tma
     use = ok and bases_ok
     for pos, buffer, shape, strides, block in descs:
         if not use:
@@ -239,11 +253,37 @@ def _with_descriptors(tma, values: list, tensors: dict, bases_ok: bool, prepared
             continue
         if isinstance(t, int):  # an intermediate passed as an address: its typed view
             t = _view(prepared, workspace, buffer)
-        desc = values[pos] = TensorDescriptor(t, shape, strides, block)
+        desc = values[pos] = make(t, shape, strides, block)
         if kept is not None:
             desc.base = _Address(ptr, t.dtype)
             kept[pos] = (ptr, desc)
     return values + [use]
+
+
+@functools.cache
+def _gluon():
+    """Triton's Gluon dialect for Hopper (its language and host descriptors), or None."""
+    try:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    except ImportError:
+        return None
+    return gl, GluonDescriptor
+
+
+def gluon_runs_on(device: torch.device) -> bool:
+    """Whether a Gluon kernel (scheduler/gluon.py: Hopper's wgmma, TMA and warp
+    specialisation) runs on `device`: an sm_90 GPU, compiled, with Gluon in its Triton."""
+    return device.type == "cuda" and not _INTERPRETED and torch.cuda.get_device_capability(device) == (9, 0) \
+        and _gluon() is not None
+
+
+def gluon_descriptor(t, shape, strides, block):
+    """A Gluon kernel's TMA descriptor: the shared-memory layout its rings are made in
+    (`desc.layout` in the kernel) is the default swizzle for the block."""
+    gl, GluonDescriptor = _gluon()
+    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[t.dtype]
+    return GluonDescriptor(t, shape, strides, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
 class _Address:
@@ -336,11 +376,14 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
     for i, (fn, grid, args, options) in enumerate(prepared.kernels):
         if not prepared.launches[i] or only not in (None, i):  # nothing to compute (a GPU rejects an empty grid)
             continue
+        tma = prepared.tma[i]
+        if prepared.fallbacks[i] is not None and not bases_ok:  # a Gluon kernel reads through TMA alone
+            (fn, grid, args, options), tma = prepared.fallbacks[i]
         values = [tensors.get(name) if name is not None else value for name, value in args]
-        direct = prepared.direct[i]
-        if prepared.tma[i] is not None:
+        direct = prepared.direct[i] if tma is prepared.tma[i] else None
+        if tma is not None:
             kept = prepared.descriptors[i] if direct is not None and direct_now else None
-            values = _with_descriptors(prepared.tma[i], values, tensors, bases_ok, prepared, workspace, kept)
+            values = _with_descriptors(tma, values, tensors, bases_ok, prepared, workspace, kept)
         if direct is not None and direct_now:
             try:
                 if stream is None:
@@ -354,10 +397,10 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
                 if prepared.intermediates:
                     tensors.update(_views(prepared, workspace))
                     values = [tensors.get(name) if name is not None else value for name, value in args]
-                    if prepared.tma[i] is not None:
-                        values = _with_descriptors(prepared.tma[i], values, tensors, bases_ok, prepared, workspace)
+                    if tma is not None:
+                        values = _with_descriptors(tma, values, tensors, bases_ok, prepared, workspace)
         kernel = _jit_launch(fn, grid, values, options, prepared.names[i])
-        if isinstance(kernel, CompiledKernel):
+        if isinstance(kernel, CompiledKernel) and tma is prepared.tma[i]:
             prepared.compiled[i] = kernel
             if aligned:  # specialised like every later aligned call of this shape: same
                 # dtypes, ints unspecialised or equal, pointers 16-byte aligned

@@ -39,7 +39,7 @@ from . import artifact as A
 from .buckets import bucket
 from .user_frame import _user_level
 from .cache import device_name, entry_dir, key_fields, operator_key
-from .launch import launch, prepare, remember, run
+from .launch import gluon_runs_on, launch, prepare, remember, run
 from .mix import compose, fastest_kernels, partition_key, picks_key
 from .profile import rank
 from .waves import waves
@@ -210,6 +210,9 @@ class CompiledOperator:
             first = spec.plans[0]
             raise CompileFailure(f"no plan of {self.graph.name} serves {env}: plan 0 needs "
                                  f"{first.fits({**env, **first.split})}")
+        # a plan with Gluon kernels runs their `tl` twins where Gluon does not: another plan's
+        # kernels, not worth timing twice
+        fits = [i for i in fits if not _has_gluon(spec.plans[i]) or gluon_runs_on(self.device)] or fits
         if self.device.type != "cuda" or len(fits) == 1:
             return spec.plans[fits[0]]
         empty = self._empty_outputs(env)
@@ -308,6 +311,7 @@ class CompiledOperator:
             try:
                 with passes.timed("triton"):
                     launch(plan, args)
+                wrong = _gluon_mismatch(plan, self.device) if _has_gluon(plan) and gluon_runs_on(self.device) else None
             except BindingError:
                 raise
             except Exception as err:
@@ -319,6 +323,12 @@ class CompiledOperator:
                 failure = failure or f"plan {i}: {_reason(err)}"
                 warnings.warn(f"cleave: plan {i} of {self.graph.name} does not compile here ({_reason(err)}); "
                               f"the other plans serve", stacklevel=_user_level())
+                continue
+            if wrong:  # served only where its output matched the `tl` kernels' at this launch
+                spec.broken.add(i)
+                failure = failure or f"plan {i}: {wrong}"
+                warnings.warn(f"cleave: plan {i} of {self.graph.name}: {wrong}; the other plans serve",
+                              stacklevel=_user_level())
                 continue
             self._launched.add(id(plan))
         if len(spec.broken) == len(spec.plans):
@@ -504,6 +514,45 @@ def _capturing(device: torch.device) -> bool:
 def _progress(line: str) -> None:
     """Long first-call work (compiling every plan, timing a bucket) says what it does."""
     progress.report(line)
+
+
+def _has_gluon(plan: Plan) -> bool:
+    return any(k.dialect == "gluon" for k in plan.kernels)
+
+
+# How far a Gluon kernel's output may stray from its `tl` twin's (relative L2 norm): both
+# round P to 16 bits and sum in f32, in different orders.
+GLUON_TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2}
+GLUON_TOLERANCE_F32 = 1e-4
+
+
+def _gluon_mismatch(plan: Plan, device) -> str | None:
+    """Why plan's Gluon kernels may not serve, or None: its outputs, into buffers
+    poisoned with NaN, against its `tl` twins' on fresh random inputs at the binding it
+    was ranked at (issue 13: warp specialisation only where a check passes at that exact
+    launch configuration; one returned NaN on the H200)."""
+    twin = replace(plan, kernels=[k.fallback or k for k in plan.kernels])
+    generator = torch.Generator(device=device).manual_seed(0)
+    inputs = {}
+    for b in plan.inputs:
+        shape, dtype = [evaluate(d, plan.env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)]
+        inputs[b.name] = torch.randn(shape, generator=generator, device=device).to(dtype) \
+            if dtype.is_floating_point else torch.zeros(shape, dtype=dtype, device=device)
+    want = launch(twin, inputs)
+    got = launch(plan, inputs, out=[torch.full_like(w, float("nan")) if w.is_floating_point() else torch.full_like(w, -1)
+                                    for w in want])
+    for b, w, g in zip(plan.outputs, want, got):
+        if not w.is_floating_point():
+            if not torch.equal(w, g):
+                return f"its Gluon kernels' {b.name} differs from the tl kernels'"
+            continue
+        if not torch.equal(w.isnan(), g.isnan()):
+            return f"its Gluon kernels' {b.name} is NaN where the tl kernels' is not, or the reverse"
+        w64, g64 = (torch.nan_to_num(x.double(), nan=0.0) for x in (w, g))
+        error = ((g64 - w64).norm() / w64.norm().clamp_min(1e-30)).item()
+        if error > GLUON_TOLERANCE.get(w.dtype, GLUON_TOLERANCE_F32):
+            return f"its Gluon kernels' {b.name} differs from the tl kernels' by {error:.1e} (relative L2)"
+    return None
 
 
 def _scratch(plan: Plan, device) -> dict[str, torch.Tensor]:
