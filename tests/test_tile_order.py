@@ -99,6 +99,7 @@ def test_grouped_order_counted_backwards_is_still_one_program_per_tile(backwards
     tiles = {3: "11", 2: "3", 1: "2"}
     em = types.SimpleNamespace(t=Tiling(role={3: "grid", 2: "grid", 1: "grid"}, block={3: 64, 2: 64, 1: 1}))
     em.lanes = lambda lid: Emitter.lanes(em, lid)
+    em.arange = lambda lid: Emitter.arange(em, lid)
     source = "\n".join(["    pid = tl.program_id(0)"] + ["    " + ln for ln in
                                                          Emitter.decode(em, [2, 3, 1], tiles, True, backwards)])
     seen = [_tile_ids(source, pid, {}) for pid in range(11 * 3 * 2)]
