@@ -1225,16 +1225,9 @@ class Emitter:
                              not any(self.t.role[lid] == "loop" for lid in inst.labels)
                              for inst in self.views.memo.values())
         self.persistent = not tile_args and grouped and gemm and not epilogue_tiles
-        wide = any(self.numel(inst.node) >= 2 ** 30 for inst in self.views.memo.values() if inst.leaf) or \
-            any(self.numel(st.node) >= 2 ** 30 for st in self.spec.stores) or bool(self.dynamic)
-        # int32 offsets when every buffer (and a tile of overhang) stays below 2**31 elements
+        wide = self.wide()
         pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
-        used = set()
-        for inst in self.views.memo.values():
-            used |= inst.labels | ({inst.reduced.id} if inst.reduced else set())
-        for lab in self.views.labels:
-            if self.t.role[lab.id] == "full" and self.t.block[lab.id] > 1 and lab.id in used:
-                top.lines.append(f"idx{lab.id} = {self.arange(lab.id)}")
+        top.lines += self.full_lanes()
         for st in self.spec.stores:
             v = self.ensure(top, st.inst)
             self.store(top, st, v)
@@ -1285,6 +1278,20 @@ class Emitter:
         lines = comment + [f"@triton.jit{dns}", f"def {name}({', '.join(params)}):"] + \
             ["    " + ln for ln in top.lines]
         return Function(name, lines, bufs, [self.grid()], self.searched)
+
+    def wide(self) -> bool:
+        """Whether offsets are int64: int32 when every buffer (and a tile of overhang)
+        stays below 2**31 elements, which a dynamic extent does not promise."""
+        return any(self.numel(inst.node) >= 2 ** 30 for inst in self.views.memo.values() if inst.leaf) or \
+            any(self.numel(st.node) >= 2 ** 30 for st in self.spec.stores) or bool(self.dynamic)
+
+    def full_lanes(self) -> list[str]:
+        """The lanes of each label a program holds whole (`idx<label>`), made once at its top."""
+        used = set()
+        for inst in self.views.memo.values():
+            used |= inst.labels | ({inst.reduced.id} if inst.reduced else set())
+        return [f"idx{lab.id} = {self.arange(lab.id)}" for lab in self.views.labels
+                if self.t.role[lab.id] == "full" and self.t.block[lab.id] > 1 and lab.id in used]
 
     def grid_order(self, tile_args: bool = False) -> tuple[list, dict, bool]:
         """The grid labels, fastest varying first; each one's tile count (code); and

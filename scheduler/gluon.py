@@ -388,18 +388,11 @@ class GluonEmitter(Emitter):
     def consumer(self, name: str, params: list) -> tuple[list[str], list[str]]:
         """This warpgroup's function, and the program decode (lines) the loader repeats."""
         top = self.top = Block(None, ())
-        used = set()
-        for inst in self.views.memo.values():
-            used |= inst.labels | ({inst.reduced.id} if inst.reduced else set())
-        for lab in self.views.labels:
-            if self.t.role[lab.id] == "full" and self.t.block[lab.id] > 1 and lab.id in used:
-                top.lines.append(f"idx{lab.id} = {self.arange(lab.id)}")
+        top.lines += self.full_lanes()
         for st in self.stores:
             self.store(top, st, self.ensure(top, st.inst))
         order, tiles, grouped = self.grid_order()
-        wide = bool(self.dynamic) or any(self.numel(i.node) >= 2 ** 30 for i in self.views.memo.values() if i.leaf) \
-            or any(self.numel(st.node) >= 2 ** 30 for st in self.spec.stores)
-        pid = "gl.program_id(0).to(tl.int64)" if wide else "gl.program_id(0)"
+        pid = "gl.program_id(0).to(tl.int64)" if self.wide() else "gl.program_id(0)"
         decode = [f"pid = {pid}"] + self.decode(order, tiles, grouped, descending(self.stats.loops))
         lines = decode + top.lines
         text = "\n".join(lines)
