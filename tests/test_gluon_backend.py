@@ -103,6 +103,9 @@ def test_off_hopper_the_twin_runs_its_tl_kernels_exactly(name):
 def test_the_runtime_check_compares_against_the_tl_kernels(monkeypatch):
     twin = _gluon_plan(_plans("mha_causal"))
     assert operator._gluon_mismatch(twin, torch.device("cpu")) is None
+    # on the call's own inputs (the operator's first call, where the plan serves them)
+    inputs = W.get("mha_causal").inputs(BINDINGS["mha_causal"], seed=5)
+    assert operator._gluon_mismatch(twin, torch.device("cpu"), inputs) is None
     calls = []
 
     def skewed(plan, inputs, out=None):  # the second launch is the Gluon plan's

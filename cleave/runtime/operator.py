@@ -311,7 +311,9 @@ class CompiledOperator:
             try:
                 with passes.timed("triton"):
                     launch(plan, args)
-                wrong = _gluon_mismatch(plan, self.device) if _has_gluon(plan) and gluon_runs_on(self.device) else None
+                # the call's own inputs where the plan serves them: a layer's weights are not copied
+                wrong = _gluon_mismatch(plan, self.device, args if args is inputs else None) \
+                    if _has_gluon(plan) and gluon_runs_on(self.device) else None
             except BindingError:
                 raise
             except Exception as err:
@@ -526,18 +528,19 @@ GLUON_TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2}
 GLUON_TOLERANCE_F32 = 1e-4
 
 
-def _gluon_mismatch(plan: Plan, device) -> str | None:
+def _gluon_mismatch(plan: Plan, device, inputs: dict | None = None) -> str | None:
     """Why plan's Gluon kernels may not serve, or None: its outputs, into buffers
-    poisoned with NaN, against its `tl` twins' on fresh random inputs at the binding it
-    was ranked at (issue 13: warp specialisation only where a check passes at that exact
-    launch configuration; one returned NaN on the H200)."""
+    poisoned with NaN, against its `tl` twins' on `inputs` (by default fresh random ones
+    at the binding it was ranked at). Issue 13: warp specialisation only where a check
+    passes at that exact launch configuration; one returned NaN on the H200."""
     twin = replace(plan, kernels=[k.fallback or k for k in plan.kernels])
-    generator = torch.Generator(device=device).manual_seed(0)
-    inputs = {}
-    for b in plan.inputs:
-        shape, dtype = [evaluate(d, plan.env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)]
-        inputs[b.name] = torch.randn(shape, generator=generator, device=device).to(dtype) \
-            if dtype.is_floating_point else torch.zeros(shape, dtype=dtype, device=device)
+    if inputs is None:
+        generator = torch.Generator(device=device).manual_seed(0)
+        inputs = {}
+        for b in plan.inputs:
+            shape, dtype = [evaluate(d, plan.env) for d in b.shape], TORCH_DTYPES[ir_dtype(b.dtype)]
+            inputs[b.name] = torch.randn(shape, generator=generator, device=device).to(dtype) \
+                if dtype.is_floating_point else torch.zeros(shape, dtype=dtype, device=device)
     want = launch(twin, inputs)
     got = launch(plan, inputs, out=[torch.full_like(w, float("nan")) if w.is_floating_point() else torch.full_like(w, -1)
                                     for w in want])
