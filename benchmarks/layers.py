@@ -54,18 +54,26 @@ def _log(msg: str) -> None:
 def capture(name: str, naive: bool):
     """The layer's aten graph as cleave's IR, as the backend lowers it, and where each
     IR input comes from: ("param", "q.weight"), ("arg", i) or ("scalar", value)."""
+    # Real CPU tensors, not meta ones: on meta, SDPA lowers to its f32 math form, while
+    # on CPU and CUDA it stays one attention op (as the GPU's backend sees it). Nothing
+    # runs: the backend stops after the capture.
+    layer = make_layer(name, naive, device="cpu")
+    args = layer_inputs(name, 2, 16, device="cpu")
+    return capture_module(layer, args, f"{name}_{'naive' if naive else 'sdpa'}")
+
+
+def capture_module(layer, args, graph_name: str, dynamic: bool = True):
+    """A module's aten graph, as the torch.compile backend lowers it (dynamo, then
+    AOTAutograd with PyTorch's decompositions; the inputs' sizes dynamic unless
+    `dynamic` is off), as cleave's IR, and where each IR input comes from: ("param",
+    name) for a parameter or buffer, ("arg", i) or ("scalar", value)."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
     from cleave import passes
     from cleave.frontends.decompositions import table
     from cleave.frontends.fx_graph import translate_graph_module
 
-    # Real CPU tensors, not meta ones: on meta, SDPA lowers to its f32 math form, while
-    # on CPU and CUDA it stays one attention op (as the GPU's backend sees it). Nothing
-    # runs: the backend stops after the capture.
-    layer = make_layer(name, naive, device="cpu")
-    args = layer_inputs(name, 2, 16, device="cpu")
-    params = {id(p): n for n, p in layer.named_parameters()}
+    params = {id(p): n for n, p in [*layer.named_parameters(), *layer.named_buffers()]}
     found = {}
 
     def lower(gm, example_inputs):
@@ -82,7 +90,7 @@ def capture(name: str, naive: bool):
 
         def forward(fw, fw_inputs):
             with passes.timed("translate"):
-                graph = translate_graph_module(fw, f"{name}_{'naive' if naive else 'sdpa'}").graph
+                graph = translate_graph_module(fw, graph_name).graph
             placeholders = [n.name for n in fw.graph.nodes if n.op == "placeholder"]
             found["graph"] = graph
             found["sources"] = {p: s for p, s in zip(placeholders, sources) if p in graph.inputs}
@@ -94,7 +102,7 @@ def capture(name: str, naive: bool):
     torch._dynamo.reset()
     with torch.no_grad():
         try:
-            torch.compile(layer, backend=lower, dynamic=True)(*args)
+            torch.compile(layer, backend=lower, dynamic=dynamic)(*args)
         except Exception:  # dynamo wraps _Captured in its own BackendCompilerFailed
             if "graph" not in found:
                 raise
@@ -165,7 +173,7 @@ def _host_ms(fn, calls: int = 20) -> float:
 
 
 def _plan_inputs(spec: dict, plan, layer, args) -> dict:
-    state = dict(layer.named_parameters())
+    state = {**dict(layer.named_parameters()), **dict(layer.named_buffers())}
     dtypes = {b.name: b.dtype for b in plan.inputs}
     out = {}
     for name, (kind, what) in spec["sources"].items():

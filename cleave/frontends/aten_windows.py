@@ -2,10 +2,18 @@
 it) and convolution (aten.convolution, 1-D to 3-D, grouped). Each window is a take
 from the flattened, zero-padded input at its row-major offsets; a pool sums it and
 divides by its count, a convolution contracts it with the weight (im2col, a MatMul).
-PyTorch decomposes none of them: each was a graph break in every CNN."""
+PyTorch decomposes none of them: each was a graph break in every CNN.
+
+Convolutions are compiled only when asked (`CLEAVE_CONVOLUTIONS=compile`): cleave's
+im2col kernels compute each window's offsets per element and step (integer divisions
+and remainders of the padded, flattened input), and on an H100 they ran 3-42x slower
+than the cuDNN convolutions eager PyTorch and torch.compile call (a ResNet-50 3x3 at
+56 x 56: 2.53 ms against 0.060; RESULTS.md, session 41). By default a convolution runs
+eagerly, on cuDNN, with a warning, and the rest of the function compiles."""
 from __future__ import annotations
 
 import math
+import os
 
 import sympy
 
@@ -72,9 +80,17 @@ def _avg_pool2d(t, node, a):
     return t.add("div", total, _window_sum(t, _padded(t, ones, padding), kernel, stride, out_sizes))
 
 
+# The environment switch that compiles convolutions (see above)
+COMPILE_CONVOLUTIONS = ("CLEAVE_CONVOLUTIONS", "compile")
+
+
 def _conv_check(a, n):
     from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
+    name, value = COMPILE_CONVOLUTIONS
+    if os.environ.get(name) != value:
+        return (f"cuDNN's convolution runs 3-42x faster than cleave's im2col kernels (H100, RESULTS.md session 41); "
+                f"{name}={value} compiles it")
     if a.get("transposed"):
         return "a transposed convolution"
     if a["input"].dim() != a["weight"].dim():
