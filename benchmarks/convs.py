@@ -7,13 +7,14 @@ ResNet basic block (conv, batch norm, ReLU, conv, batch norm, residual, ReLU).
 The search needs egglog and z3, which the GPU image lacks, so the work is split as in
 benchmarks/layers.py:
 
-    python -m benchmarks.convs build --out .gpu_convs        # here: capture, search, schedule
-    python -m benchmarks.convs run --plans .gpu_convs --out $OUT   # on the GPU
+    python -m benchmarks.convs build --plans .gpu_convs             # here: capture, search, schedule
+    python -m benchmarks.convs run --plans .gpu_convs --out $OUT    # on the GPU
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import pathlib
@@ -24,7 +25,7 @@ import time
 import torch
 from torch import nn
 
-from benchmarks.layers import _bench, _graph_ms, _log, _plan_inputs, capture_module
+from benchmarks.layers import _bench, _graph_ms, _log, _plan_inputs, alternating, capture_module, write_rows
 
 
 class BasicBlock(nn.Module):
@@ -121,11 +122,7 @@ def run_case(spec: dict) -> dict:
             plan = plans[best["index"]]
             inputs = _plan_inputs(spec, plan, module, args)
             contenders["cleave_ms"] = lambda: launch(plan, inputs)
-        rounds = {k: [] for k in contenders}
-        for _ in range(ROUNDS):
-            for k, fn in contenders.items():
-                rounds[k].append(_bench(fn))
-        row.update({k: statistics.median(v) for k, v in rounds.items()})
+        row.update({k: statistics.median(v) for k, v in alternating(contenders, ROUNDS).items()})
         row["graph_ms"] = {k: _graph_ms(fn) for k, fn in contenders.items()}
         row["best_plan"] = best and best["index"]
     return row
@@ -154,33 +151,20 @@ def run(plans: pathlib.Path, out: pathlib.Path) -> None:
     header = (f"## {datetime.date.today()} — convolutions, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
               f"triton {triton.__version__}\n\nbf16 NCHW inference; cleave's fastest plan within 2e-2 relative L2 of "
               f"fp32 eager; each time the median of {ROUNDS} alternating do_bench rounds.\n\n")
-    rows = []
-    for f in sorted(plans.glob("*.json")):
-        spec = json.loads(f.read_text())
-        _log(spec["case"])
-        try:
-            rows.append(run_case(spec))
-        except Exception as exc:
-            _log(f"  FAILED {type(exc).__name__}: {exc}")
-        torch.cuda.empty_cache()
-        (out / "convs.json").write_text(json.dumps(rows, indent=1))
-        (out / "convs.md").write_text(header + table(rows) + "\n")
-    print((out / "convs.md").read_text())
+    specs = [json.loads(f.read_text()) for f in sorted(plans.glob("*.json"))]
+    write_rows(out / "convs", header, [(spec["case"], functools.partial(run_case, spec)) for spec in specs], table)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="capture, search and schedule each case here")
-    b.add_argument("--out", default=".gpu_convs")
-    b.add_argument("--only", nargs="*", default=list(CASES))
-    b.add_argument("--top-plans", type=int, default=4)
-    r = sub.add_parser("run", help="time the plans against eager and torch.compile on the GPU")
-    r.add_argument("--plans", default=".gpu_convs")
-    r.add_argument("--out", default=".")
+    p.add_argument("command", choices=["build", "run"], help="build: here (egglog, z3); run: on the GPU")
+    p.add_argument("--plans", default=".gpu_convs", help="where build writes the plans and run reads them")
+    p.add_argument("--out", default=".", help="where run writes its table")
+    p.add_argument("--only", nargs="*", default=list(CASES), help="build these cases")
+    p.add_argument("--top-plans", type=int, default=4)
     args = p.parse_args(argv)
-    if args.cmd == "build":
-        build(pathlib.Path(args.out), args.only, args.top_plans)
+    if args.command == "build":
+        build(pathlib.Path(args.plans), args.only, args.top_plans)
     else:
         run(pathlib.Path(args.plans), pathlib.Path(args.out))
     return 0

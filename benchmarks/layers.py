@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import functools
 import json
 import pathlib
 import statistics
@@ -258,17 +259,23 @@ def run_layer(spec: dict, batch: int, seq: int) -> dict:
         contenders = {"eager_ms": lambda: layer(*args), "compile_ms": lambda: compiled(*args)}
         if best is not None:
             contenders["cleave_ms"] = lambda: launch(plan, inputs)
-        rounds = {k: [] for k in contenders}
-        for _ in range(ROUNDS):
-            for k, fn in contenders.items():
-                rounds[k].append(_bench(fn))
+        row["rounds"] = rounds = alternating(contenders)
         row.update({k: statistics.median(v) for k, v in rounds.items()})
-        row["rounds"] = rounds
         # Replayed from CUDA graphs, as serving engines run a layer: no launch cost in
         # either. A layer that issues slower than its kernels run (GPT-2: host ms/call
         # above Σ kernels) is timed by its host under do_bench.
         row["graph_ms"] = {k: _graph_ms(contenders[k]) for k in ("cleave_ms", "compile_ms") if k in contenders}
     return row
+
+
+def alternating(contenders: dict, rounds: int = ROUNDS) -> dict:
+    """Each contender's do_bench times over `rounds` alternating rounds: the GPU's clock
+    drifts over a minute, and each contender sees the same drift."""
+    times = {k: [] for k in contenders}
+    for _ in range(rounds):
+        for k, fn in contenders.items():
+            times[k].append(_bench(fn))
+    return times
 
 
 def _graph_ms(fn) -> float | None:
@@ -398,19 +405,28 @@ def run(plans: pathlib.Path, out: pathlib.Path) -> None:
               f"triton {triton.__version__}\n\nbf16 prefill; each time is the median of {ROUNDS} alternating do_bench "
               f"rounds (each a median); × is the baseline's time over cleave's (higher is better); max abs / KL "
               f"against eager fp32 of the same weights.\n\n")
-    rows = []
+    jobs = []
     for f in sorted(plans.glob("*.json")):
         spec = json.loads(f.read_text())
-        for batch, seq in SHAPES[spec["model"]]:
-            _log(f"{spec['model']} {spec['form']} b{batch} s{seq}")
-            try:
-                rows.append(run_layer(spec, batch, seq))
-            except Exception as exc:
-                _log(f"  FAILED {type(exc).__name__}: {exc}")
-            torch.cuda.empty_cache()
-            (out / "layers.json").write_text(json.dumps(rows, indent=1))
-            (out / "layers.md").write_text(header + table(rows) + "\n")
-    print((out / "layers.md").read_text())
+        jobs += [(f"{spec['model']} {spec['form']} b{batch} s{seq}", functools.partial(run_layer, spec, batch, seq))
+                 for batch, seq in SHAPES[spec["model"]]]
+    write_rows(out / "layers", header, jobs, table)
+
+
+def write_rows(stem: pathlib.Path, header: str, jobs: list, table) -> None:
+    """Run each (label, job) of a GPU benchmark and write the rows so far after each, as
+    JSON and as the markdown table: a run cut short by its time limit keeps what it timed."""
+    rows = []
+    for label, job in jobs:
+        _log(label)
+        try:
+            rows.append(job())
+        except Exception as exc:  # a failing row is said, the others still run
+            _log(f"  FAILED {type(exc).__name__}: {exc}")
+        torch.cuda.empty_cache()
+        stem.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+        stem.with_suffix(".md").write_text(header + table(rows) + "\n")
+    print(stem.with_suffix(".md").read_text())
 
 
 def main(argv=None) -> int:
