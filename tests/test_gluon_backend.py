@@ -100,6 +100,25 @@ def test_off_hopper_the_twin_runs_its_tl_kernels_exactly(name):
         assert torch.equal(w, g)
 
 
+def test_a_call_with_unaligned_tensors_runs_the_tl_twin(monkeypatch):
+    """Where Gluon runs, a call whose tensors do not start 16-byte aligned (a view at an
+    odd offset) cannot take TMA descriptors: its Gluon kernel's `tl` twin runs instead."""
+    from cleave.runtime import launch as L
+
+    monkeypatch.setattr(L, "gluon_runs_on", lambda device: True)  # the interpreter stands in for the GPU
+    plans = _plans("mha_causal")
+    twin = _gluon_plan(plans)
+    inputs = W.get("mha_causal").inputs(BINDINGS["mha_causal"], seed=7)
+    shifted = {k: torch.cat([v.new_zeros(1), v.flatten()])[1:].view(v.shape) for k, v in inputs.items()}
+    assert all(t.data_ptr() % 16 for t in shifted.values())
+    prepared = L.prepare(twin, shifted)
+    assert prepared.fallbacks[0] is not None  # the Gluon kernel was chosen at these shapes
+    want = launch(plans[0], inputs)
+    got = L.run(prepared, shifted)
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+
+
 def test_the_runtime_check_compares_against_the_tl_kernels(monkeypatch):
     twin = _gluon_plan(_plans("mha_causal"))
     assert operator._gluon_mismatch(twin, torch.device("cpu")) is None
