@@ -288,39 +288,8 @@ class GluonEmitter(Emitter):
         o = accs[id(s.pv)].name
         scale = [alphas[c] for c in loop.scaled[s.pv]]
         rescale = [f"{o} = {o} * " + " * ".join(self.align(a, accs[id(s.pv)].dims) for a in scale)] if scale else []
-        score = body.lines
-        h.lines += [f"q_smem.store({q})", "fence_async_shared()",
-                    f"s_zero = gl.zeros([{ROWS}, {bx}], gl.float32, layout=MMA)",
-                    f"turn_phase = {1 - self.wg}",  # warpgroup 0 first: a fresh barrier's previous phase is done
-                    f"if n{x} > 0:"]
-        first = ["mbarrier.wait(k_ready.index(0), 0)",
-                 f"s_tok = warpgroup_mma(q_smem, {k_tile.format(stage='0')}, s_zero, use_acc=False, is_async=True)",
-                 "s_tile = warpgroup_mma_wait(0, deps=(s_tok,))",
-                 "mbarrier.arrive(k_empty.index(0), count=1)",
-                 f"start{x} = lo{x}"] + score + rescale
-        steady = [f"stage = j{x} % {STAGES}", f"nxt = (j{x} + 1) % {STAGES}",
-                  f"p_op = gl.convert_layout({p_op}, P_OPERAND)",
-                  f"mbarrier.wait(k_ready.index(nxt), ((j{x} + 1) // {STAGES}) & 1)",
-                  f"mbarrier.wait(v_ready.index(stage), (j{x} // {STAGES}) & 1)",
-                  "mbarrier.wait(my_turn, turn_phase)",
-                  "turn_phase ^= 1",
-                  f"s_tok = warpgroup_mma(q_smem, {k_tile.format(stage='nxt')}, s_zero, use_acc=False, is_async=True)",
-                  f"o_tok = warpgroup_mma(p_op, {v_tile.format(stage='stage')}, {o}, is_async=True)",
-                  "mbarrier.arrive(other_turn, count=1)",
-                  "s_tile = warpgroup_mma_wait(1, deps=(s_tok,))",
-                  "mbarrier.arrive(k_empty.index(nxt), count=1)",
-                  f"start{x} = lo{x} + (j{x} + 1) * {bx}"] + score + \
-                 [f"{o} = warpgroup_mma_wait(0, deps=(o_tok,))",
-                  "mbarrier.arrive(v_empty.index(stage), count=1)"] + rescale
-        last = [f"last = n{x} - 1",
-                f"p_op = gl.convert_layout({p_op}, P_OPERAND)",
-                f"mbarrier.wait(v_ready.index(last % {STAGES}), (last // {STAGES}) & 1)",
-                "mbarrier.wait(my_turn, turn_phase)",
-                f"o_tok = warpgroup_mma(p_op, {v_tile.format(stage=f'last % {STAGES}')}, {o}, is_async=True)",
-                "mbarrier.arrive(other_turn, count=1)",
-                f"{o} = warpgroup_mma_wait(0, deps=(o_tok,))"]
-        h.lines += ["    " + ln for ln in first] + [f"    for j{x} in range(0, n{x} - 1):"] + \
-            ["        " + ln for ln in steady] + ["    " + ln for ln in last]
+        h.lines += [f"q_smem.store({q})", "fence_async_shared()"] + \
+            _ping_pong(x, bx, self.wg, body.lines, rescale, o, p_op, k_tile, v_tile)
         self.keep = {}
         for a in mine:
             h.cache[id(a)] = accs[id(a)]
@@ -401,6 +370,47 @@ class GluonEmitter(Emitter):
                 raise Ineligible(f"the consumer's code makes a tensor without a layout ({made})")
         fn = [f"@gluon.jit", f"def {name}_wg{self.wg}({', '.join(params)}):"] + ["    " + ln for ln in lines]
         return fn, [ln for ln in decode if not ln.startswith("idx")]
+
+
+
+def _ping_pong(x: int, bx: int, wg: int, score: list, rescale: list, o: str, p_op: str, k_tile: str,
+               v_tile: str) -> list[str]:
+    """A consumer's loop over the n<x> tiles from lo<x>, as FlashAttention-3 schedules it:
+    the first tile's S and softmax; then each step, on this warpgroup's turn, the next
+    tile's S and this tile's P·V issued together, the turn handed over, the next
+    softmax (`score`) run while the other warpgroup's MMAs run, P·V awaited and the
+    output rescaled; then the last tile's P·V. The loader fills the K and V rings."""
+    lines = [f"s_zero = gl.zeros([{ROWS}, {bx}], gl.float32, layout=MMA)",
+             f"turn_phase = {1 - wg}",  # warpgroup 0 first: a fresh barrier's previous phase is done
+             f"if n{x} > 0:"]
+    first = ["mbarrier.wait(k_ready.index(0), 0)",
+             f"s_tok = warpgroup_mma(q_smem, {k_tile.format(stage='0')}, s_zero, use_acc=False, is_async=True)",
+             "s_tile = warpgroup_mma_wait(0, deps=(s_tok,))",
+             "mbarrier.arrive(k_empty.index(0), count=1)",
+             f"start{x} = lo{x}"] + score + rescale
+    steady = [f"stage = j{x} % {STAGES}", f"nxt = (j{x} + 1) % {STAGES}",
+              f"p_op = gl.convert_layout({p_op}, P_OPERAND)",
+              f"mbarrier.wait(k_ready.index(nxt), ((j{x} + 1) // {STAGES}) & 1)",
+              f"mbarrier.wait(v_ready.index(stage), (j{x} // {STAGES}) & 1)",
+              "mbarrier.wait(my_turn, turn_phase)",
+              "turn_phase ^= 1",
+              f"s_tok = warpgroup_mma(q_smem, {k_tile.format(stage='nxt')}, s_zero, use_acc=False, is_async=True)",
+              f"o_tok = warpgroup_mma(p_op, {v_tile.format(stage='stage')}, {o}, is_async=True)",
+              "mbarrier.arrive(other_turn, count=1)",
+              "s_tile = warpgroup_mma_wait(1, deps=(s_tok,))",
+              "mbarrier.arrive(k_empty.index(nxt), count=1)",
+              f"start{x} = lo{x} + (j{x} + 1) * {bx}"] + score + \
+             [f"{o} = warpgroup_mma_wait(0, deps=(o_tok,))",
+              "mbarrier.arrive(v_empty.index(stage), count=1)"] + rescale
+    last = [f"last = n{x} - 1",
+            f"p_op = gl.convert_layout({p_op}, P_OPERAND)",
+            f"mbarrier.wait(v_ready.index(last % {STAGES}), (last // {STAGES}) & 1)",
+            "mbarrier.wait(my_turn, turn_phase)",
+            f"o_tok = warpgroup_mma(p_op, {v_tile.format(stage=f'last % {STAGES}')}, {o}, is_async=True)",
+            "mbarrier.arrive(other_turn, count=1)",
+            f"{o} = warpgroup_mma_wait(0, deps=(o_tok,))"]
+    return lines + ["    " + ln for ln in first] + [f"    for j{x} in range(0, n{x} - 1):"] + \
+        ["        " + ln for ln in steady] + ["    " + ln for ln in last]
 
 
 def _through_views(inst):
