@@ -108,7 +108,7 @@ def _with_gluon_twin(plans: list[Plan]) -> list[Plan]:
         twin = None
         if origin is not None:
             with passes.timed("codegen"):
-                twin = gluon.variant(*origin[:2], origin[2], origin[3], origin[4], origin[5], k)
+                twin = gluon.variant(*origin, k)
         kernels.append(twin or k)
         changed |= twin is not None
     if not changed:

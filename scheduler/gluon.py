@@ -46,7 +46,7 @@ from .tiles import Tiling
 from .tma import tile_load
 
 ROWS = 64  # rows of a consumer warpgroup's tile: a wgmma's M at 4 warps
-CONSUMERS = 2
+CONSUMERS, CONSUMER_WARPS = 2, 4  # warpgroups; the first is the kernel's own warps
 STAGES = 2  # K and V tiles in flight per ring
 CONSUMER_REGS = 240  # registers a consumer thread may hold (the loader gives its own back)
 LOADER_WARPS, LOADER_REGS = 4, 24
@@ -479,14 +479,12 @@ def _assemble(name: str, wgs: list, symbols: list, tl_kernel: Kernel) -> Kernel:
     depth = em.t.block[s.depth]
     kernel_params = [f"{b}_ptr" for b in bufs] + [d[0] for d in descriptors] + extra + sym_params + \
         ["TMA: gl.constexpr"]
-    call = ", ".join([f"{b}_ptr" for b in bufs] + symbols)
+    call = ", ".join(ptr_params + symbols)
     rings = ", ".join(SHARED[1:])
     main = [f"@gluon.jit", f"def {name}({', '.join(kernel_params)}):",
-            "    gl.static_assert(TMA, \"the Gluon kernel reads K and V through TMA descriptors only\")",
-            f"    q_smem = gl.allocate_shared_memory({q_type}, [{ROWS}, {depth}], "
-            f"gl.NVMMASharedLayout.get_default_for([{ROWS}, {depth}], {q_type}))",
-            f"    q_smem1 = gl.allocate_shared_memory({q_type}, [{ROWS}, {depth}], "
-            f"gl.NVMMASharedLayout.get_default_for([{ROWS}, {depth}], {q_type}))",
+            "    gl.static_assert(TMA, \"the Gluon kernel reads K and V through TMA descriptors only\")"] + \
+        [f"    {q} = gl.allocate_shared_memory({q_type}, [{ROWS}, {depth}], "
+         f"gl.NVMMASharedLayout.get_default_for([{ROWS}, {depth}], {q_type}))" for q in ("q_smem", "q_smem1")] + [
             f"    k_ring = gl.allocate_shared_memory({k_arg}.dtype, [{STAGES}] + {k_arg}.block_type.shape, {k_arg}.layout)",
             f"    v_ring = gl.allocate_shared_memory({v_arg}.dtype, [{STAGES}] + {v_arg}.block_type.shape, {v_arg}.layout)"]
     for bar in ("k_ready", "v_ready", "k_empty", "v_empty"):
@@ -505,11 +503,11 @@ def _assemble(name: str, wgs: list, symbols: list, tl_kernel: Kernel) -> Kernel:
              f"        ({name}_wg0, ({call}, q_smem, {rings}, turn0, turn1)),",
              f"        ({name}_wg1, ({call}, q_smem1, {rings}, turn1, turn0)),",
              f"        ({name}_loader, ({k_arg}, {v_arg}, {rings}, {', '.join(symbols)})),",
-             f"    ], [{4}, {LOADER_WARPS}], [{CONSUMER_REGS}, {LOADER_REGS}])"]
+             f"    ], [{CONSUMER_WARPS}, {LOADER_WARPS}], [{CONSUMER_REGS}, {LOADER_REGS}])"]
     source = "\n".join(_header(em) + math_helpers("\n".join(lines)) + lines + loader + ["", ""] + main) + "\n"
     gluon_descs = [[arg, buf, list(loads[buf].block)] for buf, arg in ((k_buf, k_arg), (v_buf, v_arg))]
     grid = em.grid()
-    return Kernel(name, source, [grid], list(args), num_warps=4, num_stages=1, descriptors=gluon_descs,
+    return Kernel(name, source, [grid], list(args), num_warps=CONSUMER_WARPS, num_stages=1, descriptors=gluon_descs,
                   loops=tl_kernel.loops, pipelined=False, dialect="gluon", fallback=tl_kernel)
 
 
@@ -532,13 +530,15 @@ def _header(em) -> list[str]:
         "INTERPRETED = tl.constexpr(False)  # Gluon kernels run on the GPU only",
         "DOT_BF16 = tl.constexpr(tl.bfloat16)",
         f"# a consumer warpgroup's wgmma accumulator [64 rows, {bn}], its rows and its columns",
-        f"_MMA = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, {bn}, 16])",
+        f"_MMA = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[{CONSUMER_WARPS}, 1], "
+        f"instr_shape=[16, {bn}, 16])",
         "MMA = gl.constexpr(_MMA)",
         "ROWS = gl.constexpr(gl.SliceLayout(1, _MMA))",
         "COLS = gl.constexpr(gl.SliceLayout(0, _MMA))",
         "P_OPERAND = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA, k_width=2))",
         "# tiles read or written once a program: 8 contiguous elements a thread",
-        f"IO = gl.constexpr(gl.BlockedLayout([1, 8], [{32 // min(32, bn // 8)}, {min(32, bn // 8)}], [4, 1], [1, 0]))",
+        f"IO = gl.constexpr(gl.BlockedLayout([1, 8], [{32 // min(32, bn // 8)}, {min(32, bn // 8)}], "
+        f"[{CONSUMER_WARPS}, 1], [1, 0]))",
         "",
     ] + ROUND_BF16 + ["", "", "@gluon.jit", "def ring_tile(ring, stage):",
                                "    tile = ring.index(stage)",

@@ -153,7 +153,6 @@ class _Prepared:
         gluon_here = gluon_runs_on(device)
         kernels = [k.fallback if k.dialect == "gluon" and not (gluon_here and _descriptors(k, shapes, True)[0])
                    else k for k in plan.kernels]
-        self.fallbacks = [None] * len(kernels)
         # An input no kernel reads (an int argument carried as a length, n + 1 elements of
         # one: frontends/fx_graph.py; its symbol is the kernels' argument) is not copied.
         read = {a for k in kernels for a in k.args if a not in env}
