@@ -258,7 +258,8 @@ class GluonEmitter(Emitter):
             init = self.filled(dims, "0.0" if kind == "sum" else NEUTRAL[kind], "tl.float32")
             accs[id(a)] = self.var(h, init, dims, "tl.float32", prefix="acc")
         # Both warpgroups run every tile either one's rows need: their union (the row-halves
-        # kernel's bounds), each masking its own; the masks are kept on every tile.
+        # kernel's bounds), each masking its own. Tiles of the segment on which every mask
+        # holds for both (bounds.py) run a step rendered without the masks.
         trips = -(-self.eval_extent(self.labels[x].extent) // bx)
         segs = segments(self, h, x, loop.accs, trips)
         if self.windows:
@@ -274,8 +275,26 @@ class GluonEmitter(Emitter):
         q = self._q_operand(h)
         k_tile = self._ring_operand(s.k_load, (s.depth, x))  # B of S = q·Kᵀ: [depth, keys]
         v_tile = self._ring_operand(s.v_load, (x, s.width))  # B of P·V: [keys, width]
-        body = Block(h, (x,), trips=trips)
+        masked = self._step(h, loop, mine, accs, {}, None)
+        whole = [seg for seg in segs if seg.keep or seg.full]
+        runs = [(f"n{x} - 1", masked)]
+        if len(whole) == 1:
+            runs = self._whole_tiles(h, x, bx, whole[0], whole[0] is segs[0], masked,
+                                     self._step(h, loop, mine, accs, whole[0].keep, x if whole[0].full else None))
+        h.lines += ["q_smem.store(" + q + ")", "fence_async_shared()"] + \
+            _ping_pong(x, bx, self.wg, masked, runs, accs[id(s.pv)].name, k_tile, v_tile)
         self.keep, self.whole = {}, None
+        for a in mine:
+            h.cache[id(a)] = accs[id(a)]
+        self.emitting.discard(loop)
+
+    def _step(self, h: Block, loop, mine: list, accs: dict, keep: dict, whole: int | None) -> tuple:
+        """One step's softmax (lines ending with P's operand in `p_tile`) and the output's
+        rescale, rendered with the masks `keep` leaves out (tiles of a segment on which
+        they hold) and without the extent's mask where `whole` is the loop label."""
+        s, x = self.step, self.step.x
+        body = Block(h, (x,), trips=-(-self.eval_extent(self.labels[x].extent) // self.t.block[x]))
+        self.keep, self.whole = keep, whole
         body.lines.append(f"idx{x} = start{x} + {self.arange(x)}")
         alphas = self._softmax_step(body, loop, mine, accs)
         p = self.ensure(body, s.pv.inputs[0])
@@ -284,16 +303,25 @@ class GluonEmitter(Emitter):
             p = self.var(body, f"tl.where({valid}, {p.name}, 0.0).to({p.ty})", p.dims, p.ty)
         if p.dims != (s.row, x):
             raise Ineligible("P is not a [rows, keys] tile")
-        p_op = self.operand(p, s.pv.node.inputs[0], (s.row, x), True)
-        o = accs[id(s.pv)].name
+        body.lines.append(f"p_tile = {self.operand(p, s.pv.node.inputs[0], (s.row, x), True)}")
+        o = accs[id(s.pv)]
         scale = [alphas[c] for c in loop.scaled[s.pv]]
-        rescale = [f"{o} = {o} * " + " * ".join(self.align(a, accs[id(s.pv)].dims) for a in scale)] if scale else []
-        h.lines += [f"q_smem.store({q})", "fence_async_shared()"] + \
-            _ping_pong(x, bx, self.wg, body.lines, rescale, o, p_op, k_tile, v_tile)
-        self.keep = {}
-        for a in mine:
-            h.cache[id(a)] = accs[id(a)]
-        self.emitting.discard(loop)
+        rescale = [f"{o.name} = {o.name} * " + " * ".join(self.align(a, o.dims) for a in scale)] if scale else []
+        self.keep, self.whole = {}, None
+        return body.lines, rescale
+
+    def _whole_tiles(self, h: Block, x: int, bx: int, seg, leading: bool, masked: tuple, whole: tuple) -> list:
+        """The steady steps as runs of (end step, step rendering): the tiles of segment
+        `seg` run `whole`, the rest `masked`. Step j scores tile j + 1; tile 0 (the first
+        step, before the loop) is scored masked. The segment's first tile is rounded up
+        and its end down, so that a tile partly outside it keeps its masks."""
+        first = "1" if leading else \
+            f"tl.minimum(tl.maximum((tl.maximum({render(seg.lo)} - lo{x}, 0) + {bx - 1}) // {bx}, 1), n{x})"
+        h.lines += [f"whole_lo{x} = {first}",
+                    f"whole_hi{x} = tl.minimum(tl.maximum(tl.maximum({render(seg.hi)} - lo{x}, 0) // {bx}, "
+                    f"whole_lo{x}), n{x})"]
+        runs = [] if leading else [(f"whole_lo{x} - 1", masked)]
+        return runs + [(f"whole_hi{x} - 1", whole), (f"n{x} - 1", masked)]
 
     def _ring_operand(self, inst, order: tuple) -> str:
         """The MMA operand that a ring stage holds of the tile `inst` loads, in `order`
@@ -373,44 +401,50 @@ class GluonEmitter(Emitter):
 
 
 
-def _ping_pong(x: int, bx: int, wg: int, score: list, rescale: list, o: str, p_op: str, k_tile: str,
-               v_tile: str) -> list[str]:
+def _ping_pong(x: int, bx: int, wg: int, first: tuple, runs: list, o: str, k_tile: str, v_tile: str) -> list[str]:
     """A consumer's loop over the n<x> tiles from lo<x>, as FlashAttention-3 schedules it:
     the first tile's S and softmax; then each step, on this warpgroup's turn, the next
     tile's S and this tile's P·V issued together, the turn handed over, the next
-    softmax (`score`) run while the other warpgroup's MMAs run, P·V awaited and the
-    output rescaled; then the last tile's P·V. The loader fills the K and V rings."""
+    softmax run while the other warpgroup's MMAs run, P·V awaited and the output
+    rescaled; then the last tile's P·V. The loader fills the K and V rings. `first` is
+    the first tile's step rendering ((softmax lines, rescale lines)); the steady steps run
+    in `runs` of (end step, rendering), each from where the last ended."""
     lines = [f"s_zero = gl.zeros([{ROWS}, {bx}], gl.float32, layout=MMA)",
              f"turn_phase = {1 - wg}",  # warpgroup 0 first: a fresh barrier's previous phase is done
              f"if n{x} > 0:"]
-    first = ["mbarrier.wait(k_ready.index(0), 0)",
-             f"s_tok = warpgroup_mma(q_smem, {k_tile.format(stage='0')}, s_zero, use_acc=False, is_async=True)",
-             "s_tile = warpgroup_mma_wait(0, deps=(s_tok,))",
-             "mbarrier.arrive(k_empty.index(0), count=1)",
-             f"start{x} = lo{x}"] + score + rescale
-    steady = [f"stage = j{x} % {STAGES}", f"nxt = (j{x} + 1) % {STAGES}",
-              f"p_op = gl.convert_layout({p_op}, P_OPERAND)",
-              f"mbarrier.wait(k_ready.index(nxt), ((j{x} + 1) // {STAGES}) & 1)",
-              f"mbarrier.wait(v_ready.index(stage), (j{x} // {STAGES}) & 1)",
-              "mbarrier.wait(my_turn, turn_phase)",
-              "turn_phase ^= 1",
-              f"s_tok = warpgroup_mma(q_smem, {k_tile.format(stage='nxt')}, s_zero, use_acc=False, is_async=True)",
-              f"o_tok = warpgroup_mma(p_op, {v_tile.format(stage='stage')}, {o}, is_async=True)",
-              "mbarrier.arrive(other_turn, count=1)",
-              "s_tile = warpgroup_mma_wait(1, deps=(s_tok,))",
-              "mbarrier.arrive(k_empty.index(nxt), count=1)",
-              f"start{x} = lo{x} + (j{x} + 1) * {bx}"] + score + \
-             [f"{o} = warpgroup_mma_wait(0, deps=(o_tok,))",
-              "mbarrier.arrive(v_empty.index(stage), count=1)"] + rescale
+    score, rescale = first
+    head = ["mbarrier.wait(k_ready.index(0), 0)",
+            f"s_tok = warpgroup_mma(q_smem, {k_tile.format(stage='0')}, s_zero, use_acc=False, is_async=True)",
+            "s_tile = warpgroup_mma_wait(0, deps=(s_tok,))",
+            "mbarrier.arrive(k_empty.index(0), count=1)",
+            f"start{x} = lo{x}"] + score + rescale
+    lines += ["    " + ln for ln in head]
+    begin = "0"
+    for end, (score, rescale) in runs:
+        steady = [f"stage = j{x} % {STAGES}", f"nxt = (j{x} + 1) % {STAGES}",
+                  "p_op = gl.convert_layout(p_tile, P_OPERAND)",
+                  f"mbarrier.wait(k_ready.index(nxt), ((j{x} + 1) // {STAGES}) & 1)",
+                  f"mbarrier.wait(v_ready.index(stage), (j{x} // {STAGES}) & 1)",
+                  "mbarrier.wait(my_turn, turn_phase)",
+                  "turn_phase ^= 1",
+                  f"s_tok = warpgroup_mma(q_smem, {k_tile.format(stage='nxt')}, s_zero, use_acc=False, is_async=True)",
+                  f"o_tok = warpgroup_mma(p_op, {v_tile.format(stage='stage')}, {o}, is_async=True)",
+                  "mbarrier.arrive(other_turn, count=1)",
+                  "s_tile = warpgroup_mma_wait(1, deps=(s_tok,))",
+                  "mbarrier.arrive(k_empty.index(nxt), count=1)",
+                  f"start{x} = lo{x} + (j{x} + 1) * {bx}"] + score + \
+                 [f"{o} = warpgroup_mma_wait(0, deps=(o_tok,))",
+                  "mbarrier.arrive(v_empty.index(stage), count=1)"] + rescale
+        lines += [f"    for j{x} in range({begin}, {end}):"] + ["        " + ln for ln in steady]
+        begin = end
     last = [f"last = n{x} - 1",
-            f"p_op = gl.convert_layout({p_op}, P_OPERAND)",
+            "p_op = gl.convert_layout(p_tile, P_OPERAND)",
             f"mbarrier.wait(v_ready.index(last % {STAGES}), (last // {STAGES}) & 1)",
             "mbarrier.wait(my_turn, turn_phase)",
             f"o_tok = warpgroup_mma(p_op, {v_tile.format(stage=f'last % {STAGES}')}, {o}, is_async=True)",
             "mbarrier.arrive(other_turn, count=1)",
             f"{o} = warpgroup_mma_wait(0, deps=(o_tok,))"]
-    return lines + ["    " + ln for ln in first] + [f"    for j{x} in range(0, n{x} - 1):"] + \
-        ["        " + ln for ln in steady] + ["    " + ln for ln in last]
+    return lines + ["    " + ln for ln in last]
 
 
 def _through_views(inst):
@@ -463,18 +497,17 @@ def _assemble(name: str, wgs: list, symbols: list, tl_kernel: Kernel) -> Kernel:
     loads = {k_buf: em.boxes[id(s.k_load)], v_buf: em.boxes[id(s.v_load)]}
     x, bx = s.x, em.t.block[s.x]
     k_arg, v_arg = tl_descs[k_buf], tl_descs[v_buf]
-    loader = [f"@gluon.jit", f"def {name}_loader({', '.join([k_arg, v_arg] + SHARED[1:] + sym_params)}):"] + \
-        ["    " + ln for ln in decode + em.range_lines] + [
-        f"    for j{x} in range(n{x}):",
-        f"        start{x} = lo{x} + j{x} * {bx}",
-        f"        stage = j{x} % {STAGES}",
-        f"        phase = (j{x} // {STAGES}) & 1"]
+    loader = [f"@gluon.jit", f"def {name}_loader({', '.join([k_arg, v_arg] + SHARED[1:] + sym_params)}):"]
+    steps = [f"for j{x} in range(n{x}):",
+             f"    start{x} = lo{x} + j{x} * {bx}",
+             f"    stage = j{x} % {STAGES}",
+             f"    phase = (j{x} // {STAGES}) & 1"]
     for ring, ready, empty, arg, buf in (("k_ring", "k_ready", "k_empty", k_arg, k_buf),
                                         ("v_ring", "v_ready", "v_empty", v_arg, v_buf)):
-        loader += [f"        mbarrier.wait({empty}.index(stage), phase ^ 1)",
-                   f"        mbarrier.expect({ready}.index(stage), {arg}.block_type.nbytes)",
-                   f"        tma_load({arg}, [{', '.join(loads[buf].offsets)}], {ready}.index(stage), "
-                   f"{ring}.index(stage))"]
+        steps += [f"    mbarrier.wait({empty}.index(stage), phase ^ 1)",
+                  f"    mbarrier.expect({ready}.index(stage), {arg}.block_type.nbytes)",
+                  f"    tma_load({arg}, [{', '.join(loads[buf].offsets)}], {ready}.index(stage), {ring}.index(stage))"]
+    loader += ["    " + ln for ln in decode + em.range_lines + steps]
     q_type = LOW_TYPES[em.buffer_dtype(s.k_load.node)]
     depth = em.t.block[s.depth]
     kernel_params = [f"{b}_ptr" for b in bufs] + [d[0] for d in descriptors] + extra + sym_params + \

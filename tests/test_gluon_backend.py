@@ -9,8 +9,10 @@ compiles for sm_90 with the installed Triton within the H200's limits; and the
 runtime's check of its output. Its output on the GPU is checked in benchmarks (RESULTS.md)."""
 import json
 import os
+import re
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -98,6 +100,54 @@ def test_off_hopper_the_twin_runs_its_tl_kernels_exactly(name):
     got = launch(twin, inputs, out=[torch.full_like(w, float("nan")) for w in want])
     for w, g in zip(want, got):
         assert torch.equal(w, g)
+
+
+def _program_bounds(source: str, fn: str, pid: int, env: dict) -> dict:
+    """The integers a consumer's program computes before its loop (its tile ids, the
+    loop's bounds and the whole-tile run's), evaluated in Python from the source."""
+    body = source.split(f"def {fn}(")[1].split("q_smem.store(")[0].splitlines()[1:]
+    scope = {"tl": types.SimpleNamespace(minimum=min, maximum=max), "pid": pid, **env}
+    for line in body:
+        name, _, expr = line.strip().partition(" = ")
+        if not expr or "program_id" in expr or re.search(r"gl\.|tl\.load|idx|\bv\d", expr):
+            continue
+        scope[name] = eval(expr.replace(".to(tl.int32)", ""), scope)  # the generated integer code
+    return scope
+
+
+@pytest.mark.parametrize("name, env, visible", [
+    ("mha_causal", {"b": 1, "h": 2, "s": 300, "d": 64}, lambda i, j: j <= i),
+    ("gqa_causal", {"b": 1, "hkv": 1, "g": 2, "s": 449, "d": 128}, lambda i, j: j <= i),
+    ("mha_alibi", {"b": 1, "h": 2, "s": 300, "d": 64}, lambda i, j: j <= i),
+    ("window 300", {"b": 1, "h": 2, "s": 700, "d": 64}, lambda i, j: i - 300 < j <= i),
+])
+def test_steps_without_masks_run_only_on_tiles_where_every_mask_holds(name, env, visible):
+    """The twin's steps on whole tiles are rendered without the masks (causal: 3% of the
+    kernel's time on the H100, the window 10%; RESULTS.md, session 42). Evaluated from
+    the source for every program and both row halves: each such tile lies inside the
+    keys and every mask holds on all of it; the loop covers every visible key."""
+    from cleave.workloads.attention_variants import window_graph
+
+    graph = window_graph(300) if name == "window 300" else W.get(name).graph
+    k = next(k for k in _gluon_plan(schedule(search(graph).candidates[0], env, top_k=2)).kernels
+             if k.dialect == "gluon")
+    row = re.search(rf"idx(\d+) = tid\1 \* {2 * G.ROWS} \+ gl.arange\(0, {G.ROWS}", k.source).group(1)
+    x, bx = re.search(r"\bn(\d+) = .*// (\d+)\)", k.source).groups()
+    s, bx = env["s"], int(bx)  # the keys' step: the output's width
+    programs = -(-s // (2 * G.ROWS)) * env["b"] * env.get("h", env.get("hkv", 1) * env.get("g", 1))
+    whole_steps = 0
+    for pid in range(programs):
+        for wg in range(G.CONSUMERS):
+            at = _program_bounds(k.source, f"{k.name}_wg{wg}", pid, env)
+            first = at[f"tid{row}"] * 2 * G.ROWS + wg * G.ROWS
+            mine = range(first, min(first + G.ROWS, s))
+            lo, n = at[f"lo{x}"], at[f"n{x}"]
+            for j in range(at[f"whole_lo{x}"], at[f"whole_hi{x}"]):
+                keys = range(lo + j * bx, lo + (j + 1) * bx)
+                assert keys[-1] < s and all(visible(i, key) for i in mine for key in keys), (pid, wg, j)
+                whole_steps += 1
+            assert all(lo <= key < lo + n * bx for i in mine for key in range(s) if visible(i, key)), (pid, wg)
+    assert whole_steps > 0  # the form is exercised
 
 
 def test_a_call_with_unaligned_tensors_runs_the_tl_twin(monkeypatch):
