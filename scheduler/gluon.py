@@ -316,10 +316,10 @@ class GluonEmitter(Emitter):
         step, before the loop) is scored masked. The segment's first tile is rounded up
         and its end down, so that a tile partly outside it keeps its masks."""
         first = "1" if leading else \
-            f"tl.minimum(tl.maximum((tl.maximum({render(seg.lo)} - lo{x}, 0) + {bx - 1}) // {bx}, 1), n{x})"
-        h.lines += [f"whole_lo{x} = {first}",
+            f"tl.minimum(tl.maximum((tl.maximum({render(seg.lo)} - lo{x}, 0) + {bx - 1}) // {bx}, 1), n{x}).to(tl.int32)"
+        h.lines += [f"whole_lo{x} = {first}",  # int32 steps (the bounds are int64 where a dim is dynamic)
                     f"whole_hi{x} = tl.minimum(tl.maximum(tl.maximum({render(seg.hi)} - lo{x}, 0) // {bx}, "
-                    f"whole_lo{x}), n{x})"]
+                    f"whole_lo{x}), n{x}).to(tl.int32)"]
         runs = [] if leading else [(f"whole_lo{x} - 1", masked)]
         return runs + [(f"whole_hi{x} - 1", whole), (f"n{x} - 1", masked)]
 

@@ -200,15 +200,17 @@ def test_the_runtime_check_compares_against_the_tl_kernels(monkeypatch):
 def test_twins_compile_for_sm90_within_the_h200s_limits(tmp_path):
     pytest.importorskip("triton.backends.nvidia")
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    for name in ("mha_causal", "mha_softcap", "rope_attention_causal", "gqa_causal"):
+    for name in ("mha_causal", "mha_softcap", "rope_attention_causal", "gqa_causal", "mha_window"):
         env = {**W.get(name).presets["prefill"], "d": 128}
-        spec = {"workload": name, "plans": [_gluon_plan(_plans(name, env)).to_json()]}
+        # the window's batch and length dynamic, as a layer's (int64 tile ids, int32 ring steps)
+        dynamic = {"b", "s"} if name == "mha_window" else set()
+        spec = {"workload": name, "plans": [_gluon_plan(_plans(name, env, dynamic=dynamic)).to_json()]}
         (tmp_path / f"{name}.json").write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-m", "benchmarks.sm90", "--plans", str(tmp_path)],
                          capture_output=True, text=True, env=env, check=True).stdout
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()[2:] if line.startswith("| ")]
     gluon = [r for r in rows if r[9].startswith("gluon")]
-    assert len(gluon) == 4, out
+    assert len(gluon) == 5, out
     for r in gluon:
         assert 0 < int(r[5]) <= H200_SHARED and r[7] == "0" and r[9] == "gluon (setmaxnreg)", r
