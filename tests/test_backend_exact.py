@@ -269,6 +269,52 @@ def test_a_loss_torch_decomposes_wrongly_runs_as_torchs_kernel():
         assert torch.equal(got, fn(x, target))
 
 
+def test_an_overload_called_directly_or_a_custom_op_compiles_or_breaks_there(ctx):
+    """`torch.ops.aten.mul.Tensor(...)` (an overload, not its packet), a custom op and
+    torch._check under dynamic shapes crashed the backend (AttributeError: 'OpOverload'
+    object has no attribute '_qualified_op_name')."""
+    @torch.library.custom_op("cleave_test::halve", mutates_args=())
+    def halve(x: torch.Tensor) -> torch.Tensor:
+        return x / 2
+
+    @halve.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    def overload(x):
+        return torch.ops.aten.mul.Tensor(x, 2.0) + 1
+
+    def custom(x):
+        return halve(x * 3) + 1
+
+    def checked(x):
+        torch._check(x.shape[0] > 2)
+        return x[:3] * 2
+
+    x = torch.randn(5)
+    for fn, dynamic in ((overload, False), (custom, False), (checked, True)):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            got = torch.compile(fn, backend="cleave", dynamic=dynamic)(x)
+        assert torch.equal(got, fn(x))
+        assert fn is not custom or any("cleave_test.halve" in str(w.message) for w in said)
+
+
+def test_a_constant_without_dense_storage_runs_eagerly():
+    """A sparse global, or a tensor torch.func.grad wraps, met as a constant, crashed
+    cleave.compile ("Cannot access data pointer of Tensor that doesn't have storage")."""
+    sparse = torch.tensor([[2.0]]).to_sparse()
+
+    def dense_of_sparse(x):
+        return x * sparse.to_dense()
+
+    def grad_of(x):
+        return torch.func.grad(lambda t: (t.sin() * t).sum())(x)
+
+    for fn, x in ((dense_of_sparse, torch.ones(3)), (grad_of, torch.randn(5))):
+        torch.testing.assert_close(cleave.compile(fn, verbose=False)(x), fn(x))
+
+
 def test_inputs_named_like_outputs_or_intermediates_keep_their_own_buffers():
     """An argument called `out` or `out0`, or a module parameter `self.out`, had the
     name of cleave's default output: one kernel argument served both, and the kernel

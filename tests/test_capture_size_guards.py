@@ -129,6 +129,22 @@ def triples(x):
     return x.reshape(-1, 4, 3).sum(-1)
 
 
+def odd_positions(x):
+    return x.sum(-1) * torch.arange(2 * x.shape[0] - 1)[::2].float()
+
+
+def test_an_arange_eager_refuses_at_a_size_raises_eagers_error():
+    """arange(2n - 1) at n = 0: eager raises; the compiled function returned an empty
+    tensor. The graph keeps the length's sign as a constraint: that call runs eagerly."""
+    f = cleave.compile(odd_positions, dynamic={"x": {0: "n"}}, verbose=False)
+    torch.testing.assert_close(f(torch.ones(3, 2)), odd_positions(torch.ones(3, 2)))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="inconsistent with step sign"):
+            f(torch.ones(0, 2))
+    assert any("arange" in str(w.message) for w in said)
+
+
 def scaled_by_root_of_rows(x):
     return x * math.sqrt(x.shape[0] * 1e6)
 

@@ -27,6 +27,13 @@ def prints(x):
     return y * 2
 
 
+def branches_on_a_value(x):
+    y = x.exp()
+    if y.sum() > 3:
+        return y * 2
+    return y - 1
+
+
 def _calls(fn, xs):
     compiled = cleave.compile(fn)
     with warnings.catch_warnings(record=True) as caught:
@@ -36,7 +43,7 @@ def _calls(fn, xs):
 
 
 @pytest.mark.parametrize("fn, names", [(boolean_mask, "aten.nonzero"), (unique_values, "aten._unique2"),
-                                       (prints, "print")])
+                                       (prints, "print"), (branches_on_a_value, "Data-dependent branching")])
 def test_a_graph_break_is_named_once(fn, names, capsys):
     xs = [torch.randn(n, generator=torch.Generator().manual_seed(n)) for n in (37, 41, 37)]
     outs, said = _calls(fn, xs)

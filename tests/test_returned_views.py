@@ -208,3 +208,18 @@ def test_repeated_outputs_and_returned_inputs_are_the_same_tensors(ctx, dynamic)
             got = f(x)
             _assert_like_eager(got, repeats(x), [x], [x])
             assert got[1] is x and got[2] is got[0]
+
+
+def test_type_as_returns_the_input_itself_where_nothing_converts():
+    """`x.type_as(y)` of y's dtype is x itself in eager (a write to it writes x), as
+    `x.to(y)` is; its schema does not say so, and cleave.compile returned a copy."""
+    import cleave
+
+    same = cleave.compile(lambda x, y: x.type_as(y), verbose=False)
+    other = cleave.compile(lambda x, y: x.type_as(y), verbose=False)
+    x, y = torch.zeros(3), torch.ones(2)
+    assert same(x, y) is x
+    got = other(x, y.double())
+    assert got.dtype == torch.float64 and _storage(got) != _storage(x)
+    got.add_(1)
+    assert torch.equal(x, torch.zeros(3))

@@ -6,7 +6,9 @@ import math
 
 import torch
 
+from ..ir import dims as D
 from ..ir.dtypes import DType
+from ..ir.graph import Constraint
 from ..ir.ops import COMPARE, UNARY
 from .aten_map import rule
 
@@ -516,6 +518,10 @@ def _arange(t, node, a):
     computes in a wider type and rounds once (exact for integer start and step); a half
     arange counts in f32 and is rounded once (bf16's 257 is 256)."""
     start, step = a.get("start") or 0, a.get("step", 1)
+    length = t.out_shape(node)[0]
+    if length.free_symbols:  # eager raises where the bounds run against the step: keep its error
+        t.graph._constrain(Constraint("le", D.dim(0), length, f"{t.op}'s length (eager: upper bound and lower bound "
+                                                             f"inconsistent with step sign)"))
     if step == 1:
         out = t.add("iota", shape=t.out_shape(node), axis=0, dtype=op_math(t.out_dtype(node)))
         return out if start == 0 else binary(t, "add", out, start)

@@ -520,9 +520,12 @@ def _same_shape_written(output, value, placeholder: str, name: str) -> None:
 
 def _returns_aliases(node) -> bool:
     """Whether node's result aliases its first operand (a view, an in-place op, the
-    pieces of split, unbind and chunk)."""
-    returns = node.target._schema.returns if isinstance(getattr(node, "target", None), torch._ops.OpOverload) else ()
-    return bool(returns) and returns[0].alias_info is not None
+    pieces of split, unbind and chunk; type_as, whose schema does not say that it
+    returns self where nothing converts, as `to`'s does)."""
+    if not isinstance(getattr(node, "target", None), torch._ops.OpOverload):
+        return False
+    returns = node.target._schema.returns
+    return bool(returns) and returns[0].alias_info is not None or node.target._schema.name == "aten::type_as"
 
 
 def _converts(node: torch.fx.Node) -> bool:
@@ -555,6 +558,10 @@ def constant_node(t, value: torch.Tensor, node, constants: dict, taken: set, out
     users = [u for u in node.users if u.op == "call_function"]
     source = source_of(users[0]) if users else None
     dtype = ir_dtype(value.dtype, "tensor constant", source)
+    if value.layout != torch.strided or torch._C._functorch.is_functorch_wrapped_tensor(value):
+        # a sparse tensor, or one torch.func wraps (a transform's inputs inside the function)
+        raise UnsupportedOpError("tensor constant", source, f"a {value.layout} tensor or one wrapped by a torch.func "
+                                 "transform: cleave reads a constant's memory as a dense tensor")
     if value.numel() != 1 or value.numel() and value.data_ptr() in outside:
         name = state_input_name(node.name, taken | set(t.graph.inputs) | set(constants))
         constants[name] = (value, source)

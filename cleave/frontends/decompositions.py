@@ -63,7 +63,9 @@ def wrongly_decomposed(node) -> str | None:
     if node.op != "call_function":
         return None
     target = node.target
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if isinstance(target, torch._ops.OpOverload):  # torch.ops.aten.X.overload, a custom op's overload
+        name = target._schema.name.split("::")[-1] if target.namespace == "aten" else ""
+    elif isinstance(target, torch._ops.OpOverloadPacket):  # torch.ops.aten.X
         namespace, _, name = target._qualified_op_name.partition("::")
         name = name if namespace == "aten" else ""
     else:  # torch's own functions only: a user's function of that name is theirs

@@ -416,7 +416,7 @@ class CompiledFunction:
             for axis in spec.get(name, ()):
                 torch._dynamo.maybe_mark_dynamic(a, axis)
         self._note_recurrent_modules()
-        breaks = dict(_dynamo_counters["graph_break"])
+        breaks = _graph_breaks()
         try:
             with _fake_tensor_logs_held():
                 return self._dynamo(*args, **kwargs)
@@ -439,7 +439,7 @@ class CompiledFunction:
         """What dynamo left between its graphs (an op whose output shape depends on the
         data, `print`, a branch on a tensor's value) runs eagerly, and dynamo says nothing:
         name each break this call's tracing met (dynamo counts them by reason)."""
-        for reason, count in list(_dynamo_counters["graph_break"].items()):
+        for reason, count in _graph_breaks().items():
             if count > before.get(reason, 0):
                 lines = [ln.strip() for ln in str(reason).splitlines() if ln.strip()]
                 said = lines[:1] + [ln.removeprefix("Explanation:").strip() for ln in lines[1:]
@@ -949,3 +949,9 @@ def _proven_rules(files) -> list | None:
     from ..verify import with_proven_files
 
     return with_proven_files(list(files))[0]
+
+
+def _graph_breaks() -> dict:
+    """dynamo's graph breaks so far, by reason: torch 2.13 counts a branch on a tensor's
+    value under "unimplemented" only, other breaks under "graph_break"."""
+    return {**_dynamo_counters["unimplemented"], **_dynamo_counters["graph_break"]}
