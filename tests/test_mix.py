@@ -116,8 +116,8 @@ def test_each_kernel_takes_its_fastest_option_and_the_mix_is_exact():
     swaps = sum(len(o) - 1 for o in options) + sum(len(v) for v in variants)
     assert len({tuple(config(k) for k in p.kernels) for p in timed}) == 1 + swaps
     # each challenger captured once, replayed beside the kernel it would replace, which
-    # is captured once per kernel slot; then the tuned plan once whole
-    assert len(timed) == swaps + len(picks) + 1
+    # is captured once per kernel slot; then the tuned plan whole, beside the first plan
+    assert len(timed) == swaps + len(picks) + 2
     mixed = compose(plans, picks)
     assert [k.source for k in mixed.kernels] == [plans[2].kernels[0].source, plans[1].kernels[1].source]
     assert all(name.startswith(mixed.kernels[0].name) or name.startswith(mixed.kernels[1].name)
@@ -233,6 +233,24 @@ def test_one_replay_the_clock_dips_in_does_not_decide_a_swap():
     assert fastest_kernels(plans, [0, 1, 2], {}, time=time) is None
     costs[(0, 1)] = 0.98
     assert fastest_kernels(plans, [0, 1, 2], {}, time=time) == [1, 0]
+
+
+def test_a_mix_slower_as_a_whole_than_its_first_plan_is_not_served():
+    """Each kernel's swap wins timed alone, but the composed plan replays slower than
+    the plan the tuning started from (a kernel faster with the L2 flushed than behind
+    the one before it): the plan is served, not the mix."""
+    plans = two_kernel_plans()
+    costs = {(slot, i): 1.0 for slot in range(2) for i in range(3)}
+    costs[(0, 2)] = 0.9
+    alone = fake_time(costs, plans, [])
+
+    def time(plan, slot=None):
+        replay = alone(plan, slot)
+        mixed = slot is None and plan.kernels[0].source == plans[2].kernels[0].source
+        return (lambda: replay() + 0.5) if mixed else replay
+
+    assert fastest_kernels(plans, [0, 1, 2], {}, time=alone) == [2, 0]
+    assert fastest_kernels(plans, [0, 1, 2], {}, time=time) is None
 
 
 def test_no_mix_when_no_swap_pays_or_nothing_shares_the_partition():

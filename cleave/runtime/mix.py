@@ -26,7 +26,8 @@ alone (`launch.one_kernel`, on buffers a whole call filled), not the whole plan:
 layer's replays resolve 1-2% of the layer, and one kernel's options differ by 20-45%
 of that kernel, so whole-plan replays kept Qwen3's attention at 0.305 ms beside an
 option of 0.221 and took false swaps on the clock's dips (RESULTS.md, sessions 18-19).
-Partitions are compared by replaying their whole tuned plans."""
+Partitions are compared by replaying their whole tuned plans, and a mix against the
+plan its tuning started from: the plan is kept where it replays faster as a whole."""
 from __future__ import annotations
 
 import dataclasses
@@ -198,7 +199,17 @@ def _tuned(plans: list[Plan], first: int, group: list[int], inputs, time) -> tup
         # a layer's tuning takes tens of seconds: say where it is
         progress.report(f"[cleave tune] kernel {slot + 1}/{len(picks)} ({plans[first].kernels[slot].name}): "
                         f"{len(tried)} options compared, picked {picks[slot]}")
-    return picks, time(compose(plans, picks))
+    replay = time(compose(plans, picks))
+    if picks != [first] * len(picks):
+        # Each swap won with its kernel timed alone; the whole mix can still lose to the
+        # plan it started from (Qwen3's naive layer: 3.29 ms served against plan 0's
+        # 3.13, its attention faster alone than behind the projections; RESULTS.md,
+        # session 42). The plan is kept where it replays faster than the mix.
+        whole = time(plans[first])
+        if _faster(replay, whole, None):
+            progress.report(f"[cleave tune] the mix {picks} replays slower than plan {first} as a whole: plan {first}")
+            return [first] * len(picks), whole
+    return picks, replay
 
 
 _log = logging.getLogger("cleave.tune")
