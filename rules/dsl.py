@@ -31,6 +31,9 @@ integer ops (INTEGER_OPS) are refused: the search rewrites float values only. Co
                         (a constraint on the split count, recorded on the candidate graph)
     finite(x)           x holds no infinity: no mask fill, division, log or exp reaches it
                         from the program's inputs (cleave/search/finite.py)
+    nonzero(c)          c is never 0 nor infinite where the inputs are finite: a non-zero
+                        constant, a size, a softmax's denominator (cleave/search/finite.py);
+                        a rule moving or cancelling a divisor needs it (an input may hold 0)
     unrounded(x)        no MatMul rounds x to its operand precision (an f32 value cast to
                         the f16 its MatMuls take): the search leaves that rounding to
                         the lowering, which makes it on MatMul operands only, so a rule
@@ -72,7 +75,7 @@ REDUCE = {"r" + op: op for op in REDUCE_OPS}  # rsum: a reduce with op=sum
 OPS = {**{u: "t" for u in UNARY}, **{b: "tt" for b in BINARY}, **{r: "ta" for r in REDUCE},
        "where": "ttt", "matmul": "tt", "split": "tap", "squeeze": "ta", "unsqueeze": "ta", "swap": "t",
        "topk_values": "tka", "topk_indices": "tka", "const": "c"}
-CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta", "finite": "t", "within": "tt",
+CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta", "finite": "t", "nonzero": "t", "within": "tt",
               "unrounded": "t", "wide_operands": "", "moderate_values": ""}
 GRAPH_CONDITIONS = {"wide_operands", "moderate_values"}  # decided once per graph, by cleave.search, not per match
 PADS = {"-inf": float("-inf"), "0": 0.0}

@@ -12,10 +12,11 @@ rule sum-pull-factor: rsum(mul(x, c), a) => mul(rsum(x, a), c)
   keeps: rsum(mul(x, c), -1) with x[m, n], c[1, n]
 
 rule sum-pull-div: rsum(div(x, c), a) => div(rsum(x, a), c)
-  if flat(c, a)
-  why: sum_a x/c = (sum_a x)/c when c does not vary along a
-  rewrites: rsum(div(x, c), -2) with x[m, n], c[1, n]
+  if flat(c, a) and nonzero(c)
+  why: sum_a x/c = (sum_a x)/c when c does not vary along a and is not 0 (eager's sum of [0/0, 1/0] is NaN, 1/0 is inf)
+  rewrites: rsum(div(x, rsum(exp(sub(s, rmax(s, -2))), -2)), -2) with x[m, n], s[m, n]
   keeps: rsum(div(x, c), -2) with x[m, n], c[m, 1]
+  keeps: rsum(div(x, c), -2) with x[m, n], c[1, n]
 
 rule sum-of-matmul: rsum(matmul(x, w), -1) => matmul(x, rsum(w, -1))
   if finite(x) and finite(w) and unrounded(w)

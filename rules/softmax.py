@@ -32,10 +32,11 @@ rule split-softmax-matmul: matmul(exp(sub(x, c)), y) => squeeze(rsum(mul(matmul(
 family softmax
 
 rule normalize-after-matmul: matmul(div(x, c), y) => div(matmul(x, y), c)
-  if flat(c, -1)
-  why: a row divisor constant along the contracted axis commutes with the MatMul (softmax's division moves after P@V)
-  rewrites: matmul(div(p, l), v) with p[m, n], l[m, 1], v[n, d]
+  if flat(c, -1) and nonzero(c)
+  why: a row divisor constant along the contracted axis commutes with the MatMul (softmax's division moves after P@V); not one that may be 0, where eager's 0/0 is NaN and the moved division's 1/0 inf
+  rewrites: matmul(div(p, rsum(exp(sub(s, rmax(s, -1))), -1)), v) with p[m, n], s[m, n], v[n, d]
   keeps: matmul(div(p, l), v) with p[m, n], l[1, n], v[n, d]
+  keeps: matmul(div(p, l), v) with p[m, n], l[m, 1], v[n, d]
 
 rule softmax-shift: div(exp(sub(x, c)), rsum(exp(sub(x, c)), a)) => div(exp(sub(x, rmax(x, a))), rsum(exp(sub(x, rmax(x, a))), a))
   if flat(c, a) and within(c, x)

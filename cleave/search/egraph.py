@@ -97,9 +97,10 @@ flat = relation("flat", Tn, i64)
 splittable = relation("splittable", Tn, i64)
 extent = relation("extent", Tn, Tn, i64)
 finite = relation("finite", Tn)
+nonzero = relation("nonzero", Tn)
 within = relation("within", Tn, Tn)
 unrounded = relation("unrounded", Tn)
-TERM_FACTS = {"finite": finite, "within": within, "unrounded": unrounded}  # facts about terms alone, no axis
+TERM_FACTS = {"finite": finite, "nonzero": nonzero, "within": within, "unrounded": unrounded}  # no axis
 AxisId = relation("AxisId", i64)
 
 LEAVES = ("LeafT", "Op1", "Op2", "Op3")  # by operand count
@@ -289,7 +290,20 @@ def analysis_ruleset():
     # An axis the term does not have is one it is constant along (broadcasting).
     rules.append(rule(AxisId(b), eq(r).to(rank(t)), r + b < 0).then(flat(t, b)))
     rules += _within_rules(t, x, y, z, a, k, op)
+    rules += _nonzero_rules(t, x, a)
     return ruleset(*rules, name="analysis")
+
+
+def _nonzero_rules(t, x, a) -> list:
+    """`nonzero` beyond the encoder's seeds (cleave/search/finite.py), for terms the
+    rewrites make: a softmax's denominator, sum_a exp(x - max_a x), lies in [1, n]
+    wherever x is finite (the max term is exp(0)), as softmax-shift builds it; a view
+    of a non-zero value is one."""
+    rules = [rule(eq(t).to(Red("sum", a, Un("exp", Bin("sub", x, Red("max", a, x)))))).then(nonzero(t))]
+    for view in (Sq(a, x), Unsq(a, x)):
+        rules.append(rule(eq(t).to(view), nonzero(x)).then(nonzero(t)))
+    rules.append(rule(eq(t).to(Swap(x)), nonzero(x)).then(nonzero(t)))
+    return rules
 
 
 def _within_rules(t, x, y, z, a, k, op) -> list:

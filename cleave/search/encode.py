@@ -29,7 +29,7 @@ from cleave.rules.dsl import REDUCE, Axis, Leaf, Term, const_value
 from cleave.rules.instances import within
 from cleave.rules.lower import LOW, Lowering
 
-from .finite import finite_nodes
+from .finite import finite_nodes, nonzero_nodes
 
 _REDUCE_NAME = {v: k for k, v in REDUCE.items()}
 
@@ -170,7 +170,7 @@ def seeds(enc: Encoded) -> list[tuple]:
     out = []
     nodes = [enc.graph.nodes[i] for i in enc.terms]
     scalars = [n for n in nodes if n.op in ("size", "const") and n.rank == 0]
-    finite = finite_nodes(enc.graph)
+    finite, nonzero = finite_nodes(enc.graph), nonzero_nodes(enc.graph)
     rounded = {enc.terms[i] for i in operand_roundings(enc.graph)}
     for n in nodes:
         t = enc.terms[n.id]
@@ -183,6 +183,8 @@ def seeds(enc: Encoded) -> list[tuple]:
                     out.append(("within", enc.terms[c.id], enc.terms[x.id]))
         if n.id in finite:
             out.append(("finite", t))
+        if n.id in nonzero:
+            out.append(("nonzero", t))
         for a in range(-n.rank, 0):
             d = n.shape[a]
             if D.is_one(d):

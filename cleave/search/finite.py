@@ -39,3 +39,52 @@ def finite_nodes(graph: Graph) -> set[int]:
         if ok and all(x.id in out for x in n.inputs):
             out.add(n.id)
     return out
+
+
+# Views of a value: non-zero where it is (a cast may round a tiny value to 0: not one).
+VIEWS = frozenset({"broadcast", "reshape", "permute", "slice", "squeeze", "unsqueeze"})
+
+
+def nonzero_nodes(graph: Graph) -> set[int]:
+    """Ids of the live nodes that are never 0 nor infinite wherever the inputs are
+    finite: the facts behind `nonzero(c)`, which the rules that move or cancel a
+    divisor need. Proofs hold where divisors are non-zero; an input may hold 0 (eager's
+    (x / 0).sum() is NaN where sum(x) / 0 is inf), so only these qualify: a finite
+    non-zero constant, a size (an empty axis runs the graph as written), a softmax's
+    denominator sum_a exp(x - max_a x) (at least 1: its max term is exp(0)), and views
+    of them."""
+    finite = finite_nodes(graph)
+    out: set[int] = set()
+    for n in graph.live_nodes():
+        if n.op == "const":
+            ok = math.isfinite(float(n.attrs["value"])) and float(n.attrs["value"]) != 0
+        elif n.op == "size":
+            ok = True
+        elif n.op in VIEWS:
+            ok = n.inputs[0].id in out
+        else:
+            ok = _softmax_denominator(n, finite)
+        if ok:
+            out.add(n.id)
+    return out
+
+
+def _through_views(n):
+    while n.op in VIEWS:
+        n = n.inputs[0]
+    return n
+
+
+def _softmax_denominator(n, finite: set[int]) -> bool:
+    """n = sum_a exp(x - max_a x) over one axis a, x finite where the inputs are."""
+    if n.op != "reduce" or n.attrs["op"] != "sum":
+        return False
+    e = _through_views(n.inputs[0])
+    if e.op != "exp":
+        return False
+    d = _through_views(e.inputs[0])
+    if d.op != "sub":
+        return False
+    x, m = d.inputs[0], _through_views(d.inputs[1])
+    return m.op == "reduce" and m.attrs["op"] == "max" and m.attrs["axis"] == n.attrs["axis"] and \
+        _through_views(m.inputs[0]) is _through_views(x) and x.id in finite
