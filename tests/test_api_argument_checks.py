@@ -135,6 +135,32 @@ def test_launch_refuses_an_input_the_graph_does_not_have():
         launch(plan, {"x": torch.randn(3, 5), "mask": torch.ones(3, 5)})
 
 
+def test_launch_refuses_out_tensors_it_would_write_wrongly():
+    """out= aliasing an input (later programs read what earlier ones wrote: 0.9999 off,
+    said nothing), of another dtype (truncated into int32), or of another count, and
+    arguments of the wrong kind (an AttributeError from inside launch)."""
+    import numpy as np
+
+    from cleave.runtime.launch import launch
+
+    plan = cleave.schedule(_row_sum(), {"m": 3, "n": 5})[0]
+    x = torch.randn(3, 5)
+    with pytest.raises(BindingError, match=r"out= output 'o' shares memory with input 'x'"):
+        launch(plan, {"x": x}, out=[x[0, :3]])
+    with pytest.raises(BindingError, match=r"output 'o': the plan writes torch.float32, out= gives torch.int32"):
+        launch(plan, {"x": x}, out=[torch.zeros(3, dtype=torch.int32)])
+    with pytest.raises(BindingError, match=r"out= has 2 tensor\(s\), the plan 1 output\(s\)"):
+        launch(plan, {"x": x}, out=[torch.zeros(3), torch.zeros(3)])
+    with pytest.raises(BindingError, match=r"input 'x' is a ndarray, not a torch.Tensor"):
+        launch(plan, {"x": np.ones((3, 5), np.float32)})
+    with pytest.raises(BindingError, match=r"inputs are a dict of tensors by input name, got a list"):
+        launch(plan, [x])
+    with pytest.raises(BindingError, match=r"out= is a list of tensors"):
+        launch(plan, {"x": x}, out=[None])
+    got = launch(plan, {"x": x}, out=[torch.full((3,), float("nan"))])[0]
+    torch.testing.assert_close(got, x.exp().sum(-1))
+
+
 def test_launch_says_when_it_rounds_an_input_to_the_plans_dtype():
     """An f64 tensor given to an f32 plan was rounded to f32 without a word; a bf16 one
     widens exactly, and is converted silently."""
@@ -227,3 +253,17 @@ def test_search_with_an_empty_rule_list_is_the_library_as_in_cleave_compile():
     empty = cleave.search(graph, rules=[], progress=False)
     assert default.stats["rules_fired"] and empty.stats["rules_fired"] == default.stats["rules_fired"]
     assert [c.derivation for c in empty.candidates] == [c.derivation for c in default.candidates]
+
+
+@pytest.mark.parametrize("dynamic, said", [
+    ({"x": [0]}, r"dynamic\['x'\] must be a dict \{axis: symbol\}, not \[0\]"),
+    ({"x": None}, r"dynamic\['x'\] must be a dict"),
+    ({"x": {"0": "n"}}, r"dynamic\['x'\]: axis '0' is not an int"),
+    ({"x": {True: "n"}}, r"dynamic\['x'\]: axis True is not an int"),
+])
+def test_capture_checks_its_dynamic_axes_as_compile_does(dynamic, said):
+    """cleave.capture raised AttributeError or TypeError from inside, or read True as axis 1."""
+    from cleave.frontends import CaptureError
+
+    with pytest.raises(CaptureError, match=said):
+        cleave.capture(lambda x: x * 2, torch.randn(3, 4), dynamic=dynamic)

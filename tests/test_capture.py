@@ -281,3 +281,20 @@ def test_capture_without_an_example_for_each_argument_says_so():
         cleave.capture(lambda x: x.exp())
     with pytest.raises(CaptureError, match="cannot take 2 example input"):
         cleave.capture(lambda x: x.exp(), torch.randn(3), torch.randn(3))
+
+
+def _view_or_reshape(x):
+    try:
+        y = x.view(-1, 4)  # 9 elements: eager raises, the function catches it
+    except RuntimeError:
+        y = x.reshape(-1, 1)
+    return y * 2
+
+
+def test_an_op_whose_error_the_function_catches_is_left_out():
+    """torch.export keeps the call that raised (no value, no user): translated, its
+    missing shape was an AttributeError inside cleave."""
+    x = torch.randn(3, 3)
+    g = cleave.capture(_view_or_reshape, x)
+    assert [n.op for n in g.live_nodes() if n.op == "reshape"] == ["reshape"]
+    torch.testing.assert_close(cleave.compile(_view_or_reshape, verbose=False)(x), _view_or_reshape(x))

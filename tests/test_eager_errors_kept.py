@@ -43,6 +43,18 @@ def test_a_bool_subtraction_under_dynamic_shapes_raises_eagers_error(ctx):
         f(torch.tensor([True, False, True]), torch.tensor([True, True, False]))
 
 
+def test_an_error_the_interpreter_meets_first_is_raised_unchained():
+    """topk of bools: the reference interpreter meets torch's error first; eager's error
+    came back chained to cleave's CompileFailure ("During handling of ...")."""
+    for compiled in (cleave.compile(lambda x: x.topk(3, -1).values),
+                     torch.compile(lambda x: x.topk(3, -1).values, backend="cleave")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(RuntimeError, match="topk does not support bool") as caught:
+                compiled(torch.rand(3, 7) > 0.5)
+        assert caught.value.__context__ is None and caught.value.__cause__ is None
+
+
 def test_an_operator_whose_graph_fails_in_the_interpreter_is_not_built():
     g = Graph("bool_sub")
     a, b = g.input("a", ("n",), "bool"), g.input("b", ("n",), "bool")

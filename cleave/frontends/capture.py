@@ -166,8 +166,12 @@ def _dynamic_axes(params, inputs, dynamic) -> dict[str, dict[int, str]]:
     for pname, axes in dynamic.items():
         if pname not in shapes:
             raise CaptureError(f"capture: dynamic names input {pname!r}, but the function takes {', '.join(params)}")
+        if not isinstance(axes, dict):
+            raise CaptureError(f"capture: dynamic[{pname!r}] must be a dict {{axis: symbol}}, not {axes!r}")
         out[pname] = {}
         for axis, sym in axes.items():
+            if not isinstance(axis, int) or isinstance(axis, bool):
+                raise CaptureError(f"capture: dynamic[{pname!r}]: axis {axis!r} is not an int")
             rank = len(shapes[pname])
             if not -rank <= axis < rank:
                 raise CaptureError(f"capture: input {pname!r} has rank {rank}; dynamic axis {axis} is out of range")
@@ -422,7 +426,7 @@ def _translate(ep, comparisons, params, named, auto: bool, graph_name: str, read
     constrain_to_decisions(graph, symbols, comparisons)
     writes, views, orders = {}, [], {}
     for node in ep.graph.nodes:
-        if node.op == "call_function" and not aten_map.is_ignored(node):
+        if node.op == "call_function" and not aten_map.is_ignored(node) and not _raised_in_trace(node):
             t.translate(node)
         elif node.op == "output":
             writes, orders = _outputs(t, graph, node, ep.graph_signature, user_names)
@@ -430,6 +434,16 @@ def _translate(ep, comparisons, params, named, auto: bool, graph_name: str, read
     reads_storage = any(storage_dependent(n) for n in ep.graph.nodes)
     return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes, views,
                     constants=constants, reads_storage=reads_storage, output_orders=orders)
+
+
+def _raised_in_trace(node) -> bool:
+    """An op that raised while torch.export traced it, the function catching the error
+    (`try: x.view(-1, 4) except RuntimeError: ...`): export keeps the call, with no value
+    and no user. Nothing reads it; translated, its missing shape was an AttributeError."""
+    target = node.target
+    returns = target._schema.returns if isinstance(target, torch._ops.OpOverload) else ()
+    return bool(returns) and node.meta.get("val") is None and not node.users and \
+        all(isinstance(r.type, torch.TensorType) for r in returns)
 
 
 def _no_float_of_a_size(ep) -> None:

@@ -427,19 +427,19 @@ class Launcher:
             return self.eager_fn(*args)
         if self.op.f32_matmul != f32_matmul_precision():  # set since: that precision's own operator
             self.op = self.ctx.operator(self.op.graph, self.op.dynamic, self.op.device)
+        outs = None
         try:
             outs = self.ctx.run(self.op, inputs)
         except CompileFailure as err:
             self.ctx.warn_failed(self.op.graph.name, self.where, str(err))
             self.failed = True
-            return self.eager_fn(*args)
         except NotReadyDuringCapture as err:
             self.ctx.warn_capture(self.where, str(err))
-            return self.eager_fn(*args)
         except BindingError as err:  # dims the graph reads as one symbol differ here (fx_graph):
             self.ctx.warn_eager(self.where, f"its inputs do not fit the compiled graph "
                                             f"({user_names(str(err), self.labels)})")
-            return self.eager_fn(*args)  # PyTorch computes it, or says what is wrong
+        if outs is None:  # PyTorch computes it, or says what is wrong: outside the except, its error unchained
+            return self.eager_fn(*args)
         return self._finish(args, outs)
 
     def fits(self, args) -> bool:

@@ -668,7 +668,56 @@ def _current_stream() -> int:
 
 
 def launch(plan: Plan, inputs: dict[str, torch.Tensor], out: list | None = None) -> list[torch.Tensor]:
-    return run(prepare(plan, inputs), inputs, out)
+    _check_arguments(inputs, out)
+    prepared = prepare(plan, inputs)
+    if out is not None:
+        _check_out(prepared, inputs, out)
+    return run(prepared, inputs, out)
+
+
+def _check_arguments(inputs, out) -> None:
+    """launch's arguments as it takes them: a dict of tensors by input name, and `out` a
+    list of tensors (a numpy array or a list where a tensor goes was an AttributeError)."""
+    if not isinstance(inputs, dict):
+        raise BindingError(f"launch: inputs are a dict of tensors by input name, got a {type(inputs).__name__}")
+    for name, t in inputs.items():
+        if not isinstance(t, torch.Tensor):
+            raise BindingError(f"launch: input {name!r} is a {type(t).__name__}, not a torch.Tensor")
+    if out is not None and not (isinstance(out, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in out)):
+        raise BindingError("launch: out= is a list of tensors, one per output of the plan")
+
+
+def _check_out(prepared: _Prepared, inputs: dict, out) -> None:
+    """Each out= tensor as the plan writes it: one per output, of its dtype, on the inputs'
+    device, and sharing no memory with an input or another output. Later programs read
+    an input after earlier ones wrote an aliasing output (softmax(x @ w) into x: 0.9999
+    off, said nothing); a narrower dtype truncated the result."""
+    if len(out) != len(prepared.outputs):
+        raise BindingError(f"launch: out= has {len(out)} tensor(s), the plan {len(prepared.outputs)} output(s) "
+                           f"({', '.join(name for name, _, _ in prepared.outputs)})")
+    devices = {t.device for t in inputs.values() if t.device.type != "cpu" or t.dim()}
+    for (name, _, dtype), t in zip(prepared.outputs, out):
+        if t.dtype != dtype:
+            raise BindingError(f"output {name!r}: the plan writes {dtype}, out= gives {t.dtype}")
+        if devices and t.device not in devices:
+            raise BindingError(f"output {name!r}: out= is on {t.device}, the inputs on "
+                               f"{', '.join(map(str, sorted(devices, key=str)))}")
+    spans = [(f"input {n!r}", _span(t)) for n, t in inputs.items()] + \
+        [(f"output {name!r}", _span(t)) for (name, _, _), t in zip(prepared.outputs, out)]
+    for i, (what, (base, lo, hi)) in enumerate(spans[len(inputs):], len(inputs)):
+        for other, (b, l2, h2) in spans[:i]:
+            if base == b and lo < h2 and l2 < hi:
+                raise BindingError(f"launch: out= {what} shares memory with {other}: the kernels would read what "
+                                   f"they already wrote; pass a tensor of its own")
+
+
+def _span(t: torch.Tensor) -> tuple:
+    """The bytes a tensor may touch: (storage, first, past the last)."""
+    if t.numel() == 0:
+        return (None, 0, 0)
+    first = t.storage_offset() + sum(min(0, (d - 1) * st) for d, st in zip(t.shape, t.stride()))
+    last = t.storage_offset() + sum(max(0, (d - 1) * st) for d, st in zip(t.shape, t.stride()))
+    return (t.untyped_storage().data_ptr(), first * t.element_size(), (last + 1) * t.element_size())
 
 
 def one_kernel(plan: Plan, inputs: dict[str, torch.Tensor], slot: int) -> Callable[[], None]:
