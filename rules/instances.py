@@ -192,12 +192,30 @@ def _bindings(rule: Rule) -> list[tuple[dict, int]]:
 
 def _equal_dims(rule: Rule, shapes: dict, axes: dict, axis: int, k: int = TOPK) -> list[tuple[dict, RuleInstance]]:
     """(assignment, instance) for each way of making dims of `shapes` equal (_merges)
-    at which the rule builds: x square in matmul(x, x)."""
+    at which the rule builds: x square in matmul(x, x); and, for a rule with a top-k,
+    each dim made the count k: an operand along the axis then meets the top-k's output
+    (`topk_values(add(x, c), k, a) => add(topk_values(x, k, a), c)` with c varying
+    along a builds only there, where it is wrong; it was proven)."""
     merges = _merges(shapes)
+    counted = [{v: tuple(k if d == dim else d for d in shape) for v, shape in shapes.items()}
+               for dim in dict.fromkeys(d for shape in shapes.values() for d in shape if isinstance(d, sympy.Symbol))
+               ] if _has_topk(rule) else []
+    found = [(m, inst) for m in counted if (inst := _instance(rule, m, axes, axis, k)) is not None]
     # making dims equal never stops a side from building: if all equal does not build, nothing does
     if not merges or _instance(rule, merges[-1], axes, axis, k) is None:
-        return []
-    return [(m, inst) for m in merges if (inst := _instance(rule, m, axes, axis, k)) is not None]
+        return found
+    return [(m, inst) for m in merges if (inst := _instance(rule, m, axes, axis, k)) is not None] + found
+
+
+def _has_topk(rule: Rule) -> bool:
+    stack = [rule.lhs, rule.rhs]
+    while stack:
+        x = stack.pop()
+        if hasattr(x, "op"):
+            if x.op.startswith("topk"):
+                return True
+            stack.extend(x.args)
+    return False
 
 
 class OutOfTime(RuleError):

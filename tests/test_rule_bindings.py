@@ -2,7 +2,8 @@
 variable to -1 and -2 independently (all were bound alike, so a rule right only where
 two of them name one axis was proven, and on a graph too large for the candidate check
 cleave returned 198.8 where eager gave 70662), a top-k count to 3 and 2 (one right only
-at k = 3 was proven), and inf_to_zero's argument may hold infinities
+at k = 3 was proven), a dim to the count (a shift along the axis beside a top-k's output
+builds only there: proven), and inf_to_zero's argument may hold infinities
 (`inf_to_zero(x) => x` was proven, and a fully masked logsumexp row became NaN)."""
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ rule min-of-topk-is-third: rmin(topk_values(x, k, -1), -1) => rmin(topk_values(x
 rule inf-to-zero-is-identity: inf_to_zero(x) => x
   why: wrong at infinite x
 
+rule topk-shift-along-axis: topk_values(add(x, c), k, a) => add(topk_values(x, k, a), c)
+  why: wrong: a shift commutes with the top-k only where it is constant along a; its right side builds with c along a only where the axis's extent is k
+
 rule sums-commute: rsum(rsum(x, a), b) => rsum(rsum(x, b), a)
   why: sums over two axes in either order
 
@@ -38,7 +42,7 @@ rule maxes-commute: rmax(rmax(x, a), b) => rmax(rmax(x, b), a)
 
 
 @pytest.mark.parametrize("name", ["sum-of-max-is-max", "neg-max-sum", "topk-any-is-3", "min-of-topk-is-third",
-                                  "inf-to-zero-is-identity"])
+                                  "inf-to-zero-is-identity", "topk-shift-along-axis"])
 def test_a_rule_right_only_at_one_binding_is_refused(name):
     v = check_rule(RULES[name], use_cache=False)
     assert v.verdict == "unsound", v.explain()
