@@ -99,3 +99,21 @@ def test_a_diagonal_over_a_dynamic_size_compiles(path):
         for n in (3, 5, 4):
             x = torch.randn(n, n)
             torch.testing.assert_close(compiled(x), trace(x))
+
+
+def test_a_dynamic_axis_the_code_fixes_is_said_and_a_failed_trace_is_no_break():
+    """An axis declared dynamic that the code contracts with a static weight went through
+    dynamo's graphs without a word; a later call of a wrong shape then warned of a graph
+    break (dynamo's failed fake-tensor trace) before eager's own error."""
+    f = cleave.compile(lambda x, w: torch.relu(x @ w).sum(-1), dynamic={"x": {1: "k"}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        f(torch.randn(5, 7), torch.randn(7, 3))
+    said = [str(w.message) for w in caught if "cleave" in str(w.message)]
+    assert len(said) == 1 and "declared dynamic" in said[0] and "fixes to its size" in said[0], said
+    assert caught[0].filename == __file__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            f(torch.randn(5, 9), torch.randn(7, 3))
+    assert not [w for w in caught if "breaks its graph" in str(w.message)]

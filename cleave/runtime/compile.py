@@ -348,6 +348,11 @@ class CompiledFunction:
         except CaptureError as err:
             captured = None
             self.capture_error = str(err)
+            if "Constraints violated" in self.capture_error:  # a declared dynamic axis the code pins
+                warnings.warn(f"cleave.compile: {self.name}: an axis declared dynamic ({dynamic}) is one the code "
+                              f"fixes to its size (torch.export: {self.capture_error.split('!')[0].split(': ')[-1]}); "
+                              f"{self.name} runs through torch.compile's graphs (cleave compiles them), which "
+                              f"specialise it", stacklevel=4)
         finally:
             watch.restore()  # the trace's assignments undone: eager and dynamo make them, once a call
             contents.restore()  # and its in-place changes of constant tensors
@@ -417,6 +422,7 @@ class CompiledFunction:
                 torch._dynamo.maybe_mark_dynamic(a, axis)
         self._note_recurrent_modules()
         breaks = _graph_breaks()
+        failure = None
         try:
             with _fake_tensor_logs_held():
                 return self._dynamo(*args, **kwargs)
@@ -432,7 +438,8 @@ class CompiledFunction:
             raise err.with_traceback(None) from None
         finally:
             DYNAMO_HOOK_GUARDS.call_done()
-            self._note_graph_breaks(breaks)
+            if failure is None:  # a failed trace is no graph break: eager runs the call, or raises
+                self._note_graph_breaks(breaks)
         return self._eager_instead(args, kwargs, failure)  # outside the except: eager's error unchained
 
     def _note_graph_breaks(self, before: dict) -> None:
