@@ -159,3 +159,13 @@ def test_trace_build_into_a_file_is_refused_before_any_search(tmp_path, capsys):
     assert main(["trace", "build", "traces/workloads/gqa_decode.jsonl", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"--out {out}: cannot write the artifact there (it is a file)" in err and "searching" not in err
+
+
+def test_cache_commands_say_when_the_cache_dir_lies_under_a_file(tmp_path, monkeypatch, capsys):
+    """`cleave cache ls` with CLEAVE_CACHE_DIR under a file listed "0 operator(s)"."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("CLEAVE_CACHE_DIR", str(blocker / "cache"))
+    for action in ("ls", "clear"):
+        assert main(["cache", action]) == 1
+        assert f"{blocker} is a file" in capsys.readouterr().err

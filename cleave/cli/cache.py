@@ -20,9 +20,17 @@ def register(sub) -> None:
 
 
 def _cache(args) -> int:
+    import sys
+
     from ..runtime import cache
     from ..storage import cache_dir
 
+    root = cache_dir()
+    found = next((p for p in (root, *root.parents) if p.exists()), None)
+    if found is not None and not found.is_dir():  # it listed "0 operator(s)" there
+        print(f"cache: {root} cannot be a directory: {found} is a file (set CLEAVE_CACHE_DIR to a directory)",
+              file=sys.stderr)
+        return 1
     if args.action == "clear":
         n = cache.clear()
         print(f"removed {n} cached operator(s) from {cache_dir()}")
