@@ -1,11 +1,14 @@
-"""Which nodes of a graph hold only finite values: the facts behind `finite(x)`.
+"""Which nodes of a graph hold only finite values, and which are never 0: the facts
+behind `finite(x)` and `nonzero(c)`.
 
 The provers reason over finite reals, and so do rules that distribute a product over
 a sum: with an infinity in X, sum_n (X W) can be inf - inf = NaN where X (W 1) is
 inf. The masked numeric gate feeds such rules -inf, as a mask fill leaves it, so a
 rule that needs finite operands says so. A node is finite when the program's inputs
 are (the provers' assumption) and every op on the way keeps finite values finite:
-a -inf fill, a division, a log or an exp that may overflow ends it.
+a -inf fill, a division, a log or an exp that may overflow ends it. The provers also
+take divisors non-zero, which finite data does not promise (an input may hold 0): a
+rule moving or cancelling a divisor needs `nonzero` (nonzero_nodes).
 """
 from __future__ import annotations
 
