@@ -275,25 +275,25 @@ class GluonEmitter(Emitter):
         q = self._q_operand(h)
         k_tile = self._ring_operand(s.k_load, (s.depth, x))  # B of S = q·Kᵀ: [depth, keys]
         v_tile = self._ring_operand(s.v_load, (x, s.width))  # B of P·V: [keys, width]
-        masked = self._step(h, loop, mine, accs, {}, None)
+        masked = self._step(h, loop, mine, accs, trips, {}, None)
         whole = [seg for seg in segs if seg.keep or seg.full]
         runs = [(f"n{x} - 1", masked)]
         if len(whole) == 1:
             runs = self._whole_tiles(h, x, bx, whole[0], whole[0] is segs[0], masked,
-                                     self._step(h, loop, mine, accs, whole[0].keep, x if whole[0].full else None))
+                                     self._step(h, loop, mine, accs, trips, whole[0].keep,
+                                                x if whole[0].full else None))
         h.lines += ["q_smem.store(" + q + ")", "fence_async_shared()"] + \
             _ping_pong(x, bx, self.wg, masked, runs, accs[id(s.pv)].name, k_tile, v_tile)
-        self.keep, self.whole = {}, None
         for a in mine:
             h.cache[id(a)] = accs[id(a)]
         self.emitting.discard(loop)
 
-    def _step(self, h: Block, loop, mine: list, accs: dict, keep: dict, whole: int | None) -> tuple:
+    def _step(self, h: Block, loop, mine: list, accs: dict, trips: int, keep: dict, whole: int | None) -> tuple:
         """One step's softmax (lines ending with P's operand in `p_tile`) and the output's
         rescale, rendered with the masks `keep` leaves out (tiles of a segment on which
         they hold) and without the extent's mask where `whole` is the loop label."""
         s, x = self.step, self.step.x
-        body = Block(h, (x,), trips=-(-self.eval_extent(self.labels[x].extent) // self.t.block[x]))
+        body = Block(h, (x,), trips=trips)
         self.keep, self.whole = keep, whole
         body.lines.append(f"idx{x} = start{x} + {self.arange(x)}")
         alphas = self._softmax_step(body, loop, mine, accs)

@@ -297,8 +297,10 @@ def analysis_ruleset():
 def _nonzero_rules(t, x, a) -> list:
     """`nonzero` beyond the encoder's seeds (cleave/search/finite.py), for terms the
     rewrites make: a softmax's denominator, sum_a exp(x - max_a x), lies in [1, n]
-    wherever x is finite (the max term is exp(0)), as softmax-shift builds it; a view
-    of a non-zero value is one."""
+    wherever x is finite (the max term is exp(0)), as softmax-shift builds it. x is
+    not required finite here: a row a mask fills with -inf throughout gives NaN, which
+    the moved division keeps NaN, as eager's is (attention's masks reach every such
+    denominator). A view of a non-zero value is one."""
     rules = [rule(eq(t).to(Red("sum", a, Un("exp", Bin("sub", x, Red("max", a, x)))))).then(nonzero(t))]
     for view in (Sq(a, x), Unsq(a, x)):
         rules.append(rule(eq(t).to(view), nonzero(x)).then(nonzero(t)))
