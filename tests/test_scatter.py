@@ -144,6 +144,31 @@ def test_a_write_into_an_input_stays_eager_and_exact():
     assert torch.equal(cache, kept)
 
 
+def returned_index_fill(x):
+    return torch.index_fill(x, 0, torch.tensor([1, 3]), 1.5)
+
+
+def returned_scatter(x):
+    return torch.scatter(x, 1, torch.tensor([[0], [2], [1], [0], [4]]), -2.0)
+
+
+def returned_index_copy(x):
+    return torch.index_copy(x, 1, torch.tensor([4, 0]), torch.ones(5, 2))
+
+
+@pytest.mark.parametrize("fn", [returned_index_fill, returned_scatter, returned_index_copy], ids=lambda f: f.__name__)
+def test_a_write_on_an_input_returned_as_a_new_tensor_compiles(fn):
+    """Out of place on an input and returned directly, the write is a new tensor (the
+    input keeps its values), not a write into the input: it compiles."""
+    torch._dynamo.reset()
+    x = torch.randn(5, 7, generator=torch.Generator().manual_seed(5))
+    kept = x.clone()
+    for f in (torch.compile(fn, backend="cleave"), cleave.compile(fn, verbose=False)):
+        got = _no_break(f, x)
+        torch.testing.assert_close(got, fn(kept), rtol=0, atol=0)
+        assert torch.equal(x, kept) and got.data_ptr() != x.data_ptr()
+
+
 def test_an_entry_outside_its_axis_writes_nothing():
     """Merged, (0, 9) of a 3 x 4 tensor would name position 9, row 2's second element:
     an entry outside its axis names none (eager raises; README, *Indices out of range*)."""

@@ -17,17 +17,20 @@ import torch
 from ..ir import dims as D
 from ..ir.dtypes import DType
 from .aten_elementwise import _cast, binary
-from .aten_layout import broadcast, from_the_end, merged_index, reaches_output, reshape, unsqueeze
+from .aten_layout import broadcast, from_the_end, merged_index, reshape, unsqueeze
 from .aten_map import rule
 
 SHORT_INDEX = 256  # index entries compared per element of the result
+# node.meta key: the value is an input's new value (capture._mark_written_back)
+WRITTEN_BACK = "cleave_written_back"
 
 
 def _into_an_input(n) -> bool:
     """Whether the op writes into a graph input in place: its destination is an input (or
-    a view of one), and its result is an output of the graph, directly or scattered back
-    into the input's base (`cache[0].index_copy_`): functionalized, that output is
-    copied into the input. A functional `torch.scatter(x, ...)` read further compiles."""
+    a view of one), and its result is the input's new value, directly or scattered back
+    into the input's base (`cache[0].index_copy_`): functionalized, torch.export returns
+    that value as an input mutation (capture marks it WRITTEN_BACK). A functional
+    `torch.scatter(x, ...)`, returned or read further, compiles."""
     if n is None or not n.args:
         return False
     dest = n.args[0]
@@ -36,8 +39,17 @@ def _into_an_input(n) -> bool:
         dest = dest.args[0]
     if not (isinstance(dest, torch.fx.Node) and dest.op == "placeholder"):
         return False
-    return reaches_output(n, lambda user: isinstance(user.target, torch._ops.OpOverload)
-                          and user.target._schema.name.endswith("_scatter"))
+    stack, seen = [n], {n}
+    while stack:
+        node = stack.pop()
+        if node.meta.get(WRITTEN_BACK):
+            return True
+        for user in node.users:
+            if user not in seen and isinstance(user.target, torch._ops.OpOverload) \
+                    and user.target._schema.name.endswith("_scatter"):
+                seen.add(user)
+                stack.append(user)
+    return False
 
 
 def _short(extent, what: str) -> str | None:

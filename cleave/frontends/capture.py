@@ -20,6 +20,7 @@ from ..ir import dims as D
 from ..ir.graph import fresh_name, kernel_name_clash
 from . import aten_map
 from .aten_layout import storage_dependent
+from .aten_scatter import WRITTEN_BACK
 from .errors import CaptureError, Unify, UnsupportedOpError, source_of
 from .layout_sink import sink_layouts
 from .narrowing import aten_refusal
@@ -422,6 +423,7 @@ def _translate(ep, comparisons, params, named, auto: bool, graph_name: str, read
         shape = tuple(t.size(d) for d in val.shape)
         t.set(node, graph.input(input_name, shape, ir_dtype(val.dtype, f"input {input_name!r}")))
     _no_float_of_a_size(ep)
+    _mark_written_back(ep)
     _guarded_ranges(ep, symbols, graph)
     constrain_to_decisions(graph, symbols, comparisons)
     writes, views, orders = {}, [], {}
@@ -434,6 +436,18 @@ def _translate(ep, comparisons, params, named, auto: bool, graph_name: str, read
     reads_storage = any(storage_dependent(n) for n in ep.graph.nodes)
     return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes, views,
                     constants=constants, reads_storage=reads_storage, output_orders=orders)
+
+
+def _mark_written_back(ep) -> None:
+    """Mark the values torch.export returns as an input's or a buffer's new value (an
+    in-place write, functionalized): aten_scatter keeps such writes eager."""
+    from torch.export.graph_signature import OutputKind
+
+    output = next(n for n in ep.graph.nodes if n.op == "output")
+    for raw, spec in zip(output.args[0], ep.graph_signature.output_specs):
+        if isinstance(raw, torch.fx.Node) and spec.kind in (OutputKind.USER_INPUT_MUTATION,
+                                                            OutputKind.BUFFER_MUTATION):
+            raw.meta[WRITTEN_BACK] = True
 
 
 def _raised_in_trace(node) -> bool:

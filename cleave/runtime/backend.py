@@ -64,6 +64,7 @@ def partitioning_backend(ctx: Context, name: str | None = None):
 
         def forward(graph, inputs):
             _label_inputs(graph, arguments)
+            _mark_written_back(graph)
             return make_boxed_func(build(graph, ctx, region))
 
         def backward(graph, inputs):
@@ -131,6 +132,23 @@ def _label_inputs(graph, arguments: list[str | None]) -> None:
     for node, name in zip(placeholders, arguments):
         if name is not None:
             node.meta[LABEL] = name
+
+
+def _mark_written_back(graph) -> None:
+    """Mark the outputs of AOTAutograd's forward that are inputs' new values (an in-place
+    write it functionalized, copied back by its wrapper): aten_scatter keeps such writes
+    eager, as capture does for torch.export's."""
+    from ..frontends.aten_scatter import WRITTEN_BACK
+
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if meta is None:
+        return
+    first = len(meta.tokens)
+    outputs = graph.graph.find_nodes(op="output")[0].args[0]
+    for raw in outputs[first:first + meta.num_mutated_inp_runtime_indices]:
+        if isinstance(raw, torch.fx.Node):
+            raw.meta[WRITTEN_BACK] = True
 
 
 def _value_as_index(gm) -> str | None:
