@@ -545,6 +545,10 @@ class Emitter:
         block.cache[key] = out
         return out
 
+    def swap_source(self, base: Val) -> str:
+        """What a half swap reshapes: the base's value (a back end may relayout it first)."""
+        return base.name
+
     def rolled(self, block: Block, inst, swap) -> Val:
         """A half-swapped instance: its base's tile with the halves along swap.label
         exchanged, emitted (and kept) where the base's value is."""
@@ -564,8 +568,8 @@ class Emitter:
             name = f"v{self.n}"
             self.n += 1
             shape = [self.t.block[d] for d in base.dims]
-            h.lines += half_swap.lines(name, base.name, shape, base.dims.index(swap.label), swap.half) + \
-                self.relayout(name, base.dims)
+            h.lines += half_swap.lines(name, self.swap_source(base), shape, base.dims.index(swap.label),
+                                       swap.half) + self.relayout(name, base.dims)
             self.stats.tile_elems = max(self.stats.tile_elems, _prod(shape))
             if h.chain:
                 self.stats.loop_elems = max(self.stats.loop_elems, _prod(shape))

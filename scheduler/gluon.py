@@ -196,6 +196,8 @@ class GluonEmitter(Emitter):
     def load(self, b: Block, inst, dims) -> Val:
         if b.chain or len(dims) != 2:
             return super().load(b, inst, dims)
+        if self.io:  # q's prologue computes in the coalesced layout (_q_operand)
+            return super().load(b, inst, dims)
         with self.io_tile():
             v = super().load(b, inst, dims)
         return self.var(b, f"gl.convert_layout({v.name}, {self.layout(dims)})", v.dims, v.ty)
@@ -215,11 +217,11 @@ class GluonEmitter(Emitter):
         IO (16 bytes a thread) instead of the wgmma accumulator's (4): a program's q tile
         and its output. On an H100 it took causal attention from 0.905x cuDNN to 0.959x
         and full attention from 0.937x to 0.981x (RESULTS.md, session 41)."""
-        self.io = True
+        before, self.io = self.io, True
         try:
             yield
         finally:
-            self.io = False
+            self.io = before
 
     def arange(self, lid: int) -> str:
         return f"gl.arange(0, {self.t.block[lid]}, layout={self.layout((lid,))})"
@@ -339,15 +341,31 @@ class GluonEmitter(Emitter):
         raise Ineligible(f"{_buffer(self, inst)}'s box is not a [{order}] tile")
 
     def _q_operand(self, h: Block) -> str:
-        """q·Kᵀ's left operand (q with its prologue), computed once, as the wgmma reads it."""
+        """q·Kᵀ's left operand (q with its prologue), computed once, as the wgmma reads it.
+        The prologue computes in the coalesced layout its loads come in, and its result
+        goes to shared memory from there: no layout conversion per operand (RoPE's cos and
+        sin, q itself). Tensors it cached are forgotten after it, so that the loop computes
+        its own in the MMA layouts."""
         s = self.step
         src = self.scaled[id(s.qk)][1] if id(s.qk) in self.scaled else s.qk.inputs[0]
-        q = self.ensure(h, src)
-        if q.dims != (s.row, s.depth):
-            raise Ineligible("q is not a [rows, depth] tile")
-        if self.dot_type(q, s.qk.node.inputs[0]) != self.buffer_dtype(s.k_load.node):
-            raise Ineligible("q and K differ in type")
-        return self.operand(q, s.qk.node.inputs[0], (s.row, s.depth), True)
+        blocks = list(_outward(h))
+        before = [set(b.cache) for b in blocks]
+        with self.io_tile():
+            q = self.ensure(h, src)
+            if q.dims != (s.row, s.depth):
+                raise Ineligible("q is not a [rows, depth] tile")
+            if self.dot_type(q, s.qk.node.inputs[0]) != self.buffer_dtype(s.k_load.node):
+                raise Ineligible("q and K differ in type")
+            operand = self.operand(q, s.qk.node.inputs[0], (s.row, s.depth), True)
+        for b, keys in zip(blocks, before):
+            for key in set(b.cache) - keys:
+                if b.cache[key].dims:
+                    del b.cache[key]
+        return operand
+
+    def swap_source(self, base: Val) -> str:
+        # tl.split needs two lanes a thread along the halves' axis: the MMA layout has them
+        return f"gl.convert_layout({base.name}, MMA)" if self.io and len(base.dims) == 2 else base.name
 
     def _softmax_step(self, body: Block, loop, mine: list, accs: dict) -> dict:
         """A step's updates of the accumulators other than P·V (Emitter.loop_body's, each
@@ -445,6 +463,12 @@ def _ping_pong(x: int, bx: int, wg: int, first: tuple, runs: list, o: str, k_til
             "mbarrier.arrive(other_turn, count=1)",
             f"{o} = warpgroup_mma_wait(0, deps=(o_tok,))"]
     return lines + ["    " + ln for ln in last]
+
+
+def _outward(block: Block):
+    while block is not None:
+        yield block
+        block = block.parent
 
 
 def _through_views(inst):
