@@ -253,6 +253,22 @@ def test_a_mix_slower_as_a_whole_than_its_first_plan_is_not_served():
     assert fastest_kernels(plans, [0, 1, 2], {}, time=time) is None
 
 
+def test_a_mix_no_faster_as_a_whole_than_its_first_plan_is_not_served():
+    """A mix the whole-plan replays cannot tell apart from the plan it started from is
+    not served: the plan is the default, the mix must show its gain as a whole."""
+    plans = two_kernel_plans()
+    costs = {(slot, i): 1.0 for slot in range(2) for i in range(3)}
+    costs[(0, 2)] = 0.9
+    alone = fake_time(costs, plans, [])
+
+    def time(plan, slot=None):
+        replay = alone(plan, slot)
+        mixed = slot is None and plan.kernels[0].source == plans[2].kernels[0].source
+        return (lambda: replay() + 0.1) if mixed else replay  # the mix as a whole: 2.0, as plan 0
+
+    assert fastest_kernels(plans, [0, 1, 2], {}, time=time) is None
+
+
 def test_no_mix_when_no_swap_pays_or_nothing_shares_the_partition():
     plans = two_kernel_plans()
     flat = {(slot, i): 1.0 for slot in range(2) for i in range(3)}
