@@ -14,7 +14,7 @@ from cleave.ir.graph import rebuild
 from cleave.ir.ops import UNARY
 
 from . import gluon, row_halves, scale_after
-from .codegen import Emitter, fact_table
+from .codegen import VIEW_OPS, Emitter, fact_table
 from .combine import fuse_combines
 from .cost import kernel_time, misfit, resident_programs
 from .exprs import code, evaluate
@@ -509,20 +509,31 @@ def _wide(graph, env, dynamic, target) -> dict | None:
 
 
 def _check_contractions(graph: Graph) -> None:
-    """Kernels compute floats in f32 and contract in f32 (a tl.dot, or products summed
-    in f32): a value computed in f64 would come back at f32's 1e-7, a MatMul on
-    integers rounded past 2**24."""
+    refusal = rounding_refusal(graph)
+    if refusal:
+        raise ShapeError(refusal)
+
+
+def rounding_refusal(graph: Graph) -> str | None:
+    """Why the kernels cannot compute `graph` exactly, or None. They compute floats in f32
+    and contract in f32 (a tl.dot, or products summed in f32): a value computed in f64
+    would come back at f32's 1e-7, a MatMul on integers rounded past 2**24. The op named
+    is the first that computes: a view before it (a transposed f64 weight) only passes
+    values on."""
     cast_up = _cast_up_from_inputs(graph)
+    found = []
     for n in graph.live_nodes():
         if n.op != "matmul":
             if _rounds_f64(n, cast_up):
-                raise ShapeError(f"scheduler: {n.op} %{n.id} computes in float64" + (f" (at {n.loc})" if n.loc else "")
-                                 + ": the kernels compute floats in f32, which would round it; compute it eagerly")
+                found.append((n, f"scheduler: {n.op} %{n.id} computes in float64" + (f" (at {n.loc})" if n.loc else "")
+                              + ": the kernels compute floats in f32, which would round it; compute it eagerly"))
             continue
         inexact = [str(x.dtype) for x in (n, *n.inputs) if x.dtype == DType.f64 or not x.dtype.is_float]
         if inexact:
-            raise ShapeError(f"scheduler: matmul %{n.id} on {inexact[0]}" + (f" (at {n.loc})" if n.loc else "")
-                             + ": the kernels contract in f32, which would round it; compute it eagerly")
+            found.append((n, f"scheduler: matmul %{n.id} on {inexact[0]}" + (f" (at {n.loc})" if n.loc else "")
+                          + ": the kernels contract in f32, which would round it; compute it eagerly"))
+    computing = [why for n, why in found if n.op not in VIEW_OPS]
+    return (computing or [why for _, why in found] or [None])[0]
 
 
 def _rounds_f64(n, cast_up: set[int]) -> bool:

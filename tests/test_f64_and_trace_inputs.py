@@ -193,3 +193,40 @@ def test_a_safetensors_input_is_refused_by_name_not_drawn_at_random(tmp_path, ca
     rc, err = _replay(_trace(tmp_path, json.dumps(line)), capsys)
     assert rc == 2
     assert "input 'q' has type 'safetensors' (/nonexistent/q.safetensors)" in err
+
+
+def test_float64_work_under_cleave_compile_is_named_per_op_and_the_rest_compiles():
+    """cleave.compile of a program with float64 work: the f64 ops run eagerly, each named
+    with its reason (as torch.compile's backend names them), and the f32 work beside them
+    compiles. The whole function ran eagerly, the warning blaming a transpose inside
+    torch's linear.py (probe of session 43)."""
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(4, 3).double()
+
+    def f(x, y):
+        return lin(y), (x * 2).softmax(-1)
+
+    x, y = torch.randn(5, 6), torch.randn(2, 4, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        compiled = cleave.compile(f)
+        got = compiled(x, y)
+        compiled(x, y)
+    said = [str(w.message) for w in caught if "cleave" in str(w.message)]
+    assert any("aten.addmm.default" in m and "float64" in m for m in said), said
+    assert not any("could not compile" in m or "permute" in m for m in said), said
+    want = f(x, y)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+    assert compiled.stats["operators"] >= 1
+
+
+def test_the_scheduler_names_the_first_op_that_computes_in_float64_not_a_view():
+    transposed = parse_graph('''graph s {
+  %0 = input(name="w", shape=[m, n], dtype=f64) : f64[m, n]
+  %1 = permute(%0, perm=[1, 0]) : f64[n, m]
+  %2 = exp(%1) : f64[n, m]
+  return y=%2
+}''')
+    with pytest.raises(ShapeError, match="exp %2 computes in float64"):
+        cleave.schedule(transposed, {"m": 3, "n": 5})

@@ -119,3 +119,24 @@ def test_backend_warnings_name_the_users_function_and_arguments():
     assert not any(internal in m for m in said for internal in ("frame", "arg0_1", "float_1")), said
     assert all(w.filename == __file__ for w in caught if str(w.message).startswith("cleave:")), \
         [(w.filename, w.lineno) for w in caught]
+
+
+def test_a_torch_module_compiled_itself_is_named_after_its_class_and_each_module_warns():
+    """torch.compile of a module torch defines runs in a wrapper of dynamo's: the warning
+    said `runs eagerly in wrap_inline.<locals>.inner`. A second compiled function with
+    the same unsupported op warned nothing (one warning per op and reason a process)."""
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(4, 3).double()
+
+    def scaled(y):
+        return torch.nn.functional.linear(y, lin.weight) * 2
+
+    y = torch.randn(2, 4, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        torch.compile(lin, backend="cleave")(y)
+        torch.compile(scaled, backend="cleave")(y)
+    said = [str(w.message) for w in caught if "is not supported" in str(w.message)]
+    assert any("runs eagerly in Linear.forward" in m for m in said), said
+    assert any("runs eagerly in test_a_torch_module_compiled_itself" in m and "scaled" in m for m in said), said
+    assert not any("wrap_inline" in m for m in said), said

@@ -15,6 +15,7 @@ reuses its operator: `context()` gives it, `reset()` starts a fresh one.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import warnings
 
@@ -49,7 +50,7 @@ def partitioning_backend(ctx: Context, name: str | None = None):
         from ..frontends.decompositions import table, wrongly_decomposed
         from ..frontends.narrowing import dynamo_refusal
 
-        region = name or _compiled_function_name() or f"frame{next(_FRAMES)}"
+        region = name or _compiled_function_name(gm) or f"frame{next(_FRAMES)}"
         arguments = _argument_names(gm)
         refused = next(((n, why) for n in gm.graph.nodes if (why := dynamo_refusal(n)) is not None), None)
         if refused is not None:  # functionalized, the write would hold the truncated value: eager raises
@@ -87,16 +88,23 @@ def partitioning_backend(ctx: Context, name: str | None = None):
     return backend
 
 
-def _compiled_function_name() -> str | None:
+def _compiled_function_name(gm) -> str | None:
     """The qualified name of the function whose frame dynamo compiles (`Model.forward`), for
     the warnings: the code after a graph break (`torch_dynamo_resume_in_forward_at_12`) is
-    the function's too. None where dynamo does not say (the regions are numbered then)."""
+    the function's too. A torch module compiled itself (`torch.compile(nn.Linear(..))`)
+    runs in a wrapper of dynamo's (`wrap_inline.<locals>.inner`): it is named after the
+    module's class. None where dynamo does not say (the regions are numbered then)."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
         code = InstructionTranslator.current_tx().f_code
     except Exception:  # noqa: BLE001 - dynamo's internals differ between versions
         return None
+    if os.path.sep + os.path.join("torch", "_dynamo") + os.path.sep in code.co_filename:
+        stacks = (n.meta.get("nn_module_stack") for n in gm.graph.nodes)
+        outer = next((next(iter(stack.values())) for stack in stacks if stack), None)
+        kind = outer[1] if outer else None
+        return f"{kind.__qualname__}.forward" if isinstance(kind, type) else None
     return re.sub(r"torch_dynamo_resume_in_(\w+?)_at_\d+", r"\1", getattr(code, "co_qualname", code.co_name))
 
 

@@ -326,6 +326,7 @@ class CompiledFunction:
         Where torch.export cannot take a capture made `again` (another branch), or cleave
         cannot express it, the signature's first capture stands: _NOT_CAPTURED."""
         from ..frontends.errors import CaptureError, UnsupportedOpError
+        from ..scheduler.api import rounding_refusal
 
         guards = Guards.read_by(self.fn)  # before the capture: the values it bakes in
         modules = guards.modules if guards is not None else None
@@ -364,6 +365,12 @@ class CompiledFunction:
         if changed:
             self._through_dynamo(f"it changes {changed!r}, a global or closure container or object, which a "
                                  f"capture would drop")
+            return None
+        refusal = captured is not None and rounding_refusal(captured.graph)
+        if refusal:  # a float64 computation: dynamo's graphs leave those ops eager, each named
+            if again:
+                return _NOT_CAPTURED
+            self._through_dynamo(refusal)
             return None
         if captured is not None and not captured.graph.output_names:  # fn returns no tensor: nothing to fuse
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)

@@ -26,7 +26,8 @@ class Context:
         self.artifact = artifact  # an artifact directory (cleave trace build) to load operators from
         self.rules = rules  # the rules to search with (None: the library)
         self.operators: dict[str, CompiledOperator] = {}
-        self.warned: set[str] = set()
+        self.warned: set[str] = set()  # each unsupported op and reason (stats)
+        self.warned_where: set[tuple[str, str, str]] = set()  # ... and the code it runs in (warned once)
         self.failed: list[str] = []
         self.eager_regions = 0
         self.capture_notes: set[str] = set()
@@ -49,11 +50,12 @@ class Context:
             return op(inputs)
 
     def warn_unsupported(self, op: str, where: str, source: str | None = None, reason: str = "") -> None:
-        """An op cleave cannot translate, said once per op and reason ("on complex64", or
-        what in its arguments stops it; "" for an op with no rule)."""
-        key = f"{op} {reason}".strip()
-        if key not in self.warned:
-            self.warned.add(key)
+        """An op cleave cannot translate, said once per op, reason ("on complex64", or
+        what in its arguments stops it; "" for an op with no rule) and code it runs in."""
+        self.warned.add(f"{op} {reason}".strip())
+        key = (op, reason, where)
+        if key not in self.warned_where:
+            self.warned_where.add(key)
             at = f" (at {source})" if source else ""
             what = f"{op} {reason}" if reason.startswith("on ") else op
             why = f" ({reason})" if reason and not reason.startswith("on ") else ""
