@@ -50,7 +50,8 @@ CONSUMERS, CONSUMER_WARPS = 2, 4  # warpgroups; the first is the kernel's own wa
 STAGES = 2  # K and V tiles in flight per ring
 CONSUMER_REGS = 240  # registers a consumer thread may hold (the loader gives its own back)
 LOADER_WARPS, LOADER_REGS = 4, 24
-WIDTHS = (64, 128)  # the output's width: a K/V step of as many rows keeps both accumulators in one layout
+WIDTHS = (64, 128)  # the output's width
+KEYS = 128  # keys a step: wgmma instructions as wide as the output's width tile S = q·Kᵀ too
 LOW_TYPES = {"tl.bfloat16": "gl.bfloat16", "tl.float16": "gl.float16"}
 
 last_refusal: str | None = None  # why the last `variant` call returned None
@@ -110,8 +111,8 @@ def _variant(spec, t, facts, env, dynamic, symbols, tl_kernel) -> Kernel:
     width = first.step.width
     if th.static.get(width) not in WIDTHS:
         raise Ineligible(f"output width {th.static.get(width)} (Gluon: {WIDTHS})")
-    for lid in loops:
-        th.block[lid] = th.static[width]
+    for lid in loops:  # a head dim of 64 steps 128 keys too: 64-key steps halve each wgmma (GPT-2)
+        th.block[lid] = KEYS
     wgs = [GluonEmitter(paired, th, facts, env, dynamic, w) for w in range(CONSUMERS)]
     return _assemble(spec.name, wgs, symbols, tl_kernel)
 
@@ -573,7 +574,7 @@ def _buffer(em, inst) -> str:
 
 
 def _header(em) -> list[str]:
-    bn = em.t.block[em.step.x]
+    bn, width = em.t.block[em.step.x], em.t.block[em.step.width]
     return [
         "import triton",
         "import triton.language as tl",
@@ -586,15 +587,16 @@ def _header(em) -> list[str]:
         "tma_load = getattr(tma, \"async_load\", None) or tma.async_copy_global_to_shared",
         "INTERPRETED = tl.constexpr(False)  # Gluon kernels run on the GPU only",
         "DOT_BF16 = tl.constexpr(tl.bfloat16)",
-        f"# a consumer warpgroup's wgmma accumulator [64 rows, {bn}], its rows and its columns",
+        f"# a consumer warpgroup's wgmma accumulators, S [64 rows, {bn}] and O [64, {width}] in\n"
+        f"# instructions {width} wide, their rows and their columns",
         f"_MMA = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[{CONSUMER_WARPS}, 1], "
-        f"instr_shape=[16, {bn}, 16])",
+        f"instr_shape=[16, {width}, 16])",
         "MMA = gl.constexpr(_MMA)",
         "ROWS = gl.constexpr(gl.SliceLayout(1, _MMA))",
         "COLS = gl.constexpr(gl.SliceLayout(0, _MMA))",
         "P_OPERAND = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA, k_width=2))",
         "# tiles read or written once a program: 8 contiguous elements a thread",
-        f"IO = gl.constexpr(gl.BlockedLayout([1, 8], [{32 // min(32, bn // 8)}, {min(32, bn // 8)}], "
+        f"IO = gl.constexpr(gl.BlockedLayout([1, 8], [{32 // min(32, width // 8)}, {min(32, width // 8)}], "
         f"[{CONSUMER_WARPS}, 1], [1, 0]))",
         "",
     ] + ROUND_BF16 + ["", "", "@gluon.jit", "def ring_tile(ring, stage):",
