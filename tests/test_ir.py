@@ -2,6 +2,8 @@
 import pytest
 
 from cleave.ir import BindingError, Graph, ParseError, ShapeError, parse_graph
+from cleave.ir import dims as D
+from cleave.ir.graph import Constraint
 
 
 def _attention():
@@ -121,3 +123,21 @@ def test_a_sum_of_bools_counts_in_i64():
     g = Graph()
     m = g.input("x", ("n", "k")) > 0.0
     assert str(m.sum(1).dtype) == "i64" and str(m.max(1).dtype) == "bool"
+
+
+def test_the_text_form_keeps_the_constraints():
+    """A constraint beyond the nodes' own checks (a split's "no empty chunk", a size a
+    trace branched on) was dropped by the text form: a parsed candidate then served
+    shapes the original refuses (a split of 9 keys into 4 chunks, NaN)."""
+    g = Graph("split")
+    x = g.input("x", ("L",))
+    g.output(x * 2, names=["y"])
+    g._constrain(Constraint("le", D.dim("(s_L - 1)*ceiling(L/s_L) + 1"), D.dim("L"), "no empty chunk (split-sum) %3"))
+    text = g.text()
+    assert 'require (s_L-1)*ceiling(L/s_L)+1 <= L from "no empty chunk (split-sum) %3"' in text
+    back = parse_graph(text)
+    assert back.text() == text and back.key() == g.key()
+    assert back.constraints == g.constraints
+    with pytest.raises(BindingError, match="no empty chunk"):
+        back.bind({"x": (9,)}, {"s_L": 4})
+    assert parse_graph(text.replace("  require", "  # require")).key() != g.key()

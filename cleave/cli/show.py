@@ -59,10 +59,8 @@ def _show(args) -> int:
         dot = to_dot(graph, candidates)
         print(dot if program is None else to_svg(dot, program), end="")
         return 0
-    print(graph.text(), end="")
-    # as comments, so that the printed graph reads back (`cleave show NAME > g.cir`, edit, optimize)
-    if graph.constraints:
-        print("# constraints:\n" + "\n".join(f"#   {c}" for c in graph.constraints))
+    print(graph.text(), end="")  # its constraints as `require` lines: `cleave show NAME > g.cir` reads back
+    # the rest as comments, so that the printed graph reads back (edit, optimize)
     if args.target in workloads.names():
         for preset, env in workloads.get(args.target).presets.items():
             print(f"# preset {preset}: " + " ".join(f"{k}={v}" for k, v in env.items()))

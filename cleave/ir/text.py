@@ -53,6 +53,10 @@ def print_graph(graph, name: bool = True) -> str:
         args = [f"%{ids[x.id]}" for x in n.inputs]
         args += [f"{k}={_fmt_value(kind, n.attrs[k])}" for k, kind in spec.attrs]
         lines.append(f"  %{ids[n.id]} = {n.op}({', '.join(args)}) : {n.dtype}{D.fmt_shape(n.shape).replace(' ', '')}")
+    # what every binding must satisfy beyond the nodes' own checks (a split's "no empty
+    # chunk", a size torch traced a branch on): the text keeps them, sorted to be canonical
+    lines += sorted(f"  require {D.fmt(c.lhs)} {_SIGNS[c.kind]} {D.fmt(c.rhs)} from {json.dumps(c.origin)}"
+                    for c in graph.constraints)
     outs = ", ".join(f"{nm}=%{ids[o.id]}" for nm, o in zip(graph.output_names, graph.outputs))
     lines.append(f"  return {outs}")
     lines.append("}")
@@ -62,6 +66,8 @@ def print_graph(graph, name: bool = True) -> str:
 _HEADER = re.compile(r"^graph\s+(.*?)\s*\{$")  # any name the builder took: "my graph" reads back
 _NODE = re.compile(r"^%(\d+)\s*=\s*(\w+)\((.*)\)\s*:\s*(\w+)(\[.*\])$")
 _RETURN = re.compile(r"^return\s*(.*)$")
+_REQUIRE = re.compile(r'^require\s+(.+?)\s+(<=|==|\|)\s+(.+?)\s+from\s+(".*")$')
+_SIGNS = {"le": "<=", "eq": "==", "divides": "|"}
 
 
 def _split_args(text: str) -> list[str]:
@@ -163,6 +169,16 @@ def _parse_line(graph, nodes: dict, line: str, lineno: int) -> None:
             graph.output(*(nodes[int(v.strip()[1:])] for _, v in pairs), names=[k.strip() for k, _ in pairs])
         except (KeyError, ValueError) as err:
             raise ParseError(f"line {lineno}: bad return {line!r}: {err}") from None
+        return
+    req = _REQUIRE.match(line)
+    if req:
+        from .graph import Constraint
+
+        lhs, sign, rhs, origin = req.groups()
+        c = Constraint({v: k for k, v in _SIGNS.items()}[sign], D.dim(lhs), D.dim(rhs), json.loads(origin))
+        # one the nodes' own checks added again: the printed origin names the printed node
+        graph.constraints = [o for o in graph.constraints if (o.kind, o.lhs, o.rhs) != (c.kind, c.lhs, c.rhs)]
+        graph._constrain(c)
         return
     m = _NODE.match(line)
     if not m:
