@@ -66,6 +66,14 @@ def interpret(graph: Graph, inputs: Mapping[str, torch.Tensor], compute_dtype: t
     (a split count); the others are read from the inputs. With a `compute_dtype`,
     the casts whose node ids are in `exact` are value identities even if they round
     (the candidate check compares graphs whose MatMul operands round in other places)."""
+    if not isinstance(graph, Graph):
+        raise TypeError(f"interpret: graph must be a cleave Graph (cleave.parse_graph(text) reads a text form), "
+                        f"got {type(graph).__name__}")
+    if not isinstance(inputs, Mapping):
+        raise TypeError(f"interpret: inputs must be a dict of input name -> torch.Tensor, got {type(inputs).__name__}")
+    wrong = next((k for k, v in inputs.items() if not isinstance(v, torch.Tensor)), None)
+    if wrong is not None:
+        raise TypeError(f"interpret: input {wrong!r} must be a torch.Tensor, got {type(inputs[wrong]).__name__}")
     env = graph.bind({k: tuple(v.shape) for k, v in inputs.items()}, extra=dict(env or {}))
     values: dict[int, torch.Tensor] = {}
     device = next(iter(inputs.values())).device if inputs else None

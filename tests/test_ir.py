@@ -141,3 +141,28 @@ def test_the_text_form_keeps_the_constraints():
     with pytest.raises(BindingError, match="no empty chunk"):
         back.bind({"x": (9,)}, {"s_L": 4})
     assert parse_graph(text.replace("  require", "  # require")).key() != g.key()
+
+
+def test_a_graph_of_no_outputs_reads_back():
+    g = Graph("empty")
+    g.input("x", ("m",), "f32")
+    assert parse_graph(g.text()).text() == g.text()
+    with pytest.raises(ParseError, match="ends without a 'return' line"):
+        parse_graph(g.text().replace("  return\n", ""))
+
+
+def test_parse_graph_and_interpret_name_a_wrong_argument():
+    import torch
+
+    from cleave import interpret
+
+    g = Graph("g")
+    g.output(g.input("a", ("m",), "f32").exp(), names=["o"])
+    with pytest.raises(TypeError, match="parse_graph: text must be a str"):
+        parse_graph(None)
+    with pytest.raises(TypeError, match="interpret: graph must be a cleave Graph"):
+        interpret(g.text(), {"a": torch.ones(3)})
+    with pytest.raises(TypeError, match="interpret: inputs must be a dict"):
+        interpret(g, [torch.ones(3)])
+    with pytest.raises(TypeError, match="interpret: input 'a' must be a torch.Tensor, got ndarray"):
+        interpret(g, {"a": torch.ones(3).numpy()})

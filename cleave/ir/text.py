@@ -58,7 +58,7 @@ def print_graph(graph, name: bool = True) -> str:
     lines += sorted(f"  require {D.fmt(c.lhs)} {_SIGNS[c.kind]} {D.fmt(c.rhs)} from {json.dumps(c.origin)}"
                     for c in graph.constraints)
     outs = ", ".join(f"{nm}=%{ids[o.id]}" for nm, o in zip(graph.output_names, graph.outputs))
-    lines.append(f"  return {outs}")
+    lines.append(f"  return {outs}".rstrip())
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -137,13 +137,19 @@ def parse_graph(text: str):
     names the line (of `text`) and what is wrong."""
     from .graph import Graph
 
+    if not isinstance(text, str):
+        raise TypeError(f"parse_graph: text must be a str (a graph's text form), got {type(text).__name__}")
     lines = [(n, ln.strip()) for n, ln in enumerate(text.splitlines(), start=1)
              if ln.strip() and not ln.strip().startswith("#")]
     if not lines or not _HEADER.match(lines[0][1]) or lines[-1][1] != "}":
         raise ParseError("a graph starts with 'graph NAME {' and ends with '}'")
     graph = Graph(_HEADER.match(lines[0][1]).group(1))
     nodes = {}
+    returned = False
     for lineno, line in lines[1:-1]:
+        if returned:
+            raise ParseError(f"line {lineno}: {line!r} follows the 'return' line, which ends a graph")
+        returned = bool(_RETURN.match(line))
         try:
             _parse_line(graph, nodes, line, lineno)
         except ParseError:
@@ -153,18 +159,19 @@ def parse_graph(text: str):
             raise
         except (ValueError, TypeError, ArithmeticError, sympy.SympifyError) as err:
             raise ParseError(f"line {lineno}: {line!r}: {err}") from None
-    if not graph.outputs:
+    if not returned:  # a graph of no outputs prints `return` alone
         raise ParseError(f"line {lines[-1][0]}: the graph ends without a 'return' line (e.g. 'return out=%3')")
     return graph
 
 
 def _parse_line(graph, nodes: dict, line: str, lineno: int) -> None:
-    """One `return` or `%N = op(...) : type` line, added to `graph` (`nodes`: %N -> node)."""
-    if graph.outputs:
-        raise ParseError(f"line {lineno}: {line!r} follows the 'return' line, which ends a graph")
+    """One `return`, `require` or `%N = op(...) : type` line, added to `graph` (`nodes`:
+    %N -> node)."""
     ret = _RETURN.match(line)
     if ret:
         pairs = [p.split("=") for p in _split_args(ret.group(1))]
+        if not pairs:
+            return
         try:
             graph.output(*(nodes[int(v.strip()[1:])] for _, v in pairs), names=[k.strip() for k, _ in pairs])
         except (KeyError, ValueError) as err:
