@@ -4,6 +4,7 @@ input stored in safetensors, in one line (D06, D07)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -193,6 +194,41 @@ def test_a_safetensors_input_is_refused_by_name_not_drawn_at_random(tmp_path, ca
     rc, err = _replay(_trace(tmp_path, json.dumps(line)), capsys)
     assert rc == 2
     assert "input 'q' has type 'safetensors' (/nonexistent/q.safetensors)" in err
+
+
+def _line(q: dict, axes=None) -> str:
+    return json.dumps({"definition": "gqa_decode", "workload": {
+        "uuid": "u1", "axes": axes or {"b": 1, "L": 5},
+        "inputs": {"q": q, "k": {"type": "random"}, "v": {"type": "random"}}}})
+
+
+@pytest.mark.parametrize("q, message, loads", [
+    ({"type": "inline", "value": "abc"}, "value holds 'abc', not a number", False),
+    ({"type": "scalar"}, "a 'scalar' input has no \"value\"", False),
+    ({"type": "scalar", "value": 3}, r"value holds 1 numbers; its shape \[1, 4, 1, 16\] holds 64", True),
+    ({"type": "inline", "value": [[1, 2], [3]]}, "value holds 3 numbers", True),
+])
+def test_a_given_input_that_does_not_fit_its_shape_names_the_workload_and_input(tmp_path, capsys, q, message, loads):
+    """A "scalar" or "inline" value of the wrong size or type was a traceback from
+    torch (shape '[1, 4, 1, 16]' is invalid), a missing "value" a bare `error: value`.
+    Its type is checked with the trace's lines, its size at the axes replay runs."""
+    path = _trace(tmp_path, _line({"type": "random"}), _line(q))
+    if not loads:
+        with pytest.raises(TraceError, match="t.jsonl:2: workload u1: input 'q': " + message):
+            load_trace(path)
+    rc, err = _replay(path, capsys)
+    assert rc == 2 and "Traceback" not in err and "workload u1: input 'q': " in err and \
+        re.search(message, err), err
+
+
+def test_a_malformed_line_past_the_first_is_named_by_its_line(tmp_path):
+    path = _trace(tmp_path, _line({"type": "random"}), _line({"type": "random"}), "not json here")
+    with pytest.raises(TraceError, match=r"t.jsonl:3: the line is not JSON \(Expecting value at column 1\)"):
+        load_trace(path)
+    (tmp_path / "b").mkdir()
+    path = _trace(tmp_path / "b", _line({"type": "random"}), _line({"type": "random"}, axes={"b": 2}))
+    with pytest.raises(TraceError, match=r"t.jsonl:2: workload u1: binds \['b'\]"):
+        load_trace(path)
 
 
 def test_float64_work_under_cleave_compile_is_named_per_op_and_the_rest_compiles():

@@ -25,7 +25,7 @@ from ..interpreter import TORCH_DTYPES
 from ..ir import CleaveError
 from ..ir.dtypes import dtype as ir_dtype
 from .operator import RANKED_CANDIDATES
-from .traces import axis_values, load_trace, reference_fn
+from .traces import TraceError, axis_values, given_numbers, load_trace, reference_fn
 
 
 @dataclass
@@ -93,7 +93,14 @@ def _inputs(definition, line, values, device, gen):
         shape, how = [values[a] for a in spec["shape"] or []], given.get(name, {})
         dtype = TORCH_DTYPES[ir_dtype(spec["dtype"])]
         if how.get("type") in ("scalar", "inline"):
-            out.append(torch.tensor(how["value"], dtype=dtype, device=device).reshape(shape))
+            where = f"workload {line['workload'].get('uuid')}: input {name!r}"
+            if given_numbers(where, how) != math.prod(shape):
+                raise TraceError(f"{where}: value holds {given_numbers(where, how)} numbers; its shape {shape} "
+                                 f"holds {math.prod(shape)}")
+            try:
+                out.append(torch.tensor(how["value"], dtype=dtype, device=device).reshape(shape))
+            except (ValueError, TypeError) as err:  # ragged nested lists
+                raise TraceError(f"{where}: value is not a tensor ({err})") from None
         else:
             out.append(torch.randn(shape, generator=gen, device=device, dtype=dtype))
     return out

@@ -56,6 +56,26 @@ def validate_workload(line: dict, definition: dict) -> None:
         raise TraceError(f"workload {w.get('uuid')}: axes {bad} are not positive ints")
     if set(w.get("inputs", {})) != set(definition["inputs"]):
         raise TraceError(f"workload {w.get('uuid')}: inputs {sorted(w.get('inputs', {}))} do not match the definition")
+    for name, how in w["inputs"].items():
+        if how.get("type") in ("scalar", "inline"):
+            given_numbers(f"workload {w.get('uuid')}: input {name!r}", how)
+
+
+def given_numbers(where: str, how: dict) -> int:
+    """How many numbers a "scalar" or "inline" input holds: a number, or nested lists of
+    numbers (replay checks the count against the shape at the axes it runs)."""
+    if "value" not in how:
+        raise TraceError(f"{where}: a {how['type']!r} input has no \"value\"")
+    count, stack = 0, [how["value"]]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            count += 1
+        else:
+            raise TraceError(f"{where}: value holds {v!r:.40}, not a number")
+    return count
 
 
 def _check_objects(w) -> None:
@@ -84,19 +104,28 @@ def load_trace(path: str | Path) -> tuple[dict, list[dict]]:
     ../definitions/NAME.json relative to the JSONL file."""
     path = Path(path)
     try:
-        numbered = [(i, json.loads(t)) for i, t in enumerate(path.read_text().splitlines(), 1) if t.strip()]
+        text = path.read_text()
     except FileNotFoundError:
         raise TraceError(f"no trace file {path}") from None
-    except ValueError as err:
-        raise TraceError(f"{path} is not JSONL: {err}") from None
+    numbered = []
+    for i, t in enumerate(text.splitlines(), 1):
+        if not t.strip():
+            continue
+        try:
+            numbered.append((i, json.loads(t)))
+        except ValueError as err:
+            raise TraceError(f"{path}:{i}: the line is not JSON ({err.msg} at column {err.colno})") from None
     if not numbered:
         raise TraceError(f"{path} holds no workloads")
     for i, line in numbered:
         _check_line(line, f"{path}:{i}")
     lines = [line for _, line in numbered]
     definition = load_definition(path.parent.parent / "definitions" / f"{lines[0]['definition']}.json")
-    for line in lines:
-        validate_workload(line, definition)
+    for i, line in numbered:
+        try:
+            validate_workload(line, definition)
+        except TraceError as err:
+            raise TraceError(f"{path}:{i}: {err}") from None
     return definition, lines
 
 
