@@ -10,6 +10,7 @@ import copy
 import pathlib
 import warnings
 
+import pytest
 import torch
 
 import cleave
@@ -114,6 +115,18 @@ def test_explain_takes_the_compiled_module_and_one_compiled_in_place():
         report = cleave.explain(m, x)
     assert report.operators and report.fidelity[0]["max_abs"] < 1e-5
     assert m._compiled_call_impl is not None  # the module itself is left compiled
+
+
+def test_explain_says_why_a_call_ran_eagerly():
+    """With autograd on, a compiled module's call runs eagerly (its kernels have no
+    backward); explain reported 0 operators and a perfect match, without the reason."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    with pytest.warns(UserWarning, match="inputs require grad"):
+        report = cleave.explain(cleave.compile(_Net().eval()), x)
+    assert not report.operators
+    assert any("runs eagerly: inputs require grad" in note for note in report.eager), report.eager
+    assert "eager so far: _Net runs eagerly: inputs require grad" in str(report)
 
 
 def test_compiled_modules_inside_other_compiled_code():

@@ -52,6 +52,9 @@ class Report:
     # per tensor output against eager fp32: its position ("output"), then max_abs and kl
     # (floating) or mismatches of numel (compared exactly: integer, bool)
     fidelity: list[dict] = field(default_factory=list)
+    # why code of the context ran eagerly (inputs that require grad, a build that failed),
+    # as warned so far: this call's, or an earlier call's (each reason is warned once)
+    eager: list[str] = field(default_factory=list)
 
     @property
     def kernels(self) -> list[KernelInfo]:
@@ -63,6 +66,7 @@ class Report:
                  f"{self.graph_breaks} graph break(s)"]
         if self.unsupported:
             lines.append("eager (unsupported): " + ", ".join(self.unsupported))
+        lines += [f"eager so far: {note}" for note in self.eager]
         lines.append("compile time per pass: " + passes.summary(self.pass_seconds))
         lines += [_fidelity_line(f) for f in self.fidelity]
         for i, op in enumerate(self.operators):
@@ -103,8 +107,10 @@ def explain(compiled, *args, **kwargs) -> Report:
     reports = [_operator_report(op, spec, plan, shapes) for op, spec, plan, shapes in log]
     got = fidelity.outputs(result)
     stats = {"calls": getattr(compiled, "calls", None), **ctx.stats()}
+    eager_notes = [m.removeprefix("cleave: ") for m in sorted(ctx.eager_notes) + ctx.failed]
     return Report(reports, stats, stats["graph_breaks"], stats["unsupported"], dict(ctx.pass_seconds),
-                  [{"output": k, "against": against, **fidelity.check(g, w)} for (k, g), (_, w) in zip(got, want)])
+                  [{"output": k, "against": against, **fidelity.check(g, w)} for (k, g), (_, w) in zip(got, want)],
+                  eager_notes)
 
 
 def _fidelity_line(f: dict) -> str:
