@@ -428,6 +428,9 @@ def rebuild(graph: Graph, nodes: Iterable[Node] | None = None) -> Graph:
         if n.op != "input":
             mapping[n.id] = out.add(n.op, *(mapping[x.id] for x in n.inputs), loc=n.loc, **n.attrs)
     out.output(*(mapping[o.id] for o in graph.outputs), names=graph.output_names)
-    for c in graph.constraints:
+    # the original's constraints first: those the nodes' checks added again keep their
+    # origins (`slice %6`, not the new ids), and the text form stays the same
+    built, out.constraints = out.constraints, []
+    for c in [*graph.constraints, *built]:
         out._constrain(c)
     return out
