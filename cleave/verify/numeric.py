@@ -157,10 +157,9 @@ def evaluate(inst: RuleInstance, inputs: dict[str, torch.Tensor], env: Mapping[s
     return lhs, rhs
 
 
-def first_mismatch(lhs: list[torch.Tensor], rhs: list[torch.Tensor], signed_zeros: bool = False) -> str | None:
+def first_mismatch(lhs: list[torch.Tensor], rhs: list[torch.Tensor]) -> str | None:
     """A description of the first differing output element, or None when all agree.
-    NaN matches only NaN and an infinity only the same infinity; with `signed_zeros`, a
-    zero only a zero of its sign."""
+    NaN matches only NaN and an infinity only the same infinity."""
     for k, (a, b) in enumerate(zip(lhs, rhs)):
         if tuple(a.shape) != tuple(b.shape):
             return f"output {k}: lhs shape {list(a.shape)} vs rhs shape {list(b.shape)}"
@@ -173,8 +172,6 @@ def first_mismatch(lhs: list[torch.Tensor], rhs: list[torch.Tensor], signed_zero
             close = (a64 - b64).abs() <= 1e-9 * scale + 1e-7 * a64.abs().maximum(b64.abs())
             same_special = (torch.isnan(a64) & torch.isnan(b64)) | (~finite & (a64 == b64))
             bad = ~((finite & close) | same_special)
-            if signed_zeros:  # 1 / -0.0 is -inf: a zero's sign is the program's value too
-                bad |= (a64 == 0) & (b64 == 0) & (torch.signbit(a64) != torch.signbit(b64))
         if bool(bad.any()):
             idx = tuple(int(i) for i in torch.nonzero(bad)[0])
             return f"output {k} element {list(idx)}: lhs={_num(a[idx])} rhs={_num(b[idx])}"
@@ -242,7 +239,7 @@ def numeric_gate(inst: RuleInstance, bindings: list[Binding], trials: int = 2, s
                     lhs32, rhs32 = (None, None) if inst.f32_exempt else evaluate(inst, inputs, env, torch.float32)
                 except (CleaveError, RuntimeError, IndexError) as err:
                     return f"at {binding}: interpreting raised {type(err).__name__}: {err}"
-                bad = first_mismatch(lhs, rhs, signed_zeros=style_name == "special") if in_fp64 else None
+                bad = first_mismatch(lhs, rhs) if in_fp64 else None
                 if bad:
                     return f"at {binding}, {style_name} inputs {show_inputs(inputs)}: {bad}"
                 bad = None if lhs32 is None else f32_mismatch(lhs, lhs32, rhs32)
