@@ -155,19 +155,20 @@ def _reads_inside(t, x, shape, strides, offset) -> None:
 def _returned_as_view(n) -> bool:
     """Whether n, or a view of it, is a result of the graph: eager returns it as a view of
     its input (y.diagonal() beside y shares y's memory), which a compiled copy is not."""
-    return reaches_output(n, lambda user: getattr(user.target, "is_view", False) or user.target is operator.getitem)
+    return reaches(n, lambda user: getattr(user.target, "is_view", False) or user.target is operator.getitem,
+                   lambda node: node.op == "output")
 
 
-def reaches_output(n, through) -> bool:
-    """Whether n is a result of the graph, directly or through users for which
-    `through(user)` holds."""
-    stack, seen = [n], set()
+def reaches(n, through, found) -> bool:
+    """Whether n, or a node reached from it through users for which `through(user)`
+    holds, is `found` (a found user ends the walk whether `through` holds for it or not)."""
+    stack, seen = [n], {n}
     while stack:
         node = stack.pop()
+        if found(node):
+            return True
         for user in node.users:
-            if user.op == "output":
-                return True
-            if through(user) and user not in seen:
+            if user not in seen and (found(user) or through(user)):
                 seen.add(user)
                 stack.append(user)
     return False

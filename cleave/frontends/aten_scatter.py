@@ -17,7 +17,7 @@ import torch
 from ..ir import dims as D
 from ..ir.dtypes import DType
 from .aten_elementwise import _cast, binary
-from .aten_layout import broadcast, from_the_end, merged_index, reshape, unsqueeze
+from .aten_layout import broadcast, from_the_end, merged_index, reaches, reshape, unsqueeze
 from .aten_map import rule
 
 SHORT_INDEX = 256  # index entries compared per element of the result
@@ -39,17 +39,8 @@ def _into_an_input(n) -> bool:
         dest = dest.args[0]
     if not (isinstance(dest, torch.fx.Node) and dest.op == "placeholder"):
         return False
-    stack, seen = [n], {n}
-    while stack:
-        node = stack.pop()
-        if node.meta.get(WRITTEN_BACK):
-            return True
-        for user in node.users:
-            if user not in seen and isinstance(user.target, torch._ops.OpOverload) \
-                    and user.target._schema.name.endswith("_scatter"):
-                seen.add(user)
-                stack.append(user)
-    return False
+    return reaches(n, lambda user: isinstance(user.target, torch._ops.OpOverload)
+                   and user.target._schema.name.endswith("_scatter"), lambda node: node.meta.get(WRITTEN_BACK, False))
 
 
 def _short(extent, what: str) -> str | None:

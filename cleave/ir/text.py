@@ -68,6 +68,7 @@ _NODE = re.compile(r"^%(\d+)\s*=\s*(\w+)\((.*)\)\s*:\s*(\w+)(\[.*\])$")
 _RETURN = re.compile(r"^return\s*(.*)$")
 _REQUIRE = re.compile(r'^require\s+(.+?)\s+(<=|==|\|)\s+(.+?)\s+from\s+(".*")$')
 _SIGNS = {"le": "<=", "eq": "==", "divides": "|"}
+_KINDS = {sign: kind for kind, sign in _SIGNS.items()}
 
 
 def _split_args(text: str) -> list[str]:
@@ -182,7 +183,7 @@ def _parse_line(graph, nodes: dict, line: str, lineno: int) -> None:
         from .graph import Constraint
 
         lhs, sign, rhs, origin = req.groups()
-        c = Constraint({v: k for k, v in _SIGNS.items()}[sign], D.dim(lhs), D.dim(rhs), json.loads(origin))
+        c = Constraint(_KINDS[sign], D.dim(lhs), D.dim(rhs), json.loads(origin))
         # one the nodes' own checks added again: the printed origin names the printed node
         graph.constraints = [o for o in graph.constraints if (o.kind, o.lhs, o.rhs) != (c.kind, c.lhs, c.rhs)]
         graph._constrain(c)

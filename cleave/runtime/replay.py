@@ -94,9 +94,9 @@ def _inputs(definition, line, values, device, gen):
         dtype = TORCH_DTYPES[ir_dtype(spec["dtype"])]
         if how.get("type") in ("scalar", "inline"):
             where = f"workload {line['workload'].get('uuid')}: input {name!r}"
-            if given_numbers(where, how) != math.prod(shape):
-                raise TraceError(f"{where}: value holds {given_numbers(where, how)} numbers; its shape {shape} "
-                                 f"holds {math.prod(shape)}")
+            count, wanted = given_numbers(where, how), math.prod(shape)
+            if count != wanted:
+                raise TraceError(f"{where}: value holds {count} numbers; its shape {shape} holds {wanted}")
             try:
                 out.append(torch.tensor(how["value"], dtype=dtype, device=device).reshape(shape))
             except (ValueError, TypeError) as err:  # ragged nested lists
