@@ -19,7 +19,7 @@ from ..storage import unwritable
 from ..ir.contracts import RuleInstance
 from . import verdict as V
 from .bindings import choose
-from .divisors import new_divisor
+from .divisors import cancelled_divisor, new_divisor
 from .numeric import numeric_gate
 from .prove import prove_at
 from .shapes import check_shapes
@@ -114,7 +114,7 @@ def _check_rule(rule, timeout_ms: int, use_cache: bool, deadline: float) -> Verd
         found = V.lookup(definition, rule.name, timeout_ms)
         if found is not None:
             return found
-    refused = new_divisor(rule)
+    refused = new_divisor(rule) or cancelled_divisor(rule)
     if refused:  # before the instances: a rule that does not build may still divide by a new value
         result = Verdict(rule.name, "unsound", "divisors", 0.0, refused)
         if definition:

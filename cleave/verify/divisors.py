@@ -1,4 +1,5 @@
-"""A rule whose right side divides by a value its left side never divides by is refused.
+"""A rule whose right side divides by a value its left side never divides by is refused,
+and so is one that drops a divisor of its left side without declaring it non-zero.
 
 The provers hold where divisors are non-zero and log arguments positive, and the
 numeric gate draws no zeros: a rule that only moves a division is sound there (the
@@ -9,7 +10,10 @@ right side divides by (or takes the log, recip, rsqrt of, or fmod by) must be on
 left side does, a factor of one (the left side of div-div-cancel divides by y/c, so y
 is non-zero too), or non-zero by construction: a non-zero constant, or a positive
 value such as an exp, a count, or a sum of exps (every axis the verifier binds is
-non-empty).
+non-empty). The converse, `div(mul(x, y), y) => x`, turns the NaN eager computes where
+y is 0 into x: a left side's divisor must be one the right side also divides by (or a
+factor of one), non-zero by construction, or declared `nonzero(y)` (the search then
+fires the rule only where it knows y is).
 """
 from __future__ import annotations
 
@@ -39,6 +43,35 @@ def new_divisor(rule: Rule) -> str | None:
             return (f"divisors: its right side {what}, which its left side does not: where {d} is 0 in the data "
                     f"the right side is inf or NaN and the left side need not be (a new divisor must be a factor "
                     f"of one the left side has, a non-zero constant, or positive: an exp, a count, a sum of exps)")
+    return None
+
+
+def cancelled_divisor(rule: Rule) -> str | None:
+    """Why `rule` is refused (its left side divides by a value that may be 0 where its
+    right side does not divide by it: `div(mul(x, y), y) => x` turns eager's NaN at
+    y = 0 into x), or None; None for a RuleInstance (graphs). The provers assume the
+    left side's divisors non-zero, so such a rule proves: it needs `nonzero(y)`, which
+    lets it fire only where the search knows y is."""
+    if not isinstance(getattr(rule, "lhs", None), Term):
+        return None
+    declared = {a for c in rule.conditions if c.kind == "nonzero" for a in c.args}
+    counts = {c.args[0].name for c in rule.conditions if c.kind == "extent"}
+    kept = _left_divisors(rule.rhs)
+
+    def covered(d) -> bool:
+        # d is 0 exactly where one of its factors is: each must leave the right side
+        # singular too, or be non-zero
+        return (d in kept or _nonzero(d, declared, counts)
+                or isinstance(d, Term) and d.op in FACTORS and all(covered(d.args[i]) for i in FACTORS[d.op]))
+
+    for op, d in _singular(rule.lhs):
+        if not covered(d):
+            d = _show(d)
+            what = {"div": f"divides by {d}", "fmod": f"takes fmod by {d}",
+                    "pow": f"raises {d} to a power that may be negative"}.get(op, f"takes {op} of {d}")
+            return (f"divisors: its left side {what}, which its right side does not: where {d} is 0 in the data "
+                    f"the left side is inf or NaN and the right side need not be (declare `nonzero(...)` of it "
+                    f"if the rule is meant only where it cannot be 0)")
     return None
 
 
