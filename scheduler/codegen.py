@@ -820,14 +820,17 @@ class Emitter:
             if op == "prod":  # the frontend refuses them (`aten_reduce._float_result`)
                 raise ShapeError(f"scheduler: reduce %{inst.node.id} multiplies integers, which kernels do not")
             ty = TL[inst.node.dtype]
+            # Triton reduces integers narrower than 32 bits in int32: cast back, so that the
+            # ops after it wrap in the program's type (int8 x - x.amax() is 1, not -255)
+            back = f".to({ty})" if inst.node.dtype.itemsize < 4 else ""
             if r not in x.dims:  # constant along r: a sum is x times the valid lanes, max and min x
                 if op == "sum" and self.t.block[r] > 1:
                     valid = self.valid(r, (r,))
                     n = f"tl.sum(({valid}).to({ty}), axis=0)" if valid else str(self.t.block[r])
-                    return self.var(b, f"{x.name}.to({ty}) * {n}", out, ty)
+                    return self.var(b, f"({x.name}.to({ty}) * {n}){back}", out, ty)
                 return x
             masked = self.masked(x, r, int_neutral(op, inst.node.dtype), ty)
-            return self.var(b, f"tl.{op}({masked}, axis={x.dims.index(r)})", out, ty)
+            return self.var(b, f"tl.{op}({masked}, axis={x.dims.index(r)}){back}", out, ty)
         if r not in x.dims:  # constant along r (or a single element)
             if op == "sum" and self.t.block[r] > 1:
                 return self.var(b, f"{self.f32(x)} * {self.count(r)}", out, "tl.float32")

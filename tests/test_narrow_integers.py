@@ -251,3 +251,25 @@ def test_where_takes_both_branches_in_the_result_type():
     _both_paths(lambda m, i8, h, f: (torch.where(m, m, 2), torch.where(m, 2, m), torch.where(m, i8, True),
                                      torch.where(m, i8, 2.5), torch.where(m, h, f), torch.where(~m, m, i8)),
                 m, i8, h, f)
+
+
+def test_narrow_integer_reductions_wrap_in_their_own_type(ctx):
+    """Triton reduces integers narrower than 32 bits in int32: an int8 row max, an int8
+    sum or cumsum asked for in int8, then arithmetic on it, must wrap as int8 as eager's
+    does (x - x.amax() gave -255 where eager gives 1), in one tile and in a loop over a
+    dynamic row (n = 37, then 9)."""
+    def ops(a, b, c):
+        return ((a - a.amax(1, keepdim=True)).float(), (a - a.amax(1, keepdim=True)) > 0,
+                (b.amax(1) << 1) >> 1, (c * c.amax(1, keepdim=True)) < 0,
+                a.sum(1, dtype=torch.int8).float(), a.cumsum(1, dtype=torch.int8).float(), (a - a.max()).float())
+
+    f = torch.compile(ops, backend="cleave", dynamic=True)
+    for n in (37, 9):
+        a = torch.randint(-128, 128, (3, n), dtype=torch.int8)
+        a[:, 0], a[:, -1] = 127, -128
+        b = torch.randint(0, 256, (3, n), dtype=torch.uint8)
+        b[:, 1] = 200
+        c = torch.randint(-300, 300, (3, n), dtype=torch.int16)
+        c[:, 2] = 300
+        _exact(f(a, b, c), ops(a, b, c))
+    _compiled_whole(ctx)
