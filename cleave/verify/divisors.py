@@ -37,9 +37,7 @@ def new_divisor(rule: Rule) -> str | None:
     counts = {c.args[0].name for c in rule.conditions if c.kind == "extent"}
     for op, d in _singular(rule.rhs):
         if not _nonzero(d, known, counts):
-            d = _show(d)
-            what = {"div": f"divides by {d}", "fmod": f"takes fmod by {d}",
-                    "pow": f"raises {d} to a power that may be negative"}.get(op, f"takes {op} of {d}")
+            what, d = _singular_use(op, d), _show(d)
             return (f"divisors: its right side {what}, which its left side does not: where {d} is 0 in the data "
                     f"the right side is inf or NaN and the left side need not be (a new divisor must be a factor "
                     f"of one the left side has, a non-zero constant, or positive: an exp, a count, a sum of exps)")
@@ -66,13 +64,18 @@ def cancelled_divisor(rule: Rule) -> str | None:
 
     for op, d in _singular(rule.lhs):
         if not covered(d):
-            d = _show(d)
-            what = {"div": f"divides by {d}", "fmod": f"takes fmod by {d}",
-                    "pow": f"raises {d} to a power that may be negative"}.get(op, f"takes {op} of {d}")
+            what, d = _singular_use(op, d), _show(d)
             return (f"divisors: its left side {what}, which its right side does not: where {d} is 0 in the data "
                     f"the left side is inf or NaN and the right side need not be (declare `nonzero(...)` of it "
                     f"if the rule is meant only where it cannot be 0)")
     return None
+
+
+def _singular_use(op: str, d) -> str:
+    """What a side does with d that 0 makes inf or NaN, as the refusal says it."""
+    d = _show(d)
+    return {"div": f"divides by {d}", "fmod": f"takes fmod by {d}",
+            "pow": f"raises {d} to a power that may be negative"}.get(op, f"takes {op} of {d}")
 
 
 def _show(t) -> str:
