@@ -9,7 +9,8 @@ Precision: the search reasons in exact arithmetic (float casts are value
 identities and are dropped by the encoder). With `lowp` set (the graph fed
 f16/bf16 to its MatMuls) the policy is re-applied: MatMul operands are cast to
 `lowp`, every other op computes in f32. A sum as a MatMul operand stays f32 (a
-matrix-vector product then accumulates f32 values).
+matrix-vector product then accumulates f32 values). Integer and bool values are
+leaves of the search; where a rewrite puts one under a term's op, it is promoted to f32.
 """
 from __future__ import annotations
 
@@ -60,7 +61,16 @@ class Lowering:
         return pos
 
     def _f32(self, x: Node) -> Node:
-        return x.cast("f32") if x.dtype in LOW else x
+        """x as an operand of a term's op, which computes in f32."""
+        return x.cast("f32") if x.dtype in LOW else self._real(x)
+
+    @staticmethod
+    def _real(x: Node) -> Node:
+        """A term's value is real: an integer or bool leaf under a term's op (the search
+        moved `rsum` past the float mul that promoted it: `(x_u8 * 0.5).sum()` to
+        `rsum(x_u8) * 0.5`) is promoted to f32, or its sum would wrap in u8 and its
+        division floor."""
+        return x if x.dtype.is_float else x.cast("f32")
 
     def _mm(self, x: Node) -> Node:
         return x.cast(self.lowp) if self.lowp and x.dtype.is_float and x.dtype != self.lowp else x
@@ -76,9 +86,10 @@ class Lowering:
             if op == "const":
                 return g.add("const", value=float(args[0]), dtype="f32")
             if op == "matmul":
-                return g.add("matmul", *(self(a) if _accumulated(a) else self._mm(self(a)) for a in args))
+                return g.add("matmul", *(self._real(self(a)) if _accumulated(a) else self._mm(self._real(self(a)))
+                                         for a in args))
             x = self(args[0])
-            if op not in ("split", "squeeze", "unsqueeze", "swap"):  # layout keeps the dtype
+            if op not in ("split", "squeeze", "unsqueeze", "swap", "where"):  # layout keeps the dtype; a where's mask
                 x = self._f32(x)
             if op in REDUCE:
                 return g.add("reduce", x, op=REDUCE[op], axis=self._axis(args[1], x.rank, op), keepdim=1)
