@@ -44,8 +44,8 @@ SLOWER_BY_MS = 1.0
 # Replayed plans are timed over this many rounds, each replaying every plan once after a
 # round that is not counted: the GPU's clock drifts within a ranking (after a compile's
 # pause an H100 runs the first replays faster), and timed one after the other the plan
-# timed first gets the fast clock (Qwen3's naive layer ranked plan 0 at 3.26 ms first,
-# then timed 3.08 ms for plan 1; session 44).
+# timed first gets the fast clock (Qwen3's naive layer's plan 0 read 3.05 ms timed first
+# after the compiles, 3.36 a round later; RESULTS.md, session 44).
 ROUNDS = 3
 
 
