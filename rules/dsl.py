@@ -48,7 +48,8 @@ integer ops (INTEGER_OPS) are refused: the search rewrites float values only. Co
     moderate_values()   no finite constant of the graph is within a factor 2 of f32's
                         range, and no exp's argument may hold an input's values at full
                         scale (an additive mask passed in, scaled by more than ln 2 if at
-                        all): a rule scaling values by log2(e) would overflow a mask's
+                        all; a constant of 2^100 or more amplified so): a rule scaling
+                        values by log2(e) would overflow a mask's
                         finfo.min to -inf, and 0 * -inf or -inf - -inf is NaN where the
                         program's values were finite (a graph condition, as wide_operands)
 A rule exact in the reals but not in f32 (it overflows or cancels where its left side

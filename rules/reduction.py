@@ -25,8 +25,8 @@ rule sum-of-matmul: rsum(matmul(x, w), -1) => matmul(x, rsum(w, -1))
   keeps: rsum(matmul(x, log(w)), -1) with x[s, k], w[k, n]
 
 rule max-pull-shift: rmax(sub(x, c), a) => sub(rmax(x, a), c)
-  if flat(c, a)
-  why: max_a (x - c) = (max_a x) - c when c does not vary along a
+  if flat(c, a) and finite(c)
+  why: max_a (x - c) = (max_a x) - c when c does not vary along a (c finite: a shift of -inf, log 0, makes eager's -inf - -inf at a masked x NaN, and max_a x - c +inf)
   rewrites: rmax(sub(x, c), -1) with x[m, n], c[]
   keeps: rmax(sub(x, c), -1) with x[m, n], c[m, n]
 """, source=__file__)

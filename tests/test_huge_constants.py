@@ -115,3 +115,40 @@ def test_base2_kept_where_the_exponent_holds_scores_and_scale_inputs():
     assert len(_full_scale_exponents(masked)) == 1
     halved = cleave.capture(lambda s, mask: torch.softmax((s + mask) * 0.5, -1), *_padded_scores(0))
     assert _full_scale_exponents(halved) == []  # log2(e) / 2 < 1: the mask stays finite
+
+
+def _padded_attention_inputs():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(9, 16, generator=g) for _ in range(3))
+    keep = torch.ones(9, 9, dtype=torch.bool)
+    keep[4] = False  # a fully padded query row: eager averages v uniformly
+    return q, k, v, keep
+
+
+def fill_then_scaled(q, k, v, keep):
+    return torch.softmax((q @ k.T).masked_fill(~keep, -1e38) * 2.5, -1) @ v
+
+
+def fill_then_scaled_by(q, k, v, keep, temperature):
+    return torch.softmax((q @ k.T + (~keep).float() * -1e38) * temperature, -1) @ v
+
+
+@pytest.mark.parametrize("fn, extra", [(fill_then_scaled, ()), (fill_then_scaled_by, (torch.tensor(3.0),))])
+def test_a_large_fill_amplified_before_the_softmax_matches_eager(fn, extra):
+    """-1e38 is under HUGE, but times 2.5 (or a temperature passed in) and then log2(e)
+    it overflowed to -inf: the padded row, finite and uniform eagerly, was NaN."""
+    args = _padded_attention_inputs() + extra
+    got, want = cleave.compile(fn)(*args), fn(*args)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, want)
+
+
+def test_a_large_fill_keeps_base2_unless_amplified():
+    from cleave.search.api import _full_scale_exponents
+
+    q, k, v, keep = _padded_attention_inputs()
+    bare = cleave.capture(lambda q, k, keep: torch.softmax((q @ k.T).masked_fill(~keep, -1e38), -1), q, k, keep)
+    assert _full_scale_exponents(bare) == []  # -1e38 * log2(e) is finite
+    scaled = cleave.capture(lambda q, k, keep: torch.softmax((q @ k.T).masked_fill(~keep, -1e38) * 2.5, -1),
+                            q, k, keep)
+    assert len(_full_scale_exponents(scaled)) == 1

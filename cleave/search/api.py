@@ -240,17 +240,29 @@ def _full_scale_exponents(graph) -> list:
     folded into such an argument overflows it to -inf, and a fully masked row, finite
     and uniform eagerly, is -inf - -inf = NaN. Scores out of a MatMul, a mask the
     graph builds from iota, and an input scaled by at most ln 2 (log2(e) times that is
-    at most 1) are not: a scale input multiplies the scores, it adds nothing."""
+    at most 1) are not: a scale input multiplies the scores, it adds nothing. A
+    constant of LARGE or more (a -1e38 fill) is large: finite times log2(e), but full
+    scale once amplified (`masked_fill(-1e38) * 2.5`, or times a temperature passed in,
+    overflowed to -inf and the padded row was NaN)."""
     full: set[int] = set()
+    large: set[int] = set()
     nodes = graph.live_nodes()
     for n in nodes:
-        operands = [i for i in (n.inputs[1:] if n.op == "where" else n.inputs) if i.id in full]
+        operands = [i for i in (n.inputs[1:] if n.op == "where" else n.inputs)]
         if n.op == "input":
             takes = n.dtype.is_float
+        elif n.op == "const":
+            takes = False
+            if _magnitude(n) >= LARGE:
+                large.add(n.id)
         elif n.op in _KEEP_SCALE or n.op == "reduce" and n.attrs["op"] in ("max", "min"):
-            takes = bool(operands)
+            takes = any(i.id in full for i in operands)
+            if any(i.id in large for i in operands):
+                large.add(n.id)
         elif n.op in ("mul", "div"):
-            takes = _amplified(n, full)
+            takes = _amplified(n, full) or _amplified(n, large, by=full | large)
+            if not takes and any(i.id in large for i in n.inputs):
+                large.add(n.id)
         else:
             takes = False
         if takes:
@@ -258,16 +270,23 @@ def _full_scale_exponents(graph) -> list:
     return [n for n in nodes if n.op in ("exp", "exp2") and n.inputs[0].id in full]
 
 
-def _amplified(n, full: set) -> bool:
+# A constant this large is finite times log2(e) but not amplified much further: 2^28
+# times it (a temperature, a scale passed in) reaches f32's range.
+LARGE = 2.0 ** 100
+
+
+def _amplified(n, full: set, by: set | None = None) -> bool:
     """Whether a product or quotient may hold a full-scale operand's values times more
     than ln 2: times another full-scale value (a 0/1 mask times a -1e38 scalar input, a
     masked score times a scale input) or a constant over ln 2; over anything but a
     constant of at least 1 / ln 2. A scale input times the scores is not: the scores
-    are not full scale."""
+    are not full scale. `by`: the values that amplify as full-scale ones do (default
+    `full`)."""
+    by = full if by is None else by
     a, b = n.inputs
     if n.op == "div":
         return a.id in full and not _magnitude(b) >= 1 / math.log(2)
-    return any(x.id in full and (y.id in full or _magnitude(y) > math.log(2)) for x, y in ((a, b), (b, a)))
+    return any(x.id in full and (y.id in by or _magnitude(y) > math.log(2)) for x, y in ((a, b), (b, a)))
 
 
 def _magnitude(node) -> float:
