@@ -89,7 +89,9 @@ class Lowering:
                 return g.add("matmul", *(self._real(self(a)) if _accumulated(a) else self._mm(self._real(self(a)))
                                          for a in args))
             x = self(args[0])
-            if op not in ("split", "squeeze", "unsqueeze", "swap", "where"):  # layout keeps the dtype; a where's mask
+            if op in ("topk_values", "topk_indices"):  # an order, not arithmetic: an integer stays one
+                x = x.cast("f32") if x.dtype in LOW else x
+            elif op not in ("split", "squeeze", "unsqueeze", "swap", "where"):  # layout keeps the dtype; a where's mask
                 x = self._f32(x)
             if op in REDUCE:
                 return g.add("reduce", x, op=REDUCE[op], axis=self._axis(args[1], x.rank, op), keepdim=1)
