@@ -342,13 +342,14 @@ def test_cold_rule_proofs_are_announced(tmp_path, monkeypatch, capfd):
 
 # -- a cache that cannot be written -------------------------------------------------
 def test_unwritable_cache_compiles_in_memory(monkeypatch):
-    from cleave.runtime import artifact
+    from cleave.runtime import artifact, operator
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(artifact, "write_json", refuse)
     monkeypatch.setattr(artifact, "save_spec", refuse)
+    monkeypatch.setattr(operator, "_UNWRITTEN", set())  # said once per directory and process
     f = cleave.compile(lambda x: x.sigmoid() * x.sum(-1, keepdim=True))
     x = _randn(3, 6, seed=30)
     with pytest.warns(UserWarning, match="cannot write"):

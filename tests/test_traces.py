@@ -62,3 +62,13 @@ def test_validation_rejects_malformed_entries():
     line["workload"]["axes"] = {"b": 0, "L": 3}
     with pytest.raises(TraceError, match="positive"):
         validate_workload(line, good)
+    line["workload"]["axes"] = {"b": True, "L": 3}  # JSON's true is no extent (it read as b = 1)
+    with pytest.raises(TraceError, match=r"axes \['b'\] are not positive ints"):
+        validate_workload(line, good)
+    del line["workload"]["uuid"]
+    with pytest.raises(TraceError, match="^a workload without a uuid: axes"):
+        validate_workload(line, good)
+    const = json.loads(json.dumps(good))
+    const["axes"][next(a for a, s in const["axes"].items() if s["type"] == "const")]["value"] = True
+    with pytest.raises(TraceError, match="needs a positive int value"):
+        validate_definition(const)

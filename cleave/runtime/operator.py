@@ -449,12 +449,23 @@ class CompiledOperator:
 
     def _write(self, what: str, save, *args) -> None:
         """Save to the cache; a cache that cannot be written (read-only, full) only
-        costs the next process a rebuild: this one keeps the operator in memory."""
+        costs the next process a rebuild: this one keeps the operator in memory. Said
+        once per cache directory and kind of failure: each operator wrote its candidates
+        and its plans, two warnings per operator of a loop over shapes."""
         try:
             save(*args)
         except OSError as err:
-            warnings.warn(f"cleave: cannot write {what} of {self.graph.name} to the cache at {self.entry} "
-                          f"({err}); keeping them in memory for this process", stacklevel=_user_level())
+            root = self.entry.parent
+            if (root, type(err)) in _UNWRITTEN:
+                return
+            _UNWRITTEN.add((root, type(err)))
+            warnings.warn(f"cleave: cannot write {what} of {self.graph.name} to the cache at {root} ({err}); "
+                          f"keeping compiled operators in memory for this process (later failures to write "
+                          f"there are not reported)", stacklevel=_user_level())
+
+
+# (cache directory, OSError type) already warned about
+_UNWRITTEN: set = set()
 
 
 def search(graph: Graph, top_k: int, rules=None):

@@ -27,7 +27,8 @@ def validate_definition(d: dict) -> None:
         kind = spec.get("type")
         if kind not in ("const", "var"):
             raise TraceError(f"definition {d['name']}: axis {axis!r} has type {kind!r} (const or var)")
-        if kind == "const" and not (isinstance(spec.get("value"), int) and spec["value"] > 0):
+        value = spec.get("value")
+        if kind == "const" and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
             raise TraceError(f"definition {d['name']}: const axis {axis!r} needs a positive int value")
     for part in ("inputs", "outputs"):
         for name, t in d[part].items():
@@ -47,18 +48,20 @@ def validate_workload(line: dict, definition: dict) -> None:
         raise TraceError(f"workload names definition {line.get('definition')!r}, not {definition['name']!r}")
     w = line.get("workload") or {}
     _check_objects(w)
+    which = f"workload {w['uuid']}" if "uuid" in w else "a workload without a uuid"
     axes = w.get("axes", {})
     var = {a for a, s in definition["axes"].items() if s["type"] == "var"}
     if set(axes) != var:
-        raise TraceError(f"workload {w.get('uuid')}: binds {sorted(axes)}, the var axes are {sorted(var)}")
-    bad = [a for a, v in axes.items() if not (isinstance(v, int) and v > 0)]
+        raise TraceError(f"{which}: binds {sorted(axes)}, the var axes are {sorted(var)}")
+    # JSON's true is a Python bool, which is an int: it is no extent
+    bad = [a for a, v in axes.items() if not (isinstance(v, int) and not isinstance(v, bool) and v > 0)]
     if bad:
-        raise TraceError(f"workload {w.get('uuid')}: axes {bad} are not positive ints")
+        raise TraceError(f"{which}: axes {bad} are not positive ints")
     if set(w.get("inputs", {})) != set(definition["inputs"]):
-        raise TraceError(f"workload {w.get('uuid')}: inputs {sorted(w.get('inputs', {}))} do not match the definition")
+        raise TraceError(f"{which}: inputs {sorted(w.get('inputs', {}))} do not match the definition")
     for name, how in w["inputs"].items():
         if how.get("type") in ("scalar", "inline"):
-            given_numbers(f"workload {w.get('uuid')}: input {name!r}", how)
+            given_numbers(f"{which}: input {name!r}", how)
 
 
 def given_numbers(where: str, how: dict) -> int:
