@@ -222,6 +222,24 @@ def test_the_small_binding_keeps_a_constant_index_in_range():
     check_candidate(g, cand.graph)
 
 
+def last_eight_rows(q, kc, k):  # a sliding-window KV cache while it is shorter than the window
+    kk = torch.cat([kc, k], 0)[-8:]
+    return (q @ kk.t()).softmax(-1) @ kk
+
+
+def test_the_small_binding_meets_a_bound_on_a_sum():
+    """The capture's branch keeps s + t <= 8: values only scaled up never met it, and
+    every candidate was left out (NoSmallBinding) with a warning at cleave's own line."""
+    q, kc, k = _randn(2, 16, seed=4), _randn(3, 16, seed=5), _randn(1, 16, seed=6)
+    g = cleave.capture(last_eight_rows, q, kc, k, dynamic={"kc": {0: "s"}, "k": {0: "t"}})
+    env = small_binding(g, g)
+    assert env["s"] + env["t"] <= 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CandidateRejected)
+        f = cleave.compile(last_eight_rows, dynamic={"kc": {0: "s"}, "k": {0: "t"}})
+        torch.testing.assert_close(f(q, kc, k), last_eight_rows(q, kc, k))
+
+
 def test_an_index_bound_no_binding_meets_is_named():
     """A take of row 10**6 of a merged axis n*k: no small n, k reach it. The candidates
     are left out naming the op and the dim; the graph as written stands in."""
@@ -234,6 +252,19 @@ def test_an_index_bound_no_binding_meets_is_named():
     with pytest.warns(CandidateRejected, match=named):
         (only,) = search(g, top_k=2, progress=False).candidates
     assert only.graph.key() == rebuild(g).key()
+
+
+def far_element(x):
+    return x.reshape(-1)[1000000:1000001] * 2.0
+
+
+def test_a_candidate_left_out_under_the_runtime_is_said_at_the_callers_line():
+    """It named cleave/runtime/operator.py, the runtime's call of the search."""
+    x = _randn(1001, 1000, seed=7)
+    with pytest.warns(CandidateRejected, match="NoSmallBinding") as said:
+        out = cleave.compile(far_element, dynamic={"x": {0: "n", 1: "k"}})(x)
+    assert torch.equal(out, far_element(x))
+    assert {w.filename for w in said if w.category is CandidateRejected} == {__file__}
 
 
 def rows_at_mask_positions(table, mask):

@@ -469,10 +469,20 @@ _UNWRITTEN: set = set()
 
 
 def search(graph: Graph, top_k: int, rules=None):
-    """The algebraic search, imported on a cache miss only: egglog and z3 load with it."""
+    """The algebraic search, imported on a cache miss only: egglog and z3 load with it.
+    Its warnings (a candidate left out, a rule not used) are said at the user's line,
+    where they named the runtime's call of the search."""
     from ..search.api import search as run
 
-    return run(graph, top_k=top_k, rules=rules)
+    said: list = []
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            return run(graph, top_k=top_k, rules=rules)
+    finally:  # under the caller's filters again
+        level = _user_level()
+        for w in said:
+            warnings.warn(w.message, stacklevel=level)
 
 
 def refuse_what_eager_refuses(graph: Graph) -> None:

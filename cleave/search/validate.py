@@ -101,8 +101,34 @@ def _meet_bounds(constraints, env: dict, free: set) -> None:
                     continue
                 if (env[side.name] < bound) if raise_it else (bound >= 1 and env[side.name] > bound):
                     env[side.name], moved = bound, True
+            moved |= _meet_linear(c, env, free)
         if not moved:
             return
+
+
+def _meet_linear(c, env: dict, free: set) -> bool:
+    """Meet a bound on a sum of free symbols (`s + t <= 8`, a cache kept to its last 8
+    rows while it is shorter): lower the symbols it adds, each to 1 at least, then
+    raise those it subtracts. Whether it moved any."""
+    f = sympy.expand(D.dim(c.lhs) - D.dim(c.rhs))
+    syms = sorted((x for x in f.free_symbols if x.name in free), key=lambda x: x.name)
+    try:
+        excess = D.evaluate(f, env)
+        coefs = [(x, f.coeff(x)) for x in syms]
+    except (KeyError, TypeError):
+        return False
+    if excess <= 0 or not syms or any(not k.is_Number or k == 0 or not sympy.degree(f, x) == 1 for x, k in coefs):
+        return False
+    moved = False
+    for x, k in [(x, k) for x, k in coefs if k > 0] + [(x, k) for x, k in coefs if k < 0]:
+        step = -(-excess // abs(k))
+        new = max(1, env[x.name] - step) if k > 0 else env[x.name] + step
+        excess -= k * (env[x.name] - new)
+        moved |= new != env[x.name]
+        env[x.name] = int(new)
+        if excess <= 0:
+            break
+    return moved
 
 
 def index_bounds(g: Graph, env: dict) -> list[Constraint]:
