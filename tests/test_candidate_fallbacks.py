@@ -240,6 +240,19 @@ def test_the_small_binding_meets_a_bound_on_a_sum():
         torch.testing.assert_close(f(q, kc, k), last_eight_rows(q, kc, k))
 
 
+def test_a_bound_not_linear_in_its_sizes_is_left_to_the_scaling():
+    """`s + floor(s / 2) <= 8` is no sum of sizes to lower: sympy's degree raised on it."""
+    from cleave.ir import dims as D
+    from cleave.ir.graph import Constraint
+    from cleave.search.validate import _meet_linear
+
+    env = {"s": 9, "t": 5}
+    assert not _meet_linear(Constraint("le", D.dim("s + floor(s/2)"), D.dim(8), "probe"), env, {"s"})
+    assert not _meet_linear(Constraint("le", D.dim("s*t"), D.dim(8), "probe"), env, {"s", "t"})
+    assert _meet_linear(Constraint("le", D.dim("s + t"), D.dim(8), "probe"), env, {"s", "t"})
+    assert env["s"] + env["t"] <= 8 and min(env.values()) >= 1
+
+
 def test_an_index_bound_no_binding_meets_is_named():
     """A take of row 10**6 of a merged axis n*k: no small n, k reach it. The candidates
     are left out naming the op and the dim; the graph as written stands in."""

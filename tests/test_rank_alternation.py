@@ -23,7 +23,7 @@ def test_a_clock_fast_at_first_does_not_rank_the_plan_timed_first_first(monkeypa
     monkeypatch.setattr(profile, "launch", lambda p, inputs: current.append(plans.index(p)))
     monkeypatch.setattr(profile, "once_ms", lambda fn: (fn(), 1.0)[1])
 
-    def graph_timer(fn, cold=False):
+    def graph_timer(fn, calls=20, cold=False):
         fn()
         index = current[-1]
 

@@ -57,9 +57,7 @@ def alternated(fns: list[Callable[[], object]], rounds: int = ROUNDS) -> list[fl
     try:
         timers = [graph_timer(fn, cold=True) for fn in fns]
     except torch.cuda.OutOfMemoryError:
-        timers = None
         torch.cuda.empty_cache()
-    if timers is None:
         return [graph_ms(fn, cold=True) for fn in fns]
     best = [math.inf] * len(timers)
     for round_ in range(rounds + 1):

@@ -248,7 +248,7 @@ def _full_scale_exponents(graph) -> list:
     large: set[int] = set()
     nodes = graph.live_nodes()
     for n in nodes:
-        operands = [i for i in (n.inputs[1:] if n.op == "where" else n.inputs)]
+        operands = n.inputs[1:] if n.op == "where" else n.inputs
         if n.op == "input":
             takes = n.dtype.is_float
         elif n.op == "const":

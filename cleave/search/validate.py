@@ -114,10 +114,13 @@ def _meet_linear(c, env: dict, free: set) -> bool:
     syms = sorted((x for x in f.free_symbols if x.name in free), key=lambda x: x.name)
     try:
         excess = D.evaluate(f, env)
-        coefs = [(x, f.coeff(x)) for x in syms]
     except (KeyError, TypeError):
         return False
-    if excess <= 0 or not syms or any(not k.is_Number or k == 0 or not sympy.degree(f, x) == 1 for x, k in coefs):
+    # linear in them only (a floor, a Mod or a product of two is left to the scaling)
+    if excess <= 0 or not syms or not f.is_polynomial(*syms) or sympy.Poly(f, *syms).total_degree() != 1:
+        return False
+    coefs = [(x, f.coeff(x)) for x in syms]
+    if any(not k.is_Number or k == 0 for _, k in coefs):
         return False
     moved = False
     for x, k in [(x, k) for x, k in coefs if k > 0] + [(x, k) for x, k in coefs if k < 0]:
