@@ -433,6 +433,18 @@ class Emitter:
         s = self.align(v, dims) if dims is not None else v.name
         return f"{s}.to(tl.float32)" if v.ty in LOW or v.ty in INTS or v.ty == "tl.int1" else s
 
+    def rounded(self, b: Block, v: Val, dtype) -> Val:
+        """v, a value of half type `dtype`, as that type holds it: a half value is computed
+        in f32 (a MatMul's accumulator, an elementwise chain), and a comparison of it with
+        one rounded to its type (its row max, cast back) must compare what eager does
+        (`(x @ w.t()).argmax(-1)` in bf16 found no maximum and returned 48 of 48)."""
+        if dtype not in (DType.bf16, DType.f16) or v.ty != "tl.float32":
+            return v
+        v = self.unscaled(b, v)
+        out = self.var(b, convert(v.name, TL[dtype]), v.dims, TL[dtype])
+        out.zero = v.zero
+        return out
+
     def as_int(self, v: Val, dims, ty: str) -> str:
         """v as an operand of an integer op computed in `ty` (see NARROW)."""
         s = self.align(v, dims)
@@ -625,6 +637,7 @@ class Emitter:
                     conv = lambda v, d: self.as_int(v, d, common)  # noqa: E731
                 else:
                     conv = self.f32
+                    a, c = (self.rounded(b, x, node.dtype) for x, node in zip(args, n.inputs))
             if op in BITWISE:  # in the result's type: Triton refuses bit ops across signedness (uint8 & int8)
                 conv = lambda v, d: self.align(v, d) if v.ty == ty else convert(self.align(v, d), ty)  # noqa: E731
             form = {"max": NAN_MAX, "min": NAN_MIN}.get(op, BINARY[op]) if n.dtype.is_float else BINARY[op]
