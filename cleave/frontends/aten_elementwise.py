@@ -164,7 +164,7 @@ def _div(t, node, a):
     differs from y's: exact over the whole range, where f32 would round past 2**24."""
     mode, x, y = a.get("rounding_mode"), a["self"], a["other"]
     if mode is None:
-        return binary(t, "div", x, y)
+        return binary(t, "div", *_in_float(t, node, x, y))
     x, y = _operands(t, x, y)
     if not node.meta["val"].dtype.is_floating_point:  # integers: C's division, floored where signs differ
         quotient = binary(t, "idiv", x, y)
@@ -196,8 +196,19 @@ def _in_out_dtype(t, node, x):
 @rule("atan2", "arctan2", "prims.atan2", "hypot", "prims.hypot", "copysign.Tensor", "copysign.Scalar")
 def _float_binary(t, node, a):
     op = node.target._schema.name.split("::")[-1].replace("arctan2", "atan2")
-    x, y = _operands(t, a["self"], a["other"])
+    x, y = _operands(t, *_in_float(t, node, a["self"], a["other"]))
     return t.add(op, _in_out_dtype(t, node, x), _in_out_dtype(t, node, y))
+
+
+def _in_float(t, node, x, y):
+    """The integer or bool tensors among x and y in the op's float result type, as torch
+    converts them before a true division or atan2: a number or 0-dim tensor beside them is
+    then not wrapped into their type (`u8 / u8.sum()` at a sum of 256 divided by 0, `i8 /
+    300` by 44)."""
+    out = t.out_dtype(node)
+    if not out.is_float:
+        return x, y
+    return tuple(_cast(t, v, out) if hasattr(v, "graph") and not v.dtype.is_float else v for v in (x, y))
 
 
 @rule("signbit", "prims.signbit")
