@@ -181,6 +181,18 @@ def test_an_int_that_may_be_negative_compiles(ctx):
     assert st["operators"] == 2 and st["compiles"] <= 3, st  # the ints static at the first call, then symbolic
 
 
+
+def test_an_int_too_large_to_carry_runs_eagerly_with_a_warning(ctx):
+    """x + k at k = 2**63 - 1: its carried length, k + 1, overflows int64, and torch's
+    expand raised an overflow from inside the launcher."""
+    f = torch.compile(lambda x, k: x + k, backend="cleave")
+    x = torch.tensor([-3, -1, 0, 1])
+    for k in (1, 7):
+        assert torch.equal(f(x, k), x + k)
+    with pytest.warns(UserWarning, match="integer argument k is too large to pass as a size"):
+        assert torch.equal(f(x, 2 ** 63 - 1), x + (2 ** 63 - 1))
+    assert torch.equal(f(x, -2 ** 63 + 1), x - (2 ** 63 - 1))  # warned once; its arguments remembered too
+
 def _heads(x, h):
     b, s, d = x.shape
     return x.view(b, s, h, d // h).transpose(1, 2).softmax(-1), x.view(h, -1).sum(0)

@@ -375,6 +375,9 @@ def size_carriers(size_inputs: list[tuple[str, str, str]], device) -> dict:
             for name, arg, kind in size_inputs}
 
 
+_INT64_MAX = 2 ** 63 - 1
+
+
 def _carried_length(n: int, kind: str) -> int:
     return n if kind == "len" else max(n if kind == "pos" else -n, 0) + 1
 
@@ -422,6 +425,11 @@ class Launcher:
     def __call__(self, *args):
         if self.failed or on_meta(args):  # meta tensors carry shapes only: eager infers them
             return self.eager_fn(*args)
+        wide = self._uncarried(args)
+        if wide:
+            self.ctx.warn_eager(self.where, f"its integer argument {wide} is too large to pass as a size "
+                                            f"(at most 2**63 - 2 in magnitude)")
+            return self.eager_fn(*args)
         inputs = self.inputs(args)
         if self._runs_eagerly(args, inputs):
             return self.eager_fn(*args)
@@ -451,6 +459,14 @@ class Launcher:
         except BindingError:
             return False
         return True
+
+    def _uncarried(self, args) -> str | None:
+        """The user's name of an int argument whose carried length (`_carried_length`)
+        int64 cannot hold: `x + k` at k = 2**63 - 1 raised an overflow from torch's expand."""
+        for name, (arg, kind, _) in self.size_inputs.items():
+            if _carried_length(int(args[self.size_positions[name]]), kind) > _INT64_MAX:
+                return self.labels.get(arg, arg)
+        return None
 
     def inputs(self, args) -> dict[str, torch.Tensor]:
         if self.by_name:
@@ -496,8 +512,8 @@ class Launcher:
         kernels take less time than the host spends launching them). The launcher
         itself once it runs eagerly for good; None while these arguments have not run
         compiled yet (first met during a CUDA graph capture)."""
-        if self.failed or self.writebacks or self.reads_storage:  # their checks run at every call
-            return self
+        if self.failed or self.writebacks or self.reads_storage or self._uncarried(args):
+            return self  # their checks run at every call
         launch = self.op.ready(self.inputs(args))
         if launch is None:
             return None
