@@ -20,7 +20,7 @@ import sympy
 from cleave.ir import ShapeError
 from cleave.ir import dims as D
 from cleave.ir.dtypes import DType, promote
-from cleave.ir.ops import BITWISE, COMPARE, per_op
+from cleave.ir.ops import BITWISE, COMPARE, per_op, reads_half_rounded
 
 from . import half_swap, scale_after
 from .bounds import segments
@@ -434,10 +434,11 @@ class Emitter:
         return f"{s}.to(tl.float32)" if v.ty in LOW or v.ty in INTS or v.ty == "tl.int1" else s
 
     def rounded(self, b: Block, v: Val, dtype) -> Val:
-        """v, a value of half type `dtype`, as that type holds it: a half value is computed
-        in f32 (a MatMul's accumulator, an elementwise chain), and a comparison of it with
-        one rounded to its type (its row max, cast back) must compare what eager does
-        (`(x @ w.t()).argmax(-1)` in bf16 found no maximum and returned 48 of 48)."""
+        """v, a value of half type `dtype`, as that type holds it, for an op that reads it
+        rounded (`reads_half_rounded`: a compare, a cast to an integer, a floor). A half
+        MatMul's kernel holds its f32 accumulator: `(x @ w.t()).argmax(-1)` in bf16
+        compared it with its rounded row max, found no maximum and returned 48 of 48, and
+        its cast to int32 was one off where the bf16 product was a whole number."""
         if dtype not in (DType.bf16, DType.f16) or v.ty != "tl.float32":
             return v
         v = self.unscaled(b, v)
@@ -593,6 +594,8 @@ class Emitter:
     def compute(self, b: Block, inst, args) -> Val:
         n, op = inst.node, inst.op
         dims = self.dims(inst.labels)
+        if reads_half_rounded(op, n.dtype):
+            args = [self.rounded(b, x, node.dtype) for x, node in zip(args, n.inputs)]
         if op == "load":
             return self.load(b, inst, dims)
         if op == "const":
@@ -637,7 +640,6 @@ class Emitter:
                     conv = lambda v, d: self.as_int(v, d, common)  # noqa: E731
                 else:
                     conv = self.f32
-                    a, c = (self.rounded(b, x, node.dtype) for x, node in zip(args, n.inputs))
             if op in BITWISE:  # in the result's type: Triton refuses bit ops across signedness (uint8 & int8)
                 conv = lambda v, d: self.align(v, d) if v.ty == ty else convert(self.align(v, d), ty)  # noqa: E731
             form = {"max": NAN_MAX, "min": NAN_MIN}.get(op, BINARY[op]) if n.dtype.is_float else BINARY[op]

@@ -49,7 +49,7 @@ from cleave.ir import dims as D
 
 from .recompute import operand_cuts
 from .target import H200
-from .views import ELEMENTWISE, Instance, TooManyInstances, Views, forward_view, store_chain
+from .views import ELEMENTWISE, Instance, TooManyInstances, Views, forward_view, peels_cast, store_chain
 
 # Tile instances one kernel may derive: a transformer layer's largest kernel derives
 # about 2,600 (Qwen3-32B); past this, recomputation compounds (a walk that would not end).
@@ -146,7 +146,7 @@ def _stored(graph: Graph, out: Node, buffer: str, peel: bool = True) -> tuple[No
     dtype = stored_dtype(out, graph.split_counts())
     if peel:
         inner, chain = store_chain(out, dtype)
-    elif out.op == "cast" and out.dtype == dtype and out.inputs[0].op != "input":
+    elif peels_cast(out, dtype) and out.inputs[0].op != "input":
         inner, chain = out.inputs[0], [out]
     else:
         inner, chain = out, []

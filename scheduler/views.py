@@ -22,7 +22,8 @@ from sympy.core.function import AppliedUndef
 
 from cleave.ir import Graph, Node, ShapeError
 from cleave.ir import dims as D
-from cleave.ir.ops import BINARY, COMPARE, UNARY
+from cleave.ir.dtypes import DType
+from cleave.ir.ops import BINARY, COMPARE, UNARY, reads_half_rounded
 
 ELEMENTWISE = {*UNARY, *BINARY, *COMPARE, "cast", "where", "broadcast"}
 
@@ -380,11 +381,18 @@ def store_chain(out: Node, stored_dtype=None) -> tuple[Node, list[Node]]:
     kernel then tiles the inner node's dims (GQA decode's [b, kv heads, group, d]
     rather than the merged [b, heads, d] of the output)."""
     chain = []
-    while (out.op in ("reshape", "permute") or (out.op == "cast" and out.dtype == stored_dtype)) \
-            and out.inputs[0].op != "input":
+    while (out.op in ("reshape", "permute") or peels_cast(out, stored_dtype)) and out.inputs[0].op != "input":
         chain.append(out)
         out = out.inputs[0]
     return out, chain
+
+
+def peels_cast(out: Node, stored_dtype) -> bool:
+    """Whether a cast to `stored_dtype` peels into the store's conversion: not one that
+    reads a half value rounded (to an integer: a bf16 MatMul's f32 accumulator
+    truncated to int32 was one off where the bf16 product was a whole number)."""
+    return out.op == "cast" and out.dtype == stored_dtype and not (
+        reads_half_rounded("cast", out.dtype) and out.inputs[0].dtype in (DType.bf16, DType.f16))
 
 
 def forward_view(chain: list[Node], view: tuple) -> tuple:
