@@ -17,7 +17,7 @@ import torch
 from .ir import CleaveError, Graph, Node
 from .ir import dims as D
 from .ir.dtypes import DType, rounds
-from .ir.ops import COMPARE, per_op, reads_half_rounded
+from .ir.ops import COMPARE, half_read, per_op, reads_half_rounded
 
 TORCH_DTYPES = {d: getattr(torch, d.torch_name) for d in DType}
 IR_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
@@ -122,7 +122,7 @@ def _eval(node: Node, args, inputs, env, float_type, device) -> torch.Tensor:
         view[axis] = shape[axis]
         return index.reshape(view).expand(shape)
     if reads_half_rounded(op, node.dtype):
-        args = [_as_stored(x, n.dtype) for x, n in zip(args, node.inputs)]
+        args = [_as_stored(x, half_read(n)) for x, n in zip(args, node.inputs)]
     if op in _UNARY:
         x = args[0]
         if node.dtype.is_float and not x.is_floating_point():  # exp of an integer: a float function

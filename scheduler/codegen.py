@@ -20,7 +20,7 @@ import sympy
 from cleave.ir import ShapeError
 from cleave.ir import dims as D
 from cleave.ir.dtypes import DType, promote
-from cleave.ir.ops import BITWISE, COMPARE, per_op, reads_half_rounded
+from cleave.ir.ops import BITWISE, COMPARE, half_read, per_op, reads_half_rounded
 
 from . import half_swap, scale_after
 from .bounds import segments
@@ -439,7 +439,7 @@ class Emitter:
         MatMul's kernel holds its f32 accumulator: `(x @ w.t()).argmax(-1)` in bf16
         compared it with its rounded row max, found no maximum and returned 48 of 48, and
         its cast to int32 was one off where the bf16 product was a whole number."""
-        if dtype not in (DType.bf16, DType.f16) or v.ty != "tl.float32":
+        if dtype not in (DType.bf16, DType.f16) or v.ty != "tl.float32":  # None: no half value
             return v
         v = self.unscaled(b, v)
         out = self.var(b, convert(v.name, TL[dtype]), v.dims, TL[dtype])
@@ -595,7 +595,7 @@ class Emitter:
         n, op = inst.node, inst.op
         dims = self.dims(inst.labels)
         if reads_half_rounded(op, n.dtype):
-            args = [self.rounded(b, x, node.dtype) for x, node in zip(args, n.inputs)]
+            args = [self.rounded(b, x, half_read(node)) for x, node in zip(args, n.inputs)]
         if op == "load":
             return self.load(b, inst, dims)
         if op == "const":

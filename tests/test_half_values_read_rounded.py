@@ -59,3 +59,24 @@ def test_a_half_chain_compared_with_its_row_max_under_dynamic_shapes(ctx):
             assert torch.equal(got, want), (n, got, want)
     st = ctx.stats()
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
+
+
+def test_fmod_of_a_bf16_product_reads_it_rounded():
+    """27 + 0.984375 is 28 in bf16, a multiple of 4: fmod read 27.98 and gave 3.98."""
+    def f(x, w):
+        return torch.fmod(x @ w.t(), 4.0), torch.remainder(x @ w.t(), 4.0)
+
+    x, w = torch.tensor([[27.0, 0.984375]], dtype=torch.bfloat16), torch.ones(1, 2, dtype=torch.bfloat16)
+    for got, want in zip(cleave.compile(f)(x, w), f(x, w)):
+        assert torch.equal(got, want), (got, want)
+
+
+def test_nan_to_num_of_an_overflowing_f16_value_replaces_its_inf():
+    """torch's nan_to_num widens its operand to f32 before its `== inf` tests: the f16
+    product 1e5, held in f32, was finite there, and stored as inf."""
+    def f(x):
+        return torch.nan_to_num(x * 100, posinf=1.0, neginf=-1.0), torch.nan_to_num(x * 100)
+
+    x = torch.tensor([[1000.0, -1000.0, 1.0]], dtype=torch.float16)
+    for got, want in zip(cleave.compile(f)(x), f(x)):
+        assert torch.equal(got, want), (got, want)

@@ -40,9 +40,23 @@ STEPS = ("floor", "ceil", "trunc", "round", "sign")
 def reads_half_rounded(op: str, dtype) -> bool:
     """Whether an op of this result dtype reads a half operand rounded to its type, where
     a wider value is held for it (fp64 in the reference, f32 in the kernels): a compare,
-    a cast to an integer or bool, a step. torch's eager rounds at every half op, and
-    there one rounding turns into another answer (an f16 x * 1024 past 65504 is inf)."""
-    return op in COMPARE or op in STEPS or op == "cast" and not dtype.is_float
+    a cast to an integer or bool, a step, fmod (a remainder moves by its divisor where its
+    operand moves a step). torch's eager rounds at every half op, and there one rounding
+    turns into another answer (an f16 x * 1024 past 65504 is inf; fmod(27.98, 4) is 3.98
+    where bf16's 28 gives 0)."""
+    return op in COMPARE or op in STEPS or op == "fmod" or op == "cast" and not dtype.is_float
+
+
+def half_read(node) -> "DType | None":
+    """The half type an op that reads its operands rounded (`reads_half_rounded`) reads
+    operand `node` in: its own, or the half type a widening cast took it from, as torch
+    widens the rounded value (`torch.sgn` and `nan_to_num` of a half tensor compare its
+    f32 copy: an f16 1e5 held in f32 was finite to nan_to_num, and stored as inf)."""
+    if node.dtype in (DType.bf16, DType.f16):
+        return node.dtype
+    if node.op == "cast" and node.dtype.is_float and node.inputs[0].dtype in (DType.bf16, DType.f16):
+        return node.inputs[0].dtype
+    return None
 REDUCE_OPS = ("sum", "max", "min", "prod")  # the `op` attribute of `reduce`
 # log2(e) as the float the rules write and the kernels use: exp(x) = exp2(x * LOG2E).
 LOG2E = 1 / math.log(2.0)

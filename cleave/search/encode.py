@@ -24,7 +24,7 @@ import sympy
 from cleave.ir import Graph, Node
 from cleave.ir import dims as D
 from cleave.ir.dtypes import DType, rounds
-from cleave.ir.ops import BINARY, STEPS, UNARY, reads_half_rounded
+from cleave.ir.ops import BINARY, STEPS, UNARY, half_read, reads_half_rounded
 from cleave.rules.dsl import REDUCE, Axis, Leaf, Term, const_value
 from cleave.rules.instances import within
 from cleave.rules.lower import LOW, Lowering
@@ -59,8 +59,7 @@ class Encoded:
                 # A compare, a cast to an integer or bool and a floor read their half
                 # operands rounded, as eager does: the policy computes them in f32, and f16
                 # x * 1024 past 65504 was finite to isfinite, (g + 1) == g never held
-                operands = [x.cast(o.dtype) if o.dtype in HALVES and x.dtype != o.dtype and x.dtype.is_float else x
-                            for x, o in zip(operands, n.inputs)]
+                operands = [_read_rounded(x, o) for x, o in zip(operands, n.inputs)]
             if _is_float_cast(n):
                 # A kept rounding cast rounds from its operand's precision in the input
                 # graph: `x / math.sqrt(d)` takes an f64 square root of a size and rounds
@@ -87,6 +86,16 @@ class Encoded:
 
 
 HALVES = (DType.f16, DType.bf16)
+
+
+def _read_rounded(x: Node, original: Node) -> Node:
+    """Operand x, decoded for `original`, as an op reading it rounded takes it: rounded to
+    the half type `original` holds or widened from (`half_read`), in original's dtype."""
+    half = half_read(original)
+    if half is None or not x.dtype.is_float or x.dtype == half:
+        return x
+    x = x.cast(half)
+    return x if original.dtype == half else x.cast(original.dtype)
 
 
 def _is_float_cast(n: Node) -> bool:
