@@ -62,9 +62,10 @@ def test_a_half_chain_compared_with_its_row_max_under_dynamic_shapes(ctx):
 
 
 def test_fmod_of_a_bf16_product_reads_it_rounded():
-    """27 + 0.984375 is 28 in bf16, a multiple of 4: fmod read 27.98 and gave 3.98."""
+    """27 + 0.984375 is 28 in bf16, a multiple of 4: fmod read 27.98 and gave 3.98, of
+    the product and of the elementwise sum (which the search computes in f32)."""
     def f(x, w):
-        return torch.fmod(x @ w.t(), 4.0), torch.remainder(x @ w.t(), 4.0)
+        return torch.fmod(x @ w.t(), 4.0), torch.remainder(x @ w.t(), 4.0), torch.fmod(x[:, :1] + x[:, 1:], 4.0)
 
     x, w = torch.tensor([[27.0, 0.984375]], dtype=torch.bfloat16), torch.ones(1, 2, dtype=torch.bfloat16)
     for got, want in zip(cleave.compile(f)(x, w), f(x, w)):

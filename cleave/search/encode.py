@@ -159,7 +159,7 @@ def _term(n: Node, args: list, kept: set[int]):
     # x*(y/c) would lose int32's wraparound. Integer values stay leaves; a topk's indices
     # (an order, not arithmetic) are a term, as its values are.
     real = n.dtype.is_float
-    if op in STEPS and n.dtype in HALVES:  # a step of a half value: opaque, so its operand comes rounded
+    if (op in STEPS or op == "fmod") and n.dtype in HALVES:  # opaque, so its half operand comes rounded
         return Leaf(n.id, tuple(args))
     if real and (op in UNARY or op in BINARY or op in ("where", "matmul")):  # the same op in both vocabularies
         return Term(op, tuple(args))
