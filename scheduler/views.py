@@ -22,8 +22,7 @@ from sympy.core.function import AppliedUndef
 
 from cleave.ir import Graph, Node, ShapeError
 from cleave.ir import dims as D
-from cleave.ir.dtypes import DType
-from cleave.ir.ops import BINARY, COMPARE, UNARY, reads_half_rounded
+from cleave.ir.ops import BINARY, COMPARE, UNARY, half_read, reads_half_rounded
 
 ELEMENTWISE = {*UNARY, *BINARY, *COMPARE, "cast", "where", "broadcast"}
 
@@ -392,7 +391,7 @@ def peels_cast(out: Node, stored_dtype) -> bool:
     reads a half value rounded (to an integer: a bf16 MatMul's f32 accumulator
     truncated to int32 was one off where the bf16 product was a whole number)."""
     return out.op == "cast" and out.dtype == stored_dtype and not (
-        reads_half_rounded("cast", out.dtype) and out.inputs[0].dtype in (DType.bf16, DType.f16))
+        reads_half_rounded("cast", out.dtype) and half_read(out.inputs[0]) is not None)
 
 
 def forward_view(chain: list[Node], view: tuple) -> tuple:

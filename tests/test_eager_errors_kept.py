@@ -199,19 +199,23 @@ def test_an_error_met_while_dynamo_traces_reads_as_eagers():
     assert str(got.value) == str(eager.value)
 
 
-def _prefill_reading_lengths_by_request(q, k, qo_indptr, kv_len):
-    seg = (torch.arange(q.shape[0])[:, None] >= qo_indptr[None, 1:-1]).sum(1)  # query -> request, < b
-    keep = torch.arange(k.shape[0])[None, :] < kv_len[seg][:, None]
-    return (q @ k.T).masked_fill(~keep, float("-inf")).softmax(-1) @ k
+def _prefill_reading_lengths_by_request(read):
+    def prefill(q, k, qo_indptr, kv_len):
+        seg = (torch.arange(q.shape[0])[:, None] >= qo_indptr[None, 1:-1]).sum(1)  # query -> request, < b
+        keep = torch.arange(k.shape[0])[None, :] < read(kv_len, seg)[:, None]
+        return (q @ k.T).masked_fill(~keep, float("-inf")).softmax(-1) @ k
+    return prefill
 
 
-def test_an_index_in_range_only_at_consistent_sizes_compiles():
+@pytest.mark.parametrize("read", [lambda t, i: t[i], lambda t, i: torch.gather(t, 0, i)], ids=["index", "gather"])
+def test_an_index_in_range_only_at_consistent_sizes_compiles(read):
     """qo_indptr has b + 1 entries, kv_len b: the refusal's small binding drew the two
-    lengths apart, a request id indexed past kv_len, and the program, which eager runs,
-    was refused as one eager refuses and ran eagerly at every call."""
-    g = cleave.compile(_prefill_reading_lengths_by_request,
-                       dynamic={"q": {0: "tq"}, "k": {0: "n"}, "qo_indptr": {0: "b1"}, "kv_len": {0: "b"}})
+    lengths apart, a request id indexed past kv_len (an IndexError, or torch.gather's
+    RuntimeError), and the program, which eager runs, was refused as one eager refuses
+    and ran eagerly at every call."""
+    fn = _prefill_reading_lengths_by_request(read)
+    g = cleave.compile(fn, dynamic={"q": {0: "tq"}, "k": {0: "n"}, "qo_indptr": {0: "b1"}, "kv_len": {0: "b"}})
     q, k = torch.randn(8, 4), torch.randn(6, 4)
     qo, kv_len = torch.tensor([0, 3, 8]), torch.tensor([2, 6])
-    torch.testing.assert_close(g(q, k, qo, kv_len), _prefill_reading_lengths_by_request(q, k, qo, kv_len))
+    torch.testing.assert_close(g(q, k, qo, kv_len), fn(q, k, qo, kv_len))
     assert g.stats["failed"] == 0 and g.stats["compiles"] == 1, g.stats

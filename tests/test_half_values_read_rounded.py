@@ -32,6 +32,10 @@ def _to_int(x, w):
     return (x @ w.t()).to(torch.int32)
 
 
+def _to_int_through_f32(x, w):
+    return (x @ w.t()).float().to(torch.int32)
+
+
 def _floor(x, w):
     return (x @ w.t()).floor()
 
@@ -41,7 +45,7 @@ def _round(x, w):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("fn", [_argmax, _is_row_max, _to_int, _floor, _round])
+@pytest.mark.parametrize("fn", [_argmax, _is_row_max, _to_int, _to_int_through_f32, _floor, _round])
 def test_a_half_matmul_read_rounded(fn, dtype):
     f = cleave.compile(fn)
     for seed in range(2):
