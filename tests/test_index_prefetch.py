@@ -45,9 +45,13 @@ def test_a_paged_decode_with_its_page_indices_a_step_ahead_matches_fp64():
     for name in _carried(plans[0]):
         assert src.count(f"{name} = tl.load(") >= 2 and f"= {name}\n" in src
     _check(graph, plans, inputs, env, "gqa paged")
-    # the same plans at another batch of requests (the serving axes are dynamic)
+    # the same plans at another batch of requests (the serving axes are dynamic): the
+    # first of each kernel count (one pass, and a partial kernel with its combine), as
+    # the interpreter takes about 3 s a plan there
     graph2, inputs2, env2, *_ = paged_decode_case([5, 64, 0, 0, 2, 17, 40], pool=197, heads=8, seed=9)
-    _check(graph2, plans, inputs2, env2, "gqa paged, another step")
+    firsts = {len(p.kernels): p for p in reversed(plans)}
+    assert len(firsts) == 2, [p.split for p in plans]
+    _check(graph2, list(firsts.values()), inputs2, env2, "gqa paged, another step")
 
 
 def test_the_mla_paged_decode_with_its_page_indices_a_step_ahead_matches_fp64():

@@ -3,9 +3,15 @@ in the generated kernels. Only "1" counted before: under TRITON_INTERPRET=true T
 interpreted the kernels while they took the GPU path, and a bf16 MatMul came back off
 by 1e10 (the interpreter's bf16 dot), with no warning."""
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+
+import pytest
+
+import cleave.rules as rules
+from cleave.verify import require_sound, verdict
 
 PROGRAM = textwrap.dedent("""
     import torch, cleave
@@ -17,18 +23,28 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def test_another_spelling_triton_accepts_interprets_exactly(tmp_path):
-    env = {**os.environ, "TRITON_INTERPRET": "true", "CLEAVE_CACHE_DIR": str(tmp_path)}
+@pytest.fixture
+def cold_cache(tmp_path):
+    """An operator cache with nothing in it, holding the library's verdicts: the child
+    compiles cold without proving the library again (about 30 s a process)."""
+    require_sound(rules.all_rules())  # proven here, or read from this run's cache dir
+    if verdict.verdict_dir().is_dir():
+        shutil.copytree(verdict.verdict_dir(), tmp_path / "verify")
+    return tmp_path
+
+
+def test_another_spelling_triton_accepts_interprets_exactly(cold_cache):
+    env = {**os.environ, "TRITON_INTERPRET": "true", "CLEAVE_CACHE_DIR": str(cold_cache)}
     done = subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.strip().splitlines()[-1]) < 1e-2, done.stdout
 
 
-def test_without_a_gpu_or_the_interpreter_the_warning_says_what_to_set(tmp_path):
+def test_without_a_gpu_or_the_interpreter_the_warning_says_what_to_set(cold_cache):
     """CPU tensors with TRITON_INTERPRET unset: the fallback's warning quoted Triton's
     "0 active drivers ([]). There should only be one." """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["CLEAVE_CACHE_DIR"] = str(tmp_path)
+    env["CLEAVE_CACHE_DIR"] = str(cold_cache)
     program = textwrap.dedent("""
         import warnings, torch, cleave
         x = torch.randn(5, 7)
