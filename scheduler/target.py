@@ -44,6 +44,10 @@ class Target:
     # kernel options ran clean alone (session 39); cause not found, never timed against the
     # default. `benchmarks.build --index-prefetch` builds them.
     index_prefetch: bool = False
+    # Issue each load of a read-only buffer as early as its block's straight-line code
+    # allows (scheduler/load_order.py): a decode's V tile beside its K tile, before the
+    # scores' MatMul. Off until timed against the default (`benchmarks.build --early-loads`).
+    early_loads: bool = False
     # Offer each attention-class kernel's Gluon form (scheduler/gluon.py) beside its `tl`
     # options: warp-specialised, for sm_90; the runtime serves it only there, checked.
     gluon: bool = True
