@@ -43,7 +43,7 @@ from ..ir import BindingError, CleaveError
 from .context import Context
 from .user_frame import _user_level
 from ..frontends.output_layout import permute_outputs
-from .graph_breaks import Launcher, constant_getters, on_meta, untraceable_call
+from .graph_breaks import Launcher, constant_getters, on_meta, overlapping, untraceable_call
 from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch, TensorContents, _python_function
 from .launch import remember
 
@@ -65,6 +65,9 @@ class CompiledFunction:
         self._seen: dict[tuple, object] = {}  # exact arguments (_call_key) -> runner: skips the signature
         self._guards: Guards | None = None  # what the runners baked in besides the arguments
         self._dynamo = None
+        # A call through dynamo changed an argument in place (its version counter moved):
+        # later calls whose arguments share memory run eagerly (_call_dynamo).
+        self._writes_arguments = False
         self._dynamo_hooks = None  # the global module hooks self._dynamo's frames were traced with
         self._rnn_noted = False  # whether the recurrent modules fn calls were looked for
         self._spec_fitted = False  # whether `dynamic` fit a call: it is checked against the first
@@ -428,11 +431,21 @@ class CompiledFunction:
             for axis in spec.get(name, ()):
                 torch._dynamo.maybe_mark_dynamic(a, axis)
         self._note_recurrent_modules()
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if self._writes_arguments and overlapping(tensors):
+            # dynamo's graphs were traced with arguments apart, and it guards no overlap
+            # between views: x.zero_() then read through y = x's storage one row on gave
+            # y's old values (aot_eager does the same)
+            self.ctx.warn_eager(self.name, "it changes an argument in place and its arguments share memory")
+            return self.fn(*args, **kwargs)
+        versions = [t._version for t in tensors]
         breaks = _graph_breaks()
         failure = None
         try:
             with _fake_tensor_logs_held():
-                return self._dynamo(*args, **kwargs)
+                result = self._dynamo(*args, **kwargs)
+            self._writes_arguments |= any(t._version != v for t, v in zip(tensors, versions))
+            return result
         except torch._dynamo.exc.TorchRuntimeError as err:  # tracing with fake tensors failed
             failure = err
         except Exception as err:

@@ -496,7 +496,7 @@ class Launcher:
             self.ctx.warn_eager(self.where, "inputs require grad and cleave's kernels have no backward "
                                 "(call it under torch.no_grad(), or with requires_grad=False, to compile it)")
             return True
-        if self.writebacks and _overlapping(list(inputs.values())):  # a parameter or constant too
+        if self.writebacks and overlapping(list(inputs.values())):  # a parameter or constant too
             self.ctx.warn_eager(self.where, "it changes an input in place and its inputs share memory")
             return True
         if self.reads_storage and not all(_row_major_from_start(a) for a in args if isinstance(a, torch.Tensor)):
@@ -555,7 +555,7 @@ def on_meta(values) -> bool:
     return any(isinstance(v, torch.Tensor) and (v.is_meta or isinstance(v, FakeTensor)) for v in values)
 
 
-def _overlapping(args) -> bool:
+def overlapping(args) -> bool:
     from ..frontends.capture import shares_memory
 
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
