@@ -411,6 +411,19 @@ def test_topk_ranks_nan_highest_and_takes_each_entry_once(ctx):
     assert st["unsupported"] == [] and st["failed"] == 0 and st["graph_breaks"] == 0, st
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_smallest_k_take_inf_before_nan(ctx, dtype):
+    """Flipped for the smallest k, +inf and NaN both became -inf and tied: a NaN earlier
+    in the row than the +inf was taken in its place ([1, 2, nan] for [1, 2, inf])."""
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[nan, inf, 1.0, 2.0], [3.0, inf, 0.0, nan], [nan, -inf, inf, nan]], dtype=dtype)
+    got = torch.compile(lambda x: torch.topk(x, 3, dim=1, largest=False), backend="cleave")(x)
+    want = torch.topk(x, 3, dim=1, largest=False)
+    assert torch.equal(got.indices, want.indices), (got.indices, want.indices)
+    torch.testing.assert_close(got.values, want.values, rtol=0, atol=0, equal_nan=True)
+    assert ctx.stats()["failed"] == 0 and ctx.stats()["unsupported"] == []
+
+
 def test_tanh_keeps_its_relative_precision_near_zero(ctx):
     """tanh as 2 sigmoid(2x) - 1 cancels near 0: tanh(1e-6) came out 7% off and
     tanh(3e-10) as 0."""

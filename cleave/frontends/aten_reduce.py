@@ -492,11 +492,17 @@ def _topk(t, node, a):
         return (t.add("topk", x, k=k, axis=axis, which="values"), t.add("topk", x, k=k, axis=axis, which="indices"))
     # The smallest k of x are the largest k of -x, with NaN (torch's largest value, so
     # the last of the smallest) below every number: -inf; the values are read back from
-    # x, a NaN as itself. Integers flip by ~x = -x - 1, which no value overflows (-x
-    # wrapped: uint8's 0 and int8's -128 are their own negation).
+    # x, a NaN as itself. +inf goes just above it, to -FLT_MAX: as -inf it tied with NaN,
+    # and a NaN earlier in the row took its place. In f32 that ties +inf with FLT_MAX
+    # itself (f32 has no value between); a half is flipped in f32, below all of its own.
+    # Integers flip by ~x = -x - 1, which no value overflows (-x wrapped: uint8's 0 and
+    # int8's -128 are their own negation).
     if x.dtype.is_float:
-        flipped = t.add("neg", x)
-        flipped = t.add("where", t.add("ne", x, x), t.const(float("-inf"), flipped.dtype), flipped)
+        wide = t.add("cast", x, dtype=DType.f32) if x.dtype in (DType.bf16, DType.f16) else x
+        flipped = t.add("neg", wide)
+        flipped = t.add("where", t.add("eq", wide, t.const(float("inf"), wide.dtype)),
+                        t.const(-torch.finfo(torch.float32).max, wide.dtype), flipped)
+        flipped = t.add("where", t.add("ne", x, x), t.const(float("-inf"), wide.dtype), flipped)
     else:
         flipped = t.add("bit_not", x)
     indices = t.add("topk", flipped, k=k, axis=axis, which="indices")
