@@ -92,6 +92,44 @@ def test_a_returned_view_of_a_result_has_eagers_strides(fn, path):
         _same([got], [want])
 
 
+def zeroed_through_a_transpose(x):
+    y = x.clone()
+    y.t()[1:] = 0
+    return y
+
+
+def stepped_through_a_permute(x):
+    y = torch.stack([x, x + 1]) * 3
+    y.permute(2, 0, 1)[1:4] += 1
+    return y
+
+
+def column_zeroed_of_a_transposed_input(x):
+    y = x.t() + 0
+    y[:, 1:] = 0.0
+    return y
+
+
+@pytest.mark.parametrize("fn", [zeroed_through_a_transpose, stepped_through_a_permute,
+                                column_zeroed_of_a_transposed_input])
+@pytest.mark.parametrize("path", ["cleave", "dynamo"])
+def test_a_result_written_through_a_view_keeps_its_own_layout(fn, path):
+    """slice_scatter keeps its input's layout; torch's decomposition of it (a `where`)
+    gave a row-major result, so `y.t()[1:] = 0` returned y with the view's strides
+    (1, 5) for eager's (7, 1), and `y.view(-1)` raised (session 46's probes)."""
+    torch._dynamo.reset()
+    f = _compiled(fn, path)
+    for n in (5, 3, 5):
+        x = torch.randn(n, 7)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="cleave")  # compiled, not run eagerly
+            got = f(x)
+        want = fn(x)
+        _same([got], [want])
+        if want.is_contiguous():
+            got.view(-1)  # what raised
+
+
 def test_eager_order():
     t = torch.empty(2, 5, 3, 4)
     assert eager_order(t) is None

@@ -25,8 +25,26 @@ def table() -> dict:
     from .fused_layers import TABLE as FUSED_LAYERS
 
     merged = {**decomposition_table, **core_aten_decompositions(), **FUSED_LAYERS}
+    scatter = merged[torch.ops.aten.slice_scatter.default]
+    merged[torch.ops.aten.slice_scatter.default] = functools.partial(_slice_scatter_in_its_layout, scatter)
     return {op: _checked_against_eager_kernel(op, fn) for op, fn in merged.items()
             if not _mapped(op) and not _kept_whole(op)}
+
+
+def _slice_scatter_in_its_layout(scatter, input, src, dim=0, start=None, end=None, step=1):
+    """torch's slice_scatter keeps its input's layout; its decomposition (a `where` over
+    a broadcast mask) gives a row-major result. Written through a transposed view of an
+    intermediate (`y = x.clone(); y.t()[1:] = 0; return y`), the result came back with
+    the view's strides, (1, 5) for eager's (7, 1), and the caller's `y.view(-1)` raised.
+    An input dense in another order is scattered into in that order and permuted back."""
+    from .output_layout import eager_order
+
+    order = eager_order(input) if input.dim() == src.dim() else None
+    if order is None:
+        return scatter(input, src, dim, start, end, step)
+    back = [order.index(i) for i in range(len(order))]
+    moved = scatter(input.permute(order), src.permute(order), order.index(dim % input.dim()), start, end, step)
+    return moved.permute(back)
 
 
 # Ops left undecomposed although a table decomposes them:
