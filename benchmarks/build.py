@@ -23,16 +23,13 @@ def main(argv=None) -> int:
                    help="the torch.set_float32_matmul_precision the plans honour, and the baselines run at")
     p.add_argument("--index-prefetch", action="store_true",
                    help="load loops' index tiles a step ahead (Target.index_prefetch), to time beside the default")
-    p.add_argument("--early-loads", action="store_true",
-                   help="issue read-only loads as early as their block allows (Target.early_loads), to time beside the default")
     args = p.parse_args(argv)
     from cleave import workloads
 
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in args.only or workloads.names():
-        for spec in plan_specs(name, args.top_plans, f32_matmul=args.f32_matmul, index_prefetch=args.index_prefetch,
-                               early_loads=args.early_loads):
+        for spec in plan_specs(name, args.top_plans, f32_matmul=args.f32_matmul, index_prefetch=args.index_prefetch):
             path = out / f"{name}__{spec['preset']}.json"
             path.write_text(json.dumps(spec, indent=1))
             kernels = [len(p["kernels"]) for p in spec["plans"]]

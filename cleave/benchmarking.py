@@ -35,21 +35,19 @@ def _log(msg: str) -> None:
 
 
 def plan_specs(name: str, top_plans: int = 4, presets: list[str] | None = None,
-               f32_matmul: str = "highest", index_prefetch: bool = False,
-               early_loads: bool = False) -> list[dict]:
+               f32_matmul: str = "highest", index_prefetch: bool = False) -> list[dict]:
     """Search a workload once, schedule it at each preset, and keep the best plans
     by cost (the GPU profiles them). Needs the search, so it runs on the dev machine.
     `f32_matmul`: the torch float32 MatMul precision the plans honour (Target.f32_matmul);
-    `bench_spec` runs the baselines under it too. `index_prefetch`, `early_loads`: those
-    Target switches, for timing them beside the default plans."""
+    `bench_spec` runs the baselines under it too. `index_prefetch`: Target.index_prefetch,
+    for timing it beside the default plans."""
     import dataclasses
     import time
 
     from . import search, workloads
     from .scheduler import H200, schedule
 
-    target = dataclasses.replace(H200, f32_matmul=f32_matmul, index_prefetch=index_prefetch,
-                                 early_loads=early_loads)
+    target = dataclasses.replace(H200, f32_matmul=f32_matmul, index_prefetch=index_prefetch)
 
     w = workloads.get(name)
     t0 = time.time()

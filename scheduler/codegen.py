@@ -28,7 +28,6 @@ from .exprs import code
 from .fexpr import EXP, Y_NEW, Y_OLD, fcode, parse_rescale
 from .index_bounds import index_bounds, provable
 from .kernel_stats import Stats, mma_efficiency
-from .load_order import issued_early
 from .loop_bounds import Search, render
 from .loops import Loop, accumulators, loop_nest, through_units
 from .monotone import FIRST_AT_LEAST
@@ -1121,8 +1120,6 @@ class Emitter:
                 body.lines.append(f"{carried} = " + self.prefetch_load(
                     x, addr, mask, cg, shape, f"(idx{x} + {bx})", f"(start{x} + {bx})", hi))
             self.searched |= any(isinstance(b, Search) for _, b in seg.defs)
-            if self.target.early_loads:
-                body.lines = issued_early(body.lines, self.read_only())
             h.lines.append(f"for start{x} in range({render(seg.lo)}, {render(seg.hi)}, {bx}):")
             h.lines += ["    " + line for line in body.lines]
         for a, full in deferred.values():
@@ -1268,8 +1265,6 @@ class Emitter:
             decode = [f"pid = {'tile' if self.persistent else pid}"] + \
                 self.decode(order, tiles, grouped, descending(self.stats.loops))
         top.lines = decode + top.lines
-        if self.target.early_loads:
-            top.lines = issued_early(top.lines, self.read_only())
         if self.persistent:
             # The next tile's loads are in flight while this tile's epilogue converts its
             # result through shared memory: both are live at once. Measured on the H200
@@ -1305,12 +1300,6 @@ class Emitter:
         lines = comment + [f"@triton.jit{dns}", f"def {name}({', '.join(params)}):"] + \
             ["    " + ln for ln in top.lines]
         return Function(name, lines, bufs, [self.grid()], self.searched)
-
-    def read_only(self) -> set[str]:
-        """The buffers this kernel reads and never writes."""
-        g = self.spec.views.graph
-        return {buffer_name(g, inst.node) for inst in self.views.memo.values() if inst.leaf} - \
-            {st.buffer for st in self.spec.stores}
 
     def wide(self) -> bool:
         """Whether offsets are int64: int32 when every buffer (and a tile of overhang)

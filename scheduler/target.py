@@ -44,12 +44,6 @@ class Target:
     # kernel options ran clean alone (session 39); cause not found, never timed against the
     # default. `benchmarks.build --index-prefetch` builds them.
     index_prefetch: bool = False
-    # Issue each load of a read-only buffer as early as its block's straight-line code
-    # allows (scheduler/load_order.py): a decode's V tile beside its K tile, before the
-    # scores' MatMul. Off: on an H100 it made decode chunks held whole at 8 warps 21-26%
-    # slower, one at 4 warps 6% faster, and left pipelined loops as they were (RESULTS.md,
-    # session 46). `benchmarks.build --early-loads` builds such plans.
-    early_loads: bool = False
     # Offer each attention-class kernel's Gluon form (scheduler/gluon.py) beside its `tl`
     # options: warp-specialised, for sm_90; the runtime serves it only there, checked.
     gluon: bool = True
