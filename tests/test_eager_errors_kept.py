@@ -92,21 +92,52 @@ def test_logsumexp_of_integers_and_bools_computes_in_floats(ctx, x):
 @pytest.mark.parametrize("fn", [lambda a: a.clamp(max=300), lambda a: a.to(torch.int8).clamp(min=-129),
                                 lambda a: a.masked_fill(a > 3, 300), lambda a: a.masked_fill(a > 3, -256),
                                 lambda a: torch.full_like(a, 300), lambda a: torch.where(a > 3, a, 300),
-                                lambda a: a.half().masked_fill(a > 3, -1e9)],
+                                lambda a: a.half().masked_fill(a > 3, -1e9),
+                                lambda a: a.scatter(0, torch.tensor([1]), 300),
+                                lambda a: a.index_fill(0, torch.tensor([1]), 300),
+                                lambda a: a.half().index_fill(0, torch.tensor([1]), 1e5),
+                                lambda a: a.masked_fill(a > 3, torch.tensor(300)),
+                                lambda a: F.pad(a, (1, 1), value=300), lambda a: F.pad(a.half(), (1, 0), value=-1e5)],
                          ids=["clamp", "clamp_i8", "masked_fill", "masked_fill_neg", "full_like", "where",
-                              "masked_fill_f16"])
+                              "masked_fill_f16", "scatter", "index_fill", "index_fill_f16", "masked_fill_tensor",
+                              "pad", "pad_f16"])
 def test_a_number_past_the_tensors_range_raises_eagers_error(ctx, fn):
     _raises_as_eager(fn, BYTES)
 
 
 def test_numbers_torch_wraps_or_converts_still_compile(ctx):
     """+ and == wrap an int into the type, masked_fill takes -1 as 255 in uint8 and
-    truncates 2.5, clamp by a float promotes: as torch computes them."""
+    truncates 2.5, clamp by a float promotes: as torch computes them. A tensor value of
+    the tensor's own dtype and a number in range are compiled."""
     def fn(a):
-        return a + 300, a == 300, a.masked_fill(a > 3, -1), a.masked_fill(a > 3, 2.5), a.clamp(max=300.0)
+        return (a + 300, a == 300, a.masked_fill(a > 3, -1), a.masked_fill(a > 3, 2.5), a.clamp(max=300.0),
+                a.masked_fill(a > 3, torch.tensor(7, dtype=torch.uint8)), F.pad(a, (1, 1), value=9))
 
     for got, want in zip(cleave.compile(fn)(BYTES), fn(BYTES)):
         assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("fn, dtype, fits, past", [
+    (lambda a, n: a.masked_fill(a > 0, n), torch.int8, 100, 300),
+    (lambda a, n: a.clamp(max=n), torch.uint8, 200, 300),
+    (lambda a, n: torch.where(a > 0, a, n), torch.int32, 5, 2 ** 31),
+    (lambda a, n: torch.full_like(a, n), torch.int16, -7, -40000),
+    (lambda a, n: a.masked_fill(a > 0, n), torch.float16, 60000, 70000)],
+    ids=["masked_fill_i8", "clamp_u8", "where_i32", "full_like_i16", "masked_fill_f16"])
+def test_an_int_argument_past_the_tensors_range_raises_eagers_error(ctx, fn, dtype, fits, past):
+    """An int argument that dynamo made symbolic is converted with torch's overflow check
+    too: a fill of 300 into int8 wrapped to 44 under dynamic=True, where eager raises.
+    Before and after such a call, ints in range compile and are exact."""
+    a = torch.tensor([3, -2, 0, 1, 5]).to(dtype)
+    error = _eager_error(fn, a, past)
+    for compiled in (cleave.compile(fn), torch.compile(fn, backend="cleave", dynamic=True)):
+        for n in (fits, fits - 1):
+            assert torch.equal(compiled(a, n), fn(a, n))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(error, match="without overflow"):
+                compiled(a, past)
+        assert torch.equal(compiled(a, fits - 2), fn(a, fits - 2))
 
 
 def _scaled_in_place(x):

@@ -11,6 +11,7 @@ from ..ir.dtypes import DType
 from ..ir.graph import Constraint
 from ..ir.ops import COMPARE, UNARY
 from .aten_map import rule
+from .scalar_ranges import converting
 
 # aten op -> IR op. aten names every IR unary op the same way but these:
 _ATEN_NAME = {"recip": "reciprocal"}
@@ -337,40 +338,7 @@ def _gelu(t, node, a):
                   0.5)
 
 
-def _overflows(value, dtype: torch.dtype) -> bool:
-    """Whether torch's checked conversion of a Python number to `dtype` fails (c10's
-    `overflows`, "value cannot be converted to type uint8_t without overflow"): past a
-    float type's finite range (inf and NaN convert), or past an integer type's, where an
-    unsigned one also takes a negative int down to -max (u8.masked_fill(m, -1) holds 255)."""
-    if dtype == torch.bool or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    if dtype.is_floating_point:
-        info = torch.finfo(dtype)
-        return math.isfinite(value) and not info.min <= value <= info.max
-    info = torch.iinfo(dtype)
-    if not math.isfinite(value):
-        return True
-    low = -info.max if info.min == 0 and isinstance(value, int) else info.min
-    return not low <= value <= info.max
-
-
-def _scalars_fit(*names, in_op_math=False):
-    """A check for ops that convert their Python-number arguments `names` to the result
-    dtype with torch's overflow check (clamp, masked_fill, full, where), where `+` and `==`
-    wrap them: out of range, torch raises, and the op is left to it. `where` and
-    `scalar_tensor` convert a half's scalar in f32 (torch.where(m, x_f16, 1e6) is inf)."""
-    def check(a, n):
-        dtype = n.meta["val"].dtype
-        if in_op_math and dtype in (torch.float16, torch.bfloat16):
-            dtype = torch.float32
-        for name in names:
-            if _overflows(a.get(name), dtype):
-                return f"{name}={a[name]!r} is out of the range of {dtype} (torch raises)"
-        return None
-    return check
-
-
-@rule("clamp", "clamp_min", "clamp_max", check=_scalars_fit("min", "max"))
+@converting("clamp", "clamp_min", "clamp_max", scalars=("min", "max"))
 def _clamp(t, node, a):
     x, low, high = a["self"], a.get("min"), a.get("max")
     if low is not None:
@@ -380,7 +348,7 @@ def _clamp(t, node, a):
     return x
 
 
-@rule("where", check=_scalars_fit("self", "other", in_op_math=True))
+@converting("where", scalars=("self", "other"), in_op_math=True)
 def _where(t, node, a):
     """Both branches in torch's result type: where(m, m, 2) is int64, its 2 not True, and
     its bool branch 0 or 1."""
@@ -393,7 +361,7 @@ def _where(t, node, a):
     return t.add("where", a["condition"], branch(a["self"]), branch(a["other"]))
 
 
-@rule("masked_fill", check=_scalars_fit("value"))
+@converting("masked_fill", scalars=("value",), tensors=True)
 def _masked_fill(t, node, a):
     x = a["self"]
     return t.add("where", a["mask"], t.lift(a["value"], x, rounded=True), x)
@@ -508,9 +476,9 @@ rule("ones", "ones_like", "new_ones")(lambda t, n, a: fill(t, n, 1))
 rule("zeros", "zeros_like", "new_zeros")(lambda t, n, a: fill(t, n, 0))
 # torch.empty's values are whatever memory held: zeros are one such (rrelu's unused noise)
 rule("empty.memory_format", "empty_like", "new_empty")(lambda t, n, a: fill(t, n, 0))
-rule("full", "full_like", "new_full", check=_scalars_fit("fill_value"))(
+converting("full", "full_like", "new_full", scalars=("fill_value",))(
     lambda t, n, a: fill(t, n, a["fill_value"]))
-rule("scalar_tensor", "prims.scalar_tensor", check=_scalars_fit("s", in_op_math=True))(
+converting("scalar_tensor", "prims.scalar_tensor", scalars=("s",), in_op_math=True)(
     lambda t, n, a: fill(t, n, a["s"]))
 
 

@@ -12,6 +12,7 @@ from ..ir import dims as D
 from .aten_elementwise import binary, fill
 from .aten_map import meta_args, rule
 from .errors import CaptureError, UnsupportedOpError
+from .scalar_ranges import converting
 
 _BIG = 2 ** 62  # torch spells "to the end" as INT64_MAX
 
@@ -387,7 +388,7 @@ def concat(t, parts, axis):
     return t.add("concat", *parts, axis=axis)
 
 
-@rule("constant_pad_nd")
+@converting("constant_pad_nd", scalars=("value",))
 def _constant_pad(t, node, a):
     """F.pad's constant mode: per axis from the last, a negative pad crops (a slice) and
     a positive one concatenates a block holding the value. Its wider decomposition

@@ -19,6 +19,7 @@ from ..ir.dtypes import DType
 from .aten_elementwise import _cast, binary
 from .aten_layout import broadcast, from_the_end, merged_index, reaches, reshape, unsqueeze
 from .aten_map import rule
+from .scalar_ranges import converting
 
 SHORT_INDEX = 256  # index entries compared per element of the result
 # node.meta key: the value is an input's new value (capture._mark_written_back)
@@ -121,7 +122,8 @@ def _along_check(accumulating: bool):
     return check
 
 
-@rule("index_copy", "index_fill", check=_along_check(accumulating=False))
+@rule("index_copy", check=_along_check(accumulating=False))
+@converting("index_fill", scalars=("value",), tensors=True, check=_along_check(accumulating=False))
 @rule("index_add", check=_along_check(accumulating=True))
 def _index_along(t, node, a):
     """index_copy, index_add (times alpha) and index_fill along `dim` with a 1-d index:
@@ -192,7 +194,8 @@ def _scatter_check(a, n):
     return _short(index.shape[axis], "the index along the scattered axis")
 
 
-@rule("scatter.src", "scatter.value", "scatter_add", check=_scatter_check)
+@rule("scatter.src", "scatter_add", check=_scatter_check)
+@converting("scatter.value", scalars=("value",), check=_scatter_check)
 def _scatter(t, node, a):
     """torch.scatter (the last write of a position wins) and scatter_add along `dim`:
     out[..., k, ...] reads the entries of index's row equal to k."""
