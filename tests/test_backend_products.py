@@ -180,3 +180,41 @@ def test_unification_of_a_quotient_by_a_symbol():
     assert unification((s, row), {s: 10, n: 3}) is None  # traced where n does not divide s
     # traced at s = n: every multiple of n, not s read as n
     assert unification((s, row), {s: 3, n: 3}) == ("s", n * D.symbol("s_per_n"))
+
+
+class CachedAttention(torch.nn.Module):
+    """Attention over a KV cache passed in: the output's heads and head dim are the
+    cache's, and their product meets the out projection's 8 features."""
+
+    def __init__(self, d: int = 8, heads: int = 2):
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+
+    def forward(self, x, past_k, past_v):
+        b, t, d = x.shape
+        q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in self.qkv(x).split(d, -1))
+        k, v = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.out(a.transpose(1, 2).reshape(b, t, d)), k, v
+
+
+def test_a_product_of_symbols_beside_a_number_reads_them_as_traced():
+    # torch guards heads · head_dim == 8 (symbols of the cache's dims) for the out
+    # projection: the region ran eagerly ("contracted dims s38*s39 vs 8")
+    from cleave.frontends.unify import unification
+    from cleave.ir import dims as D
+
+    h, e = D.symbol("h"), D.symbol("e")
+    assert unification((h * e, 8), {h: 2, e: 4}) == ("e", 4)  # the first by name
+    assert unification((h * e, 8), {h: 2, e: 3}) is None  # traced where it does not hold
+    torch._dynamo.reset()
+    backend.reset()
+    module = CachedAttention().eval()
+    f = torch.compile(module, backend="cleave", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for t, past in ((3, 5), (1, 8), (4, 0)):
+            x, pk, pv = torch.randn(2, t, 8), torch.randn(2, 2, past, 4), torch.randn(2, 2, past, 4)
+            for got, want in zip(f(x, pk, pv), module(x, pk, pv)):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert backend.context().eager_regions == 0

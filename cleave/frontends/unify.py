@@ -30,14 +30,17 @@ def unification(dims, hints: dict) -> tuple[str, sympy.Expr] | None:
       beside a number it divides (16·C beside 48: C is read as 3);
     - a symbol under a floor, ceiling or modulo by c (x.chunk(2) over a width s gives
       ceil(s/2) and s - ceil(s/2); a view into T // 4 rows): read as c·t + r, r the
-      traced size's residue, so that the floors resolve.
+      traced size's residue, so that the floors resolve;
+    - a product of symbols beside a number (heads · head_dim read off a KV cache
+      beside a Linear's 8 features): the first symbol is read as its traced size, and
+      the relation left is linear.
     None when nothing agrees with the traced sizes."""
     diff = sympy.expand(dims[0] - dims[1])
     if not diff.free_symbols:
         return None
     # a quotient first: s = n·floor(s/n) traced at s = n is every multiple of n, not only n
     return (_quotient(dims, hints) or _one_symbol(dims, diff, hints) or _linear(diff, hints)
-            or _residue(dims, hints))
+            or _residue(dims, hints) or _product(diff, hints))
 
 
 def _one_symbol(dims, diff, hints: dict) -> tuple[str, sympy.Expr] | None:
@@ -78,6 +81,21 @@ def _linear(diff, hints: dict) -> tuple[str, sympy.Expr] | None:
         if _agrees(s, expr, hints) and (expr.free_symbols or expr >= 1):
             return s.name, expr
     return None
+
+
+def _product(diff, hints: dict) -> tuple[str, sympy.Expr] | None:
+    """A polynomial of several symbols with a product among its terms, each symbol's
+    traced size known: only a number of the symbols' sizes solve it, so the first is
+    read as its size; each later call of another size runs eagerly."""
+    syms = sorted(diff.free_symbols, key=lambda x: x.name)
+    if len(syms) < 2 or not set(syms) <= set(hints) or diff.subs(hints) != 0:
+        return None
+    try:
+        if sympy.Poly(diff, *syms).total_degree() < 2:
+            return None
+    except sympy.PolynomialError:  # floors: _quotient's and _residue's
+        return None
+    return syms[0].name, sympy.Integer(hints[syms[0]])
 
 
 def _residue(dims, hints: dict) -> tuple[str, sympy.Expr] | None:
