@@ -74,6 +74,19 @@ def test_float_only_functions_of_integers_raise_eagers_error(ctx, fn):
     _raises_as_eager(fn, INTS)
 
 
+@pytest.mark.parametrize("fn, args", [
+    (torch.relu, (INTS > 0,)),
+    (lambda x, y: torch.lerp(x, y, 0.5), (INTS, INTS + 1)),
+    (lambda x: torch.cumsum(x, 1, dtype=torch.bool), (INTS,)),
+    (lambda x, y: torch.addcdiv(x, y, y), (INTS > 0, INTS < 3))],
+    ids=["relu_bool", "lerp_ints", "cumsum_into_bool", "addcdiv_bools"])
+def test_dtypes_torch_refuses_raise_eagers_error(ctx, fn, args):
+    """relu and cumsum have rules that computed them anyway; lerp and addcdiv decompose
+    into float arithmetic that runs (the probe of torch's kernel took the tensors alone,
+    and lerp needs its weight)."""
+    _raises_as_eager(fn, *args)
+
+
 def test_softmax_of_integers_cast_by_its_dtype_argument_still_compiles(ctx):
     fn = lambda x: torch.softmax(x, -1, dtype=torch.float32)  # noqa: E731
     torch.testing.assert_close(cleave.compile(fn)(INTS), fn(INTS))

@@ -318,7 +318,12 @@ def _cube(t, x):
     return t.add("mul", x, t.add("square", x))
 
 
-@rule("relu")
+def _no_bools(a, n):
+    """relu of bools: torch's kernel raises where a max with 0 would compute it."""
+    return "torch refuses bool inputs here" if n.meta["val"].dtype == torch.bool else None
+
+
+@rule("relu", check=_no_bools)
 def _relu(t, node, a):
     return binary(t, "max", a["self"], 0)
 

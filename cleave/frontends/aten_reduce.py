@@ -399,7 +399,12 @@ def _prefix_reduction(op, fill):
     return fn
 
 
-rule("cumsum")(_prefix_reduction("sum", 0))
+def _no_bool_result(a, n):
+    """cumsum(dtype=torch.bool): torch's CPU kernel raises ("not implemented for 'Bool'")."""
+    return "a running sum into bools is not implemented in torch" if n.meta["val"].dtype == torch.bool else None
+
+
+rule("cumsum", check=_no_bool_result)(_prefix_reduction("sum", 0))
 rule("cumprod", check=_float_result)(_prefix_reduction("prod", 1))
 
 

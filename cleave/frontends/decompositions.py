@@ -111,8 +111,9 @@ def _checked_against_eager_kernel(op, decompose):
     """An op's decomposition that raises torch's own error where torch's CPU kernel
     refuses the integer or bool dtypes it is given: softplus, mish and hardswish of
     integers decompose into integer arithmetic that runs, where eager raises "not
-    implemented for 'Long'". The trace fails, and the frame runs eagerly, raising there.
-    Operands of float types are not probed: the decompositions compute as torch does."""
+    implemented for 'Long'"; lerp of integers and addcdiv of bools into float arithmetic.
+    The trace fails, and the frame runs eagerly, raising there. Operands of float types
+    are not probed: the decompositions compute as torch does."""
     if not isinstance(op, torch._ops.OpOverload):
         return decompose
 
@@ -120,27 +121,65 @@ def _checked_against_eager_kernel(op, decompose):
     def checked(*args, **kwargs):
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         if tensors and all(not t.dtype.is_floating_point and not t.dtype.is_complex for t in tensors):
-            refusal = _eager_refusal(op, tuple(t.dtype for t in tensors))
+            refusal = _eager_refusal(op, _probe_arguments(args), tuple(sorted(_probe_arguments(kwargs.items()))))
             if refusal is not None:
                 raise refusal
         return decompose(*args, **kwargs)
     return checked
 
 
+def _probe_arguments(args) -> tuple:
+    """The call's arguments as the probe passes them (hashable): a tensor as its dtype, a
+    number or flag as itself, anything else (a symbolic size, a list, a large int) as
+    _UNKNOWN, which leaves the probe to the tensors alone."""
+    def probe(a):
+        if isinstance(a, tuple):
+            return tuple(probe(x) for x in a)
+        if isinstance(a, torch.Tensor):
+            return a.dtype
+        if isinstance(a, int) and not isinstance(a, bool):  # a count or size could allocate without bound
+            return a if abs(a) <= _LARGEST_PROBED_INT else _UNKNOWN
+        return a if isinstance(a, (bool, float, str, torch.dtype)) or a is None else _UNKNOWN
+    return tuple(probe(a) for a in args)
+
+
+_UNKNOWN = object()
+_LARGEST_PROBED_INT = 16
+
+
+def _run_probe(op, args: tuple, kwargs: tuple, float_tensors: bool = False):
+    def value(a):
+        if isinstance(a, torch.dtype) and a in _PROBED_DTYPES:
+            return torch.ones(1, dtype=torch.float32 if float_tensors else a)
+        return a
+    kept = [value(a) for a in args]
+    if _UNKNOWN in kept:
+        kept = [a for a in kept if isinstance(a, torch.Tensor)]  # the tensors alone, as far as they go
+        kwargs = ()
+    return op(*kept, **{k: value(v) for k, v in kwargs if v is not _UNKNOWN})
+
+
+_PROBED_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
 @functools.cache
-def _eager_refusal(op, dtypes: tuple) -> Exception | None:
+def _eager_refusal(op, args: tuple, kwargs: tuple) -> Exception | None:
     """The error torch's kernel for `op` raises on one-element tensors of these dtypes
-    (its other arguments at their defaults) when it names a dtype it does not implement;
-    None where it runs, or fails for any other reason (an op that needs more arguments).
-    Run with the tracer's modes set aside: under fake tensors only the meta function,
-    which checks no dtype, would run."""
+    (with the call's own numbers and flags) where it runs on f32 ones: a refusal of the
+    dtype. None where it runs, or fails for another reason (an op that needs more
+    arguments). Run with the tracer's modes set aside: under fake tensors only the meta
+    function, which checks no dtype, would run."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    try:
-        with _disable_current_modes():
-            op(*[torch.ones(1, dtype=d) for d in dtypes])
-    except (RuntimeError, NotImplementedError) as err:
-        return err if "not implemented for" in str(err) else None
-    except TypeError:
-        return None
+    with _disable_current_modes():
+        try:
+            _run_probe(op, args, kwargs)
+        except (RuntimeError, NotImplementedError) as err:
+            try:
+                _run_probe(op, args, kwargs, float_tensors=True)
+            except Exception:  # noqa: BLE001 (any failure: not the dtype's)
+                return err if "not implemented for" in str(err) else None
+            return err
+        except TypeError:
+            return None
     return None
