@@ -128,8 +128,17 @@ class Plan:
 
     @classmethod
     def from_json(cls, d: dict) -> "Plan":
+        if not isinstance(d, dict):
+            raise TypeError(f"Plan.from_json takes the dict Plan.to_json gives (json.loads of its text), "
+                            f"got a {type(d).__name__}")
+        missing = [k for k in _PLAN_KEYS if k not in d]
+        if missing:
+            raise ValueError(f"Plan.from_json: the dict lacks {', '.join(map(repr, missing))} (not a plan's JSON)")
         return cls(d["graph"], [Kernel.from_json(k) for k in d["kernels"]],
                    [Buffer.from_json(b) for b in d["inputs"]], [Buffer.from_json(b) for b in d["outputs"]],
                    [Buffer.from_json(b) for b in d["intermediates"]], dict(d["split"]), dict(d["tiles"]),
                    float(d["cost"]), list(d["dynamic"]), dict(d["env"]),
                    [tuple(r) for r in d.get("requires", [])])
+
+
+_PLAN_KEYS = ("graph", "kernels", "inputs", "outputs", "intermediates", "split", "tiles", "cost", "dynamic", "env")

@@ -14,6 +14,7 @@ import cleave
 from cleave import fidelity, workloads
 from cleave.ir import BindingError, parse_graph
 from cleave.rules import all_rules
+from cleave.runtime.launch import launch
 
 EXAMPLES = Path(__file__).parent.parent / "docs" / "examples"
 QUANT_RULES = EXAMPLES / "quantization.rules"
@@ -55,6 +56,7 @@ def test_search_takes_rule_files_as_cleave_compile_does(as_given):
     (42, r"search: rules must be a list of Rule objects or of rule file paths, got 42"),
     (lambda: [all_rules()[0], str(QUANT_RULES)], r"search: rules mixes Rule objects and rule file "
                                                  r"paths \('.*quantization.rules'\); give one kind"),
+    (lambda: [str(QUANT_RULES), 3], r"search: rules must be Rule objects or rule file paths, got 3"),
 ])
 def test_search_refuses_rules_that_are_neither_rules_nor_paths(rules, message):
     with pytest.raises(TypeError, match=message):
@@ -267,3 +269,45 @@ def test_capture_checks_its_dynamic_axes_as_compile_does(dynamic, said):
 
     with pytest.raises(CaptureError, match=said):
         cleave.capture(lambda x: x * 2, torch.randn(3, 4), dynamic=dynamic)
+
+
+def _exp_rows():
+    g = cleave.Graph("g")
+    g.output(g.input("x", ("m", "n"), "f32").exp().sum(-1), names=["o"])
+    return cleave.schedule(g, {"m": 3, "n": 5})
+
+
+@pytest.mark.parametrize("plan, message", [
+    (lambda plans: plans, r"launch: plan is a list, not a cleave Plan \(cleave.schedule returns a list: pass one"),
+    (lambda plans: plans[0].to_json(), r"launch: plan is a dict, not a cleave Plan \(Plan.from_json reads"),
+    (lambda plans: None, r"launch: plan is a NoneType, not a cleave Plan$")])
+def test_launch_says_what_a_plan_is(plan, message):
+    """A list from cleave.schedule, or a plan's JSON, was an AttributeError about __dict__."""
+    with pytest.raises(TypeError, match=message):
+        launch(plan(_exp_rows()), {"x": torch.randn(3, 5)})
+
+
+def test_plan_from_json_says_what_it_reads():
+    import json
+
+    from cleave.scheduler.plan import Plan
+
+    plan = _exp_rows()[0]
+    with pytest.raises(TypeError, match=r"Plan.from_json takes the dict Plan.to_json gives .*got a str"):
+        Plan.from_json(json.dumps(plan.to_json()))
+    with pytest.raises(ValueError, match=r"Plan.from_json: the dict lacks 'kernels' \(not a plan's JSON\)"):
+        Plan.from_json({k: v for k, v in plan.to_json().items() if k != "kernels"})
+    assert Plan.from_json(json.loads(json.dumps(plan.to_json()))).kernels[0].source == plan.kernels[0].source
+
+
+def test_launch_refuses_an_input_on_the_meta_device():
+    # it failed inside Triton's interpreter: "Cannot copy out of meta tensor; no data!"
+    with pytest.raises(BindingError, match=r"launch: input 'x' is on the meta device: it holds no data"):
+        launch(_exp_rows()[0], {"x": torch.randn(3, 5, device="meta")})
+
+
+def test_launch_names_a_strided_out_tensor_as_not_contiguous():
+    # "expected a contiguous tensor of shape [3], got [3]"
+    with pytest.raises(BindingError, match=r"output 'o': expected a contiguous tensor of shape \[3\], got a tensor "
+                                           r"of that shape with strides \(2,\), not contiguous"):
+        launch(_exp_rows()[0], {"x": torch.randn(3, 5)}, out=[torch.empty(6)[::2]])

@@ -169,3 +169,19 @@ def test_cache_commands_say_when_the_cache_dir_lies_under_a_file(tmp_path, monke
     for action in ("ls", "clear"):
         assert main(["cache", action]) == 1
         assert f"{blocker} is a file" in capsys.readouterr().err
+
+
+def test_optimize_of_a_graph_without_outputs_says_so_before_its_shapes(tmp_path, capsys):
+    # with --shape it said the graph has no symbol n ("its symbols: (none...)")
+    path = tmp_path / "noout.cir"
+    path.write_text('graph g {\n  %0 = input(name="x", shape=[n], dtype=f32) : f32[n]\n  return\n}\n')
+    assert main(["optimize", str(path), "--shape", "n=5"]) == 2
+    assert capsys.readouterr().err == "cleave optimize: error: graph 'g' has no outputs: nothing to optimize\n"
+
+
+def test_a_trace_that_is_not_text_is_named(tmp_path, capsys):
+    path = tmp_path / "binary.jsonl"
+    path.write_bytes(b"\xff\xfe\x00trace")
+    assert main(["trace", "replay", str(path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err == f"cleave trace: error: {path}: not a text file (JSON lines in UTF-8): byte 0 is b'\\xff'"

@@ -431,3 +431,31 @@ def test_threads_calling_one_compiled_function_at_their_own_sizes():
     for t in threads:
         t.join()
     assert errors == []
+
+
+@pytest.mark.parametrize("device, error, match", [
+    ("quantum", ValueError, r"device 'quantum' is not a device torch knows"),
+    (3, TypeError, r"device must be a torch.device or a string such as 'cuda', not 3"),
+    ("meta", ValueError, r"device 'meta': cleave's kernels run on cpu \(Triton's interpreter\) or cuda")]
+    + ([] if torch.cuda.is_available() else
+       [("cuda", ValueError, r"device 'cuda': CUDA is not available on this machine")]))
+def test_a_device_this_machine_lacks_is_refused_at_compile(device, error, match):
+    # it was taken, and the first call failed inside torch ("Torch not compiled with CUDA enabled")
+    with pytest.raises(error, match=match):
+        cleave.compile(lambda x: x.exp(), device=device)
+
+
+def test_a_misspelt_keyword_raises_pythons_error_and_changes_nothing():
+    """c(x, z=x) raised eager's TypeError, and also warned that f runs through
+    torch.compile's graphs from now on, as it then did."""
+    def f(x, y):
+        return (x * y).softmax(-1)
+
+    c = cleave.compile(f)
+    x = torch.randn(3, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning
+        with pytest.raises(TypeError, match="unexpected keyword argument 'z'"):
+            c(x, z=x)
+    torch.testing.assert_close(c(x, y=x), f(x, x))
+    assert c.capture_error is None and c.stats["compiles"] + c.stats["from_cache"] == 1

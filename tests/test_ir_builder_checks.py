@@ -314,3 +314,43 @@ def test_a_graph_name_of_several_words_reads_back_and_schedules(name):
     g.output(g.input("x", ("m",), "f32").exp(), names=["o"])
     assert parse_graph(g.text()).name == name
     assert cleave.schedule(g, {"m": 4})
+
+
+def test_a_dim_that_divides_is_whole_only_where_its_divisor_divides():
+    """b.reshape(2, 'n/2') recorded no 2 | n: launched at n = 7 it evaluated n/2 as 3 and
+    dropped an element (eager's reshape raises); an input of 'n/3' rows bound n = 8 beside
+    2 rows."""
+    g = Graph("halves")
+    b = g.input("b", ("n",), "f32")
+    g.output(b.reshape(2, "n/2").sum(0), names=["o"])
+    assert "2 | n" in g.text()
+    plan = cleave.schedule(g, {"n": 8}, dynamic={"n"})[0]
+    torch.testing.assert_close(launch(plan, {"b": torch.arange(8.)})[0], torch.arange(8.).reshape(2, 4).sum(0))
+    with pytest.raises(cleave.BindingError, match=r"constraint 2 \| n .*reshape.*fails for n=7"):
+        launch(plan, {"b": torch.arange(7.)})
+    thirds = Graph("thirds")
+    a, c = thirds.input("a", ("n/3",), "f32"), thirds.input("c", ("n",), "f32")
+    thirds.output(a.exp(), c.exp(), names=["o", "p"])
+    with pytest.raises(cleave.BindingError, match=r"constraint 3 \| n  \(from input 'a''s dim n/3\) fails for n=8"):
+        thirds.bind({"a": (2,), "c": (8,)})
+    assert thirds.bind({"a": (3,), "c": (9,)}) == {"n": 9}
+
+
+def test_a_static_dim_that_differs_says_what_it_expected():
+    g = Graph("g")
+    g.output(g.input("a", (4,), "f32").exp(), names=["o"])
+    with pytest.raises(cleave.BindingError, match=r"^input 'a' dim 0: expected 4, got 5$"):
+        interpret(g, {"a": torch.randn(5)})
+
+
+def test_a_refused_output_leaves_the_graph_as_it_was():
+    g = Graph("g")
+    a = g.input("n", ("n",), "f32")
+    with pytest.raises(ShapeError, match="has the name of a dim symbol"):
+        g.output(a.exp(), names=["o"])
+    assert g.output_names == [] and g.outputs == []
+    g2 = Graph("g2")
+    x = g2.input("x", (3,), "f32")
+    with pytest.raises(ShapeError, match="declared twice"):
+        g2.output(x.exp(), x.sin(), names=["o", "o"])
+    assert g2.output_names == []

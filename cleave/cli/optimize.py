@@ -181,6 +181,8 @@ def _optimize(args) -> int:
     graph = load_graph(args.target)
     if args.emit and args.no_schedule:
         raise CleaveError("--emit needs a plan (drop --no-schedule)")
+    if not graph.outputs:  # before --shape, which would say its symbols are none
+        raise CleaveError(f"graph {graph.name!r} has no outputs: nothing to optimize")
     _check_shape_names(args.shape, graph)
     shapes = None if args.no_schedule else _shapes(args, graph)
     rules = _with_rule_files(args.rules, args.quiet) if args.rules else None

@@ -39,6 +39,16 @@ class Constraint:
         return f"{D.fmt(self.lhs)} {sign} {D.fmt(self.rhs)}  (from {self.origin})"
 
 
+def _whole(d: Dim) -> tuple[Dim, Dim] | None:
+    """(q, p) where the dim d = p/q is a size only at bindings with q | p (`reshape(2,
+    'n/2')`, an input of 'L/s' rows); None where every binding makes it whole. Without
+    the constraint, an odd n evaluated n/2 down and dropped an element."""
+    if not isinstance(d, sympy.Expr) or d.is_integer:
+        return None
+    p, q = sympy.fraction(sympy.together(d))
+    return None if q == 1 else (q, p)
+
+
 def fresh_name(name: str, taken) -> str:
     """name, or name_1, name_2...: the first not in `taken`."""
     k, out = 0, name
@@ -181,6 +191,11 @@ class Graph:
             raise
         for kind, lhs, rhs, origin in result.constraints:
             self._constrain(Constraint(kind, lhs, rhs, f"{origin} %{len(self.nodes)}"))
+        for d in result.shape:
+            whole = _whole(d)
+            if whole is not None:
+                of = f"input {norm['name']!r}" if op == "input" else f"{op} %{len(self.nodes)}"
+                self._constrain(Constraint("divides", *whole, f"{of}'s dim {D.fmt(d)}"))
         node = Node(self, len(self.nodes), op, tuple(inputs), norm, result.shape, result.dtype, loc)
         self.nodes.append(node)
         self._interned[key] = node
@@ -208,17 +223,22 @@ class Graph:
                                             for i in range(len(nodes))]
         if len(names) != len(nodes):
             raise ShapeError(f"output: {len(nodes)} node(s) but {len(names)} name(s) ({', '.join(map(str, names))})")
-        for node, name in zip(nodes, names):
-            _check_name("output", name)
-            if name in self.output_names:
-                raise ShapeError(f"output {name!r} is declared twice")
-            if name in self.inputs:  # one kernel argument, one buffer, for both
-                raise ShapeError(f"output {name!r} has the name of an input")
-            if node.graph is not self:
-                raise ShapeError(f"output {name!r} is not a node of graph {self.name!r}")
-            self.outputs.append(node)
-            self.output_names.append(name)
-        self._check_buffer_names()
+        before = len(self.outputs)
+        try:
+            for node, name in zip(nodes, names):
+                _check_name("output", name)
+                if name in self.output_names:
+                    raise ShapeError(f"output {name!r} is declared twice")
+                if name in self.inputs:  # one kernel argument, one buffer, for both
+                    raise ShapeError(f"output {name!r} has the name of an input")
+                if node.graph is not self:
+                    raise ShapeError(f"output {name!r} is not a node of graph {self.name!r}")
+                self.outputs.append(node)
+                self.output_names.append(name)
+            self._check_buffer_names()
+        except ShapeError:  # the graph stays as it was
+            del self.outputs[before:], self.output_names[before:]
+            raise
         return self
 
     def _check_buffer_names(self) -> None:
@@ -323,7 +343,8 @@ class Graph:
                 free = [s for s in d.free_symbols if s.name not in env]
                 if not free:
                     if D.evaluate(d, env) != v:
-                        raise BindingError(f"input {name!r} dim {i}: {D.fmt(d)} = {D.evaluate(d, env)}, got {v}")
+                        expected = D.fmt(d) if d.is_number else f"{D.fmt(d)} = {D.evaluate(d, env)}"
+                        raise BindingError(f"input {name!r} dim {i}: expected {expected}, got {v}")
                 elif len(free) == 1:
                     subs = {D.symbol(k): val for k, val in env.items()}
                     try:

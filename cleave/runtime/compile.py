@@ -91,7 +91,10 @@ class CompiledFunction:
             return _with_dynamo_off(self, args, kwargs)
         self.calls += 1
         if kwargs:
-            args, kwargs = self._positional(args, kwargs)
+            bound = self._positional(args, kwargs)
+            if bound is None:  # the call itself is wrong (a misspelt keyword): eager raises Python's error,
+                return self.fn(*args, **kwargs)  # and later calls are compiled as before
+            args, kwargs = bound
         if on_meta(args) or kwargs and on_meta(kwargs.values()):
             # shapes only: eager infers them (a fake tensor: traced inside another capture)
             return self.fn(*args, **kwargs)
@@ -155,9 +158,10 @@ class CompiledFunction:
         launcher.op.prepare({k: tuple(v.shape) for k, v in launcher.inputs(args).items()})
         return launcher.op
 
-    def _positional(self, args, kwargs) -> tuple[tuple, dict]:
+    def _positional(self, args, kwargs) -> tuple[tuple, dict] | None:
         """Keyword arguments moved to their positions where the signature allows; the
-        rest (keyword-only ones) stay keywords, which whole-function capture cannot take."""
+        rest (keyword-only ones) stay keywords, which whole-function capture cannot take.
+        None where the signature refuses the call."""
         code = _code_of(self.fn)
         if code is not self._signed_code:  # fn's code replaced (autoreload): its parameters may differ
             self._signature_of, self._signed_code = _call_signature(self.fn), code
@@ -166,7 +170,7 @@ class CompiledFunction:
         try:
             bound = self._signature_of.bind(*args, **kwargs)
         except TypeError:
-            return args, kwargs  # the call itself is wrong: eager raises Python's own error
+            return None
         return tuple(bound.args), dict(bound.kwargs)
 
     def _call_subclass_eagerly(self, args, kwargs):
@@ -955,13 +959,33 @@ def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbos
     if artifact is not None and Path(artifact).exists() and not Path(artifact).is_dir():
         raise NotADirectoryError(f"artifact must be a directory (`cleave trace build --out DIR`, or a new one that "
                                  f"compiled.prepare fills), and {str(artifact)!r} is a file")
-    options = dict(dynamic=dynamic, device=device, top_k=top_k, artifact=artifact, verbose=verbose,
+    options = dict(dynamic=dynamic, device=_checked_device(device), top_k=top_k, artifact=artifact, verbose=verbose,
                    rules=_proven_rules(rules), candidates=candidates)
     if isinstance(fn, torch.nn.Module):  # an nn.Module again, as torch.compile's OptimizedModule is
         from .compiled_module import CompiledModule
 
         return CompiledModule(fn, CompiledFunction(fn, **options), options)
     return CompiledFunction(fn, **options)
+
+
+def _checked_device(device):
+    """The device the operators run on, refused here where it is none this machine has
+    (the first call failed inside torch: "Torch not compiled with CUDA enabled")."""
+    if device is None:
+        return None
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a torch.device or a string such as 'cuda', not {device!r}")
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device {device!r} is not a device torch knows (cpu, cuda, cuda:1, ...)") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: cleave's kernels run on cpu (Triton's interpreter) or cuda")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def _proven_rules(files) -> list | None:

@@ -354,8 +354,9 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
     for (name, shape, _), t in zip(prepared.outputs, outs):
         if out is not None:
             if list(t.shape) != shape or not t.is_contiguous():
-                raise BindingError(f"output {name!r}: expected a contiguous tensor of shape {shape}, "
-                                   f"got {list(t.shape)}")
+                got = f"shape {list(t.shape)}" if list(t.shape) != shape else \
+                    f"a tensor of that shape with strides {tuple(t.stride())}, not contiguous"
+                raise BindingError(f"output {name!r}: expected a contiguous tensor of shape {shape}, got {got}")
             bases_ok = bases_ok and t.data_ptr() % 16 == 0
         tensors[name] = t
     aligned = prepared.direct_ok and bases_ok
@@ -668,6 +669,10 @@ def _current_stream() -> int:
 
 
 def launch(plan: Plan, inputs: dict[str, torch.Tensor], out: list | None = None) -> list[torch.Tensor]:
+    if not isinstance(plan, Plan):
+        hint = " (cleave.schedule returns a list: pass one element)" if isinstance(plan, (list, tuple)) else \
+            " (Plan.from_json reads a dict back)" if isinstance(plan, dict) else ""
+        raise TypeError(f"launch: plan is a {type(plan).__name__}, not a cleave Plan{hint}")
     _check_arguments(inputs, out)
     prepared = prepare(plan, inputs)
     if out is not None:
@@ -683,6 +688,8 @@ def _check_arguments(inputs, out) -> None:
     for name, t in inputs.items():
         if not isinstance(t, torch.Tensor):
             raise BindingError(f"launch: input {name!r} is a {type(t).__name__}, not a torch.Tensor")
+        if t.is_meta:
+            raise BindingError(f"launch: input {name!r} is on the meta device: it holds no data to compute on")
     if out is not None and not (isinstance(out, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in out)):
         raise BindingError("launch: out= is a list of tensors, one per output of the plan")
 

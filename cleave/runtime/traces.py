@@ -107,9 +107,14 @@ def load_trace(path: str | Path) -> tuple[dict, list[dict]]:
     ../definitions/NAME.json relative to the JSONL file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise TraceError(f"no trace file {path}") from None
+    except UnicodeDecodeError as err:
+        raise TraceError(f"{path}: not a text file (JSON lines in UTF-8): byte {err.start} is "
+                         f"{err.object[err.start:err.start + 1]!r}") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path} is a directory, not a trace file") from None
     numbered = []
     for i, t in enumerate(text.splitlines(), 1):
         if not t.strip():

@@ -360,6 +360,9 @@ def _resolved_rules(rules) -> list:
         from cleave.runtime.compile import _proven_rules
 
         return _proven_rules(paths)
+    neither = next((r for r in rules if not isinstance(r, (Rule, str, os.PathLike))), None)
+    if neither is not None:
+        raise TypeError(f"search: rules must be Rule objects or rule file paths, got {neither!r}")
     other = next((r for r in rules if not isinstance(r, Rule)), None)
     if other is not None and paths:
         raise TypeError(f"search: rules mixes Rule objects and rule file paths ({paths[0]!r}); give one kind "
