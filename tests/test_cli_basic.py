@@ -185,3 +185,25 @@ def test_a_trace_that_is_not_text_is_named(tmp_path, capsys):
     assert main(["trace", "replay", str(path), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.splitlines()[-1]
     assert err == f"cleave trace: error: {path}: not a text file (JSON lines in UTF-8): byte 0 is b'\\xff'"
+
+
+
+
+def test_a_warning_is_one_line_naming_the_command(monkeypatch):
+    """A warning a subcommand raises is shown as one line: it printed the path and source
+    line of cleave's code (".../cli/optimize.py:187: BudgetWarning: ... result = search(...)")."""
+    import warnings
+
+    from cleave.cli import workloads as command
+    from cleave.search import BudgetWarning
+
+    shown = []
+
+    def warns(args):
+        shown.append(warnings.formatwarning("time budget reached", BudgetWarning, command.__file__, 187, "search()"))
+        return 0
+
+    monkeypatch.setattr(command, "_list", warns)
+    assert main(["workloads"]) == 0
+    assert shown == ["cleave workloads: BudgetWarning: time budget reached\n"]
+    assert "cleave workloads" not in warnings.formatwarning("w", UserWarning, "f.py", 1, "")  # as it was after

@@ -3,7 +3,8 @@
 Each subcommand module exposes `register(subparsers)`; it adds its parser and
 sets `func(args) -> int`. Errors that cleave raises on purpose, and OS errors on
 the files a user names (missing, unreadable, unwritable), become one line on stderr
-and exit code 2.
+and exit code 2; warnings one line each, without the path and source line of the code
+that raised them.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 from .. import __version__
 from ..ir import CleaveError
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    shown = warnings.formatwarning
+    warnings.formatwarning = _one_line(args.command)
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # the reader stopped early (`| head`): nothing to report
@@ -46,6 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"cleave {args.command}: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = shown
+
+
+def _one_line(command: str):
+    def formatted(message, category, *_, **__) -> str:
+        return f"cleave {command}: {category.__name__}: {message}\n"
+    return formatted
 
 
 if __name__ == "__main__":
