@@ -180,7 +180,8 @@ class _ModuleTree:
         self.hook_counter = RemovableHandle.next_id  # registering any hook anywhere advances it
         # per module: (it, its class, a getter of its checked __dict__ entries, __dict__, its size, them)
         self.attributes = []
-        self.tables = []  # (parameter or buffer table of a global module, its size)
+        self.tables = []  # (parameter or buffer table, its size)
+        self.unset = []  # (parameter or buffer table of fn's own module, a key holding None)
         self.tensors = []  # (table, key, tensor, version, data pointer)
         self.grad_flags = []  # (parameter or buffer of a global module, its requires_grad)
         own_ids = set(map(id, own_modules))
@@ -205,9 +206,13 @@ class _ModuleTree:
         checked = operator.itemgetter(*keys)
         # lists and dicts compare by content; `m.__class__ = Other` changes forward and is in no __dict__
         self.attributes.append((m, type(m), checked, d, len(d), _copied(checked(d))))
+        for table in (m._parameters, m._buffers):
+            # one added or set from None after the capture (register_buffer, a parameter that
+            # forward iterates): fn's own tensors are read at each call, but only those it had
+            self.tables.append((table, len(table)))
+            self.unset += [(table, key) for key, t in table.items() if t is None]
         if holds_state:
             for table in (m._parameters, m._buffers):
-                self.tables.append((table, len(table)))
                 # a one-element tensor is baked into the graph as a number: in place too
                 self.tensors += [(table, key, *_guarded(t, versioned=t is not None and t.numel() == 1))
                                  for key, t in table.items()]
@@ -225,6 +230,9 @@ class _ModuleTree:
             return False
         for table, size in self.tables:
             if len(table) != size:
+                return False
+        for table, key in self.unset:
+            if table.get(key) is not None:
                 return False
         for t, flag in self.grad_flags:
             if t.requires_grad is not flag:
