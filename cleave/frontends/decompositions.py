@@ -121,65 +121,62 @@ def _checked_against_eager_kernel(op, decompose):
     def checked(*args, **kwargs):
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         if tensors and all(not t.dtype.is_floating_point and not t.dtype.is_complex for t in tensors):
-            refusal = _eager_refusal(op, _probe_arguments(args), tuple(sorted(_probe_arguments(kwargs.items()))))
+            refusal = _eager_refusal(op, tuple(map(_probed, args)),
+                                     tuple(sorted((k, _probed(v)) for k, v in kwargs.items())))
             if refusal is not None:
                 raise refusal
         return decompose(*args, **kwargs)
     return checked
 
 
-def _probe_arguments(args) -> tuple:
-    """The call's arguments as the probe passes them (hashable): a tensor as its dtype, a
-    number or flag as itself, anything else (a symbolic size, a list, a large int) as
-    _UNKNOWN, which leaves the probe to the tensors alone."""
-    def probe(a):
-        if isinstance(a, tuple):
-            return tuple(probe(x) for x in a)
-        if isinstance(a, torch.Tensor):
-            return a.dtype
-        if isinstance(a, int) and not isinstance(a, bool):  # a count or size could allocate without bound
-            return a if abs(a) <= _LARGEST_PROBED_INT else _UNKNOWN
-        return a if isinstance(a, (bool, float, str, torch.dtype)) or a is None else _UNKNOWN
-    return tuple(probe(a) for a in args)
+def _probed(a):
+    """An argument as the probe passes it (hashable): a tensor as its dtype, a number or
+    flag as itself, anything else (a symbolic size, a list, a large int, which could
+    allocate without bound) as _UNKNOWN, which leaves the probe to the tensors alone."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype
+    if isinstance(a, int) and not isinstance(a, bool):
+        return a if abs(a) <= _LARGEST_PROBED_INT else _UNKNOWN
+    return a if isinstance(a, (bool, float, str, torch.dtype)) or a is None else _UNKNOWN
 
 
 _UNKNOWN = object()
 _LARGEST_PROBED_INT = 16
+_PROBED_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
-def _run_probe(op, args: tuple, kwargs: tuple, float_tensors: bool = False):
+def _probe_error(op, args: tuple, kwargs: tuple, float_tensors: bool) -> Exception | None:
+    """What torch's kernel raises on one-element tensors of the probed dtypes (or of f32,
+    with `float_tensors`) and the call's numbers; None where it runs."""
     def value(a):
         if isinstance(a, torch.dtype) and a in _PROBED_DTYPES:
             return torch.ones(1, dtype=torch.float32 if float_tensors else a)
         return a
-    kept = [value(a) for a in args]
-    if _UNKNOWN in kept:
-        kept = [a for a in kept if isinstance(a, torch.Tensor)]  # the tensors alone, as far as they go
-        kwargs = ()
-    return op(*kept, **{k: value(v) for k, v in kwargs if v is not _UNKNOWN})
-
-
-_PROBED_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+    values = [value(a) for a in args]
+    named = {k: value(v) for k, v in kwargs}
+    if _UNKNOWN in values or _UNKNOWN in named.values():
+        values, named = [a for a in values if isinstance(a, torch.Tensor)], {}
+    try:
+        op(*values, **named)
+    except (RuntimeError, NotImplementedError, TypeError) as err:
+        return err
+    return None
 
 
 @functools.cache
 def _eager_refusal(op, args: tuple, kwargs: tuple) -> Exception | None:
     """The error torch's kernel for `op` raises on one-element tensors of these dtypes
-    (with the call's own numbers and flags) where it runs on f32 ones: a refusal of the
-    dtype. None where it runs, or fails for another reason (an op that needs more
-    arguments). Run with the tracer's modes set aside: under fake tensors only the meta
-    function, which checks no dtype, would run."""
+    (with the call's own numbers and flags) where it runs on f32 ones, or one that names
+    a dtype it does not implement: a refusal of the dtype. None where it runs, or fails
+    for another reason (a TypeError: an op that needs more arguments). Run with the
+    tracer's modes set aside: under fake tensors only the meta function, which checks no
+    dtype, would run."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():
-        try:
-            _run_probe(op, args, kwargs)
-        except (RuntimeError, NotImplementedError) as err:
-            try:
-                _run_probe(op, args, kwargs, float_tensors=True)
-            except Exception:  # noqa: BLE001 (any failure: not the dtype's)
-                return err if "not implemented for" in str(err) else None
-            return err
-        except TypeError:
+        err = _probe_error(op, args, kwargs, float_tensors=False)
+        if err is None or isinstance(err, TypeError):
             return None
+        if "not implemented for" in str(err) or _probe_error(op, args, kwargs, float_tensors=True) is None:
+            return err
     return None

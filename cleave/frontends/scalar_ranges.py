@@ -14,7 +14,7 @@ from ..ir.graph import Constraint
 from .aten_map import rule
 
 
-def overflows(value, dtype: torch.dtype) -> bool:
+def _overflows(value, dtype: torch.dtype) -> bool:
     """Whether torch's checked conversion of a Python number to `dtype` fails (c10's
     `overflows`): past a float type's finite range (inf and NaN convert), or past an
     integer type's, where an unsigned one also takes a negative int down to -max
@@ -42,7 +42,7 @@ def _int_range(dtype: torch.dtype) -> tuple[int, int] | None:
     return (-info.max if info.min == 0 else info.min), info.max
 
 
-def may_overflow(source: torch.dtype, dtype: torch.dtype) -> bool:
+def _may_overflow(source: torch.dtype, dtype: torch.dtype) -> bool:
     """Whether some value of a `source` tensor fails the conversion to `dtype` (a 0-d
     tensor's value is converted as its number is): the data decides, so the op is left
     to torch."""
@@ -67,9 +67,9 @@ def _fit(names, in_op_math: bool, tensors: bool):
         dtype = _conversion_dtype(n, in_op_math)
         for name in names:
             value = a.get(name)
-            if overflows(value, dtype):
+            if _overflows(value, dtype):
                 return f"{name}={value!r} is out of the range of {dtype} (torch raises)"
-            if tensors and isinstance(value, torch.Tensor) and value.dim() == 0 and may_overflow(value.dtype, dtype):
+            if tensors and isinstance(value, torch.Tensor) and value.dim() == 0 and _may_overflow(value.dtype, dtype):
                 return (f"{name} is a {value.dtype} tensor whose value may be out of the range of {dtype} "
                         f"(torch raises then)")
         return None
@@ -79,10 +79,9 @@ def _fit(names, in_op_math: bool, tensors: bool):
 def converting(*ops, scalars, in_op_math=False, tensors=False, check=None):
     """`rule` for ops that convert their number (with `tensors`, also 0-d tensor)
     arguments `scalars` to the result's dtype with torch's overflow check, after `check`
-    if given. An int that
-    dynamo made symbolic is no number when the graph is built, so its range becomes a
-    constraint of the graph: a call with an int out of the range runs eagerly, where
-    torch raises (a fill of 300 into an int8 tensor wrapped to 44)."""
+    if given. An int that dynamo made symbolic is no number when the graph is built, so
+    its range becomes a constraint of the graph: a call with an int out of the range runs
+    eagerly, where torch raises (a fill of 300 into an int8 tensor wrapped to 44)."""
     fit = _fit(scalars, in_op_math, tensors)
 
     def checked(a, n):

@@ -181,7 +181,7 @@ class _ModuleTree:
         # per module: (it, its class, a getter of its checked __dict__ entries, __dict__, its size, them)
         self.attributes = []
         self.tables = []  # (parameter or buffer table, its size)
-        self.unset = []  # (parameter or buffer table of fn's own module, a key holding None)
+        self.unset = []  # (parameter or buffer table, a key holding None)
         self.tensors = []  # (table, key, tensor, version, data pointer)
         self.grad_flags = []  # (parameter or buffer of a global module, its requires_grad)
         own_ids = set(map(id, own_modules))

@@ -363,12 +363,9 @@ def _resolved_rules(rules) -> list:
     neither = next((r for r in rules if not isinstance(r, (Rule, str, os.PathLike))), None)
     if neither is not None:
         raise TypeError(f"search: rules must be Rule objects or rule file paths, got {neither!r}")
-    other = next((r for r in rules if not isinstance(r, Rule)), None)
-    if other is not None and paths:
+    if paths:
         raise TypeError(f"search: rules mixes Rule objects and rule file paths ({paths[0]!r}); give one kind "
                         f"(cleave.rules.load_file(path) reads a file's rules)")
-    if other is not None:
-        raise TypeError(f"search: rules must be Rule objects or rule file paths, got {other!r}")
     return rules
 
 
