@@ -433,6 +433,8 @@ def _translate(ep, comparisons, params, named, auto: bool, graph_name: str, read
         elif node.op == "output":
             writes, orders = _outputs(t, graph, node, ep.graph_signature, user_names)
             views = _view_outputs(node, ep.graph_signature, graph.output_names)
+    for fact in symbols.facts:
+        graph._constrain(fact)
     reads_storage = any(storage_dependent(n) for n in ep.graph.nodes)
     return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes, views,
                     constants=constants, reads_storage=reads_storage, output_orders=orders)

@@ -118,6 +118,8 @@ def _translate(gm, name: str, placeholders, reads: dict) -> Captured:
             t.translate(node)
         elif node.op == "output":
             orders = _outputs(t, graph, node)
+    for fact in symbols.facts:
+        graph._constrain(fact)
     size_inputs = _size_inputs(graph, placeholders, t, signed)
     return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), constants=constants,
                     size_inputs=size_inputs, output_orders=orders)
@@ -150,6 +152,7 @@ def _size_inputs(graph: Graph, placeholders, t, signed: dict) -> list[tuple[str,
     used = {s for n in graph.live_nodes() for d in n.shape for s in sympy.sympify(d).free_symbols}
     used |= {s for n in graph.live_nodes() for v in n.attrs.values() if isinstance(v, sympy.Expr)
              for s in v.free_symbols}
+    used |= {s for c in graph.constraints for s in sympy.sympify(c.lhs - c.rhs).free_symbols}
     out = []
     for node in placeholders:
         val = node.meta.get("val")

@@ -118,9 +118,14 @@ def _layout_decision() -> bool:
 
 def _is_comparison(target) -> bool:
     try:
-        return target in _RELATIONS
+        return target in _RELATIONS or target in _CLAMPS
     except TypeError:  # an unhashable target
         return False
+
+
+# `max(a, b)` of sizes decides a >= b: sympy settles Max(n, 1) as n and Min(n - 1, 0) as 0
+# (its sizes are positive), and the graph keeps no trace of the clamp.
+_CLAMPS = {torch.sym_max: operator.ge, torch.sym_min: operator.le}
 
 
 def constrain_to_decisions(graph, symbols, comparisons) -> None:
@@ -129,6 +134,9 @@ def constrain_to_decisions(graph, symbols, comparisons) -> None:
     Raises CaptureError for one the binding cannot check (over fractions, or min/max)."""
     for node, operands in comparisons:
         value = _value_of(node)
+        if node.target in _CLAMPS:
+            _constrain_to_side(graph, symbols, node.target, operands)
+            continue
         if not isinstance(value, torch.SymBool):
             continue  # tensors compared elementwise, not sizes
         if any(isinstance(_value_of(x), (bool, torch.SymBool)) for x in operands):
@@ -140,6 +148,21 @@ def constrain_to_decisions(graph, symbols, comparisons) -> None:
         relation = node.target if value.node.hint else _RELATIONS[node.target][0]
         if not _holds_for_every_size(relation, lhs, rhs):  # torch's own checks (a size >= 0) do
             graph._constrain(_fact(relation, lhs, rhs))
+
+
+def _constrain_to_side(graph, symbols, clamp, operands) -> None:
+    """The fact that the side of `max(a, b)` (`min`) torch traced wins at every call."""
+    values = [_value_of(x) for x in operands]
+    if not all(isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool) for v in values):
+        return  # floats: torch specialises them
+    traced = [v.node.hint if isinstance(v, torch.SymInt) else v for v in values]
+    lhs, rhs = (_expr(symbols, v) for v in values)
+    if None in traced:
+        raise CaptureError(f"capture: the function takes {clamp.__name__}({D.fmt(lhs)}, {D.fmt(rhs)}), which torch "
+                           f"traced without a value")
+    relation = _CLAMPS[clamp] if _CLAMPS[clamp](*traced) else _RELATIONS[_CLAMPS[clamp]][0]
+    if not _holds_for_every_size(relation, lhs, rhs):
+        graph._constrain(_fact(relation, lhs, rhs))
 
 
 def _value_of(operand):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sympy
 import torch
 
+from ..ir import Constraint
 from ..ir import dims as D
 
 
@@ -59,6 +60,9 @@ class SymbolMap:
     def __init__(self):
         self.subs: dict[sympy.Symbol, sympy.Expr] = {}
         self.hints: dict[sympy.Symbol, int] = {}  # IR symbol -> its size where torch traced
+        # The side of each clamp the reading took (_clamp_as_traced): the capture adds them
+        # to the graph, so that a call where the other side wins runs eagerly.
+        self.facts: list[Constraint] = []
 
     def name(self, torch_expr, our_name: str, hint: int | None = None) -> None:
         """Record that a bare torch symbol is the user's `our_name`."""
@@ -107,11 +111,8 @@ class SymbolMap:
         expr = getattr(node, "expr", None)
         if expr is None:
             raise TypeError(f"not a size: {value!r}")
-        # Traced size-obliviously, a slice's size is clamped at empty (Max(0, n - 2) for
-        # indptr[1:-1]); traced at a larger size it reads n - 2, as the IR keeps it.
         expr = _rewrite(expr).xreplace(self.subs).replace(
-            lambda e: isinstance(e, sympy.Max) and len(e.args) == 2 and 0 in e.args,
-            lambda e: next(a for a in e.args if a != 0))
+            lambda e: isinstance(e, sympy.Max) and len(e.args) == 2 and 0 in e.args, self._clamp_as_traced)
         ours = {s for v in self.subs.values() for s in v.free_symbols}
         unknown = [s for s in expr.free_symbols if s not in ours]
         if unknown:
@@ -124,6 +125,19 @@ class SymbolMap:
 
     def to_dim(self, value) -> sympy.Expr:
         return D.dim(self.to_expr(value))
+
+    def _clamp_as_traced(self, clamp: sympy.Max) -> sympy.Expr:
+        """Max(0, e), a size clamped at empty (indptr[1:-1] traced size-obliviously) or a
+        number (`max(k, 0)` of an int argument): the side torch traced, held to that side by
+        a fact, so that one graph never serves both (the IR's dims hold no Max)."""
+        inner = next(a for a in clamp.args if a != 0)
+        traced = inner.subs(self.hints) if inner.free_symbols <= set(self.hints) else None
+        text = f"the clamp of {D.fmt(inner)} at 0, as traced"
+        if traced is not None and traced < 0:
+            self.facts.append(Constraint("le", inner, D.dim(0), text))
+            return sympy.Integer(0)
+        self.facts.append(Constraint("le", D.dim(0), inner, text))
+        return inner
 
 
 def _rewrite(expr):

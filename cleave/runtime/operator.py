@@ -98,7 +98,10 @@ class CompiledOperator:
     def __init__(self, graph: Graph, dynamic: set[str], device: str | torch.device = "cpu", top_k: int = 4,
                  entry=None, rules=None, candidates: int = 1):
         self.graph = graph
-        self._read = {s.name for s in graph.symbols()}
+        # What keys a binding: the symbols the values read, and those only a constraint reads
+        # (the int argument of `max(k, 0)` traced at k < 0: the graph holds for k <= 0 only)
+        self._read = {s.name for s in graph.symbols()} | {
+            s.name for c in graph.constraints for s in sympy.sympify(c.lhs - c.rhs).free_symbols}
         self._reduced = _reduced_symbols(graph)
         self.dynamic = set(dynamic) & self._read
         self.device = torch.device(device)
