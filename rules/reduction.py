@@ -6,8 +6,8 @@ RULES = parse_rules("""
 family reduction
 
 rule sum-pull-factor: rsum(mul(x, c), a) => mul(rsum(x, a), c)
-  if flat(c, a)
-  why: sum_a x*c = c * sum_a x when c does not vary along a
+  if flat(c, a) and finite(c)
+  why: sum_a x*c = c * sum_a x when c does not vary along a (c finite: a factor of log 0 makes eager's sum of -inf and inf NaN, and the pulled product -inf)
   rewrites: rsum(mul(x, c), -1) with x[m, n], c[m, 1]
   keeps: rsum(mul(x, c), -1) with x[m, n], c[1, n]
 

@@ -26,8 +26,11 @@ KEEPS_FINITE = frozenset({
 
 
 def finite_nodes(graph: Graph) -> set[int]:
-    """Ids of the live nodes that hold finite values whenever the inputs do."""
+    """Ids of the live nodes that hold finite values whenever the inputs do. A division,
+    rsqrt or reciprocal is one where its divisor is at least a positive number (a norm's
+    rsqrt(mean(x^2) + eps), a mean's division by the row's size)."""
     out: set[int] = set()
+    floored = _at_least_positive(graph)
     for n in graph.live_nodes():
         if n.op in ("input", "size", "iota"):
             ok = True
@@ -37,9 +40,48 @@ def finite_nodes(graph: Graph) -> set[int]:
             ok = n.attrs["op"] == "sum"
         elif n.op == "split":
             ok = math.isfinite(n.attrs["pad"])
+        elif n.op in ("rsqrt", "recip", "div"):
+            ok = n.inputs[-1].id in floored
         else:
             ok = n.op in KEEPS_FINITE
         if ok and all(x.id in out for x in n.inputs):
+            out.add(n.id)
+    return out
+
+
+# Ops whose value is >= 0 wherever their operands are (the first operand's, for a view).
+NONNEGATIVE = frozenset({"square", "abs", "exp", "exp2", "sigmoid", "sqrt"})
+
+
+def _at_least_positive(graph: Graph) -> set[int]:
+    """Ids of the live nodes bounded below by a positive number (so never 0, nor tiny
+    enough that a division by them overflows): a positive constant, a size (an empty
+    axis runs the graph as written), and a sum of such a node and values >= 0."""
+    nonnegative: set[int] = set()
+    out: set[int] = set()
+    for n in graph.live_nodes():
+        ids = [x.id for x in n.inputs]
+        if n.op == "const":
+            value = float(n.attrs["value"])
+            positive, nonneg = math.isfinite(value) and value > 0, value >= 0
+        elif n.op == "size":
+            positive = nonneg = True
+        elif n.op in VIEWS:
+            positive, nonneg = ids[0] in out, ids[0] in nonnegative
+        elif n.op == "add":
+            positive = all(i in nonnegative for i in ids) and any(i in out for i in ids)
+            nonneg = all(i in nonnegative for i in ids)
+        elif n.op == "mul":
+            positive, nonneg = all(i in out for i in ids), all(i in nonnegative for i in ids)
+        elif n.op == "div":  # a large divisor makes a quotient tiny: >= 0, not floored
+            positive, nonneg = False, ids[0] in nonnegative and ids[1] in out
+        elif n.op == "reduce":  # a max over an empty axis is -inf
+            positive, nonneg = False, n.attrs["op"] == "sum" and ids[0] in nonnegative
+        else:
+            positive, nonneg = False, n.op in NONNEGATIVE
+        if nonneg or positive:
+            nonnegative.add(n.id)
+        if positive:
             out.add(n.id)
     return out
 
