@@ -124,6 +124,21 @@ def test_backend_takes_mode_and_options(kwargs, named):
     assert got.shape == (3,)
 
 
+@pytest.mark.parametrize("options", [3, "ab"])
+def test_backend_options_that_are_no_dict_are_refused_naming_them(options):
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="options must be a dict, not"):
+        torch.compile(lambda x: x.exp(), backend="cleave", options=options)(torch.randn(3))
+
+
+@pytest.mark.parametrize("kwargs", [{"top_k": True}, {"candidates": True}, {"verbose": 1}])
+def test_compile_refuses_a_bool_count_and_an_int_verbose(kwargs):
+    """A bool is an int to isinstance: top_k=True passed, and the search refused it at the
+    first call, which then ran eagerly for good."""
+    with pytest.raises((ValueError, TypeError), match=next(iter(kwargs))):
+        cleave.compile(lambda x: x.exp(), **kwargs)
+
+
 # -- 6. the dynamic spec ----------------------------------------------------------------
 def _mul_sum(x, y):
     return (x * y).sum(0)

@@ -175,7 +175,7 @@ def test_key_depends_on_dynamic_axes_and_graph(doubles):
     assert {"graph", "dynamic", "device", "cleave", "triton", "torch"} <= set(fields)
 
 
-@pytest.mark.parametrize("damage", ["tamper_plans", "truncate_operator", "tamper_kernel"])
+@pytest.mark.parametrize("damage", ["tamper_plans", "truncate_operator", "tamper_kernel", "kernel_not_text"])
 def test_damaged_entry_is_rebuilt_with_a_warning(doubles, damage):
     w, inputs = _inputs("rmsnorm_matmul", s=7, k=9, n=5)
     first = CompiledOperator(w.graph, {"s"})
@@ -189,9 +189,11 @@ def test_damaged_entry_is_rebuilt_with_a_warning(doubles, damage):
         path.write_text(path.read_text()[:50])
         for spec in entry.glob("spec-*"):  # force the candidates to be read
             (spec / "plans.json").unlink()
-    else:
+    elif damage == "tamper_kernel":
         path = next(entry.glob("spec-*/kernels/*.py"))
         path.write_text(path.read_text() + "import os\n")
+    else:  # bytes that are not UTF-8: the rebuild failed to read, then to rewrite, the file
+        next(entry.glob("spec-*/kernels/*.py")).write_bytes(b"\x9d\xff garbage")
     op = CompiledOperator(w.graph, {"s"})
     with pytest.warns(UserWarning, match="damaged cache entry"):
         got = op(inputs)

@@ -67,20 +67,29 @@ def read_json(path: Path) -> dict:
 def write_kernel(spec_dir: Path, source: str) -> dict:
     digest = sha256(source)
     path = spec_dir / "kernels" / f"{digest[:24]}.py"
-    if not (path.exists() and sha256(path.read_text()) == digest):
+    existing = _text(path)
+    if existing is None or sha256(existing) != digest:
         write_atomic(path, source)
     return {"file": f"kernels/{path.name}", "sha256": digest}
 
 
 def read_kernel(spec_dir: Path, entry: dict) -> str:
     path = spec_dir / entry["file"]
-    try:
-        source = path.read_text()
-    except OSError:
-        raise ArtifactError(f"{path} is missing") from None
+    source = _text(path)
+    if source is None:
+        raise ArtifactError(f"{path} is missing or not text")
     if sha256(source) != entry["sha256"]:
         raise ArtifactError(f"{path} does not match its checksum")
     return source
+
+
+def _text(path: Path) -> str | None:
+    """A kernel file's source; None where it is missing or its bytes are not UTF-8 (damage
+    that a rebuild rewrites)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def spec_name(static: dict[str, int]) -> str:

@@ -188,6 +188,8 @@ def cleave_backend(gm, example_inputs, mode=None, options=None):
     process shares one context), so each one given is said once and ignored."""
     if mode is not None:
         _ignore_once(f"mode={mode!r}")
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"torch.compile's options must be a dict, not {type(options).__name__} {options!r:.40}")
     for key in options or {}:
         _ignore_once(f"option {key!r}")
     return partitioning_backend(_CONTEXT)(gm, example_inputs)

@@ -950,11 +950,11 @@ def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbos
     if not callable(fn):  # else the first call fails inside torch.compile
         raise TypeError(f"cleave.compile takes a function or an nn.Module, not {type(fn).__name__} {fn!r:.60}")
     dynamic = _checked_dynamic(fn, dynamic)
-    if not (isinstance(top_k, int) and top_k >= 1):
+    if not (isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1):
         raise ValueError(f"top_k must be an int >= 1, not {top_k!r}")
-    if not (isinstance(candidates, int) and candidates >= 1):
+    if not (isinstance(candidates, int) and not isinstance(candidates, bool) and candidates >= 1):
         raise ValueError(f"candidates must be an int >= 1, not {candidates!r}")
-    if verbose not in (None, True, False):
+    if not (verbose is None or isinstance(verbose, bool)):
         raise TypeError(f"verbose must be None, True or False, not {verbose!r}")
     if artifact is not None and Path(artifact).exists() and not Path(artifact).is_dir():
         raise NotADirectoryError(f"artifact must be a directory (`cleave trace build --out DIR`, or a new one that "
