@@ -14,7 +14,7 @@ from typing import Mapping
 
 import torch
 
-from .ir import CleaveError, Graph, Node
+from .ir import BindingError, CleaveError, Graph, Node
 from .ir import dims as D
 from .ir.dtypes import DType, rounds
 from .ir.ops import COMPARE, half_read, per_op, reads_half_rounded
@@ -75,6 +75,10 @@ def interpret(graph: Graph, inputs: Mapping[str, torch.Tensor], compute_dtype: t
     if wrong is not None:
         raise TypeError(f"interpret: input {wrong!r} must be a torch.Tensor, got {type(inputs[wrong]).__name__}")
     env = graph.bind({k: tuple(v.shape) for k, v in inputs.items()}, extra=dict(env or {}))
+    unbound = sorted(s.name for s in graph.symbols() if s.name not in env)
+    if unbound:  # a split count: no input's shape holds it
+        raise BindingError(f"interpret: no value for {', '.join(unbound)} (no input's shape gives it): pass "
+                           f"env={{{unbound[0]!r}: ...}}")
     values: dict[int, torch.Tensor] = {}
     device = next(iter(inputs.values())).device if inputs else None
 

@@ -20,7 +20,7 @@ from .cost import kernel_time, misfit, resident_programs
 from .exprs import code, evaluate
 from .partition import KernelSpec, Store, partition, stored_dtype
 from .plan import Buffer, Kernel, Plan
-from .target import H200
+from .target import H200, Target
 from .tiles import aliases, enumerate_tilings, launch_options, remap
 from .unsplit import unsplit
 
@@ -326,6 +326,9 @@ def _schedule(candidate, shapes, dynamic, top_k, target, split) -> list[Plan]:
         raise TypeError(f"schedule: candidate must be a cleave Graph or a search Candidate "
                         f"(cleave.search(graph).best), got {type(candidate).__name__} {candidate!r:.80}")
     _check_arguments(candidate.graph, shapes, dynamic, top_k, split)
+    if not isinstance(target, Target):
+        raise TypeError(f"schedule: target must be a cleave Target (cleave.scheduler.H200, or one made with "
+                        f"dataclasses.replace), got {type(target).__name__} {target!r:.40}")
     graph = rebuild(candidate.graph)
     if graph.text() != candidate.graph.text():
         raise BindingError("scheduler: the candidate graph is not renumbered (pass ir.rebuild(graph)); "
@@ -411,6 +414,10 @@ def _check_arguments(graph: Graph, shapes, dynamic, top_k, split) -> None:
         raise BindingError(f"schedule: dynamic must be a collection of symbol names, got {dynamic!r}")
     # a name bound in shapes may stay dynamic though the graph lost it (len_indptr, batch_size + 1 there)
     _check_names("dynamic", dynamic, [s.name for s in graph.symbols()] + list(shapes), "symbols or names in shapes")
+    counts = [name for name in shapes if name in set(split_symbols(graph))]
+    if counts:  # else dropped: the plans split as the scheduler chose, another function of c
+        raise BindingError(f"schedule: shapes binds {', '.join(counts)}, a split count of the graph: fix it with "
+                           f"split={{{counts[0]!r}: ...}}, or leave it out for the scheduler to choose")
     if split is not None:
         if not isinstance(split, Mapping):
             raise BindingError(f"schedule: split must be a dict {{split count: value}}, got {split!r}")

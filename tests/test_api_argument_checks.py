@@ -103,6 +103,38 @@ def test_schedule_of_a_non_graph_says_what_it_takes():
         cleave.schedule("graph", {"m": 3})
 
 
+def _split_graph() -> cleave.Graph:
+    g = cleave.Graph("bsplit")
+    x = g.input("x", ("m", "n"), "f32")
+    return g.output(x.split(1, "c").exp().sum(-1).max(-1), names=["o"])  # max over chunk sums: a function of c
+
+
+def test_schedule_refuses_a_split_count_in_shapes_it_would_drop():
+    """shapes {"c": 4} was accepted and every plan split by 1: another function of c."""
+    with pytest.raises(BindingError, match=r"shapes binds c, a split count of the graph: fix it with split="):
+        cleave.schedule(_split_graph(), {"m": 3, "n": 12, "c": 4})
+    assert all(p.split == {"c": 4} for p in cleave.schedule(_split_graph(), {"m": 3, "n": 12}, split={"c": 4}))
+
+
+def test_schedule_refuses_a_target_that_is_no_target():
+    with pytest.raises(TypeError, match=r"schedule: target must be a cleave Target.*got str 'h100'"):
+        cleave.schedule(_split_graph(), {"m": 3, "n": 12}, target="h100")
+
+
+def test_interpret_names_a_split_count_no_input_gives():
+    with pytest.raises(BindingError, match=r"interpret: no value for c .*pass env=\{'c': ...\}"):
+        cleave.interpret(_split_graph(), {"x": torch.randn(3, 12)})
+
+
+def test_builder_refuses_an_operand_that_is_no_node_nor_number():
+    g = cleave.Graph("g")
+    a = g.input("a", ("n",), "f32")
+    with pytest.raises(TypeError, match=r"an operand beside input %0 is a NoneType None"):
+        a + None
+    with pytest.raises(cleave.ir.ShapeError, match=r"output 'o' is 3 \(int\), not a node of graph 'g'"):
+        g.output(3, names=["o"])
+
+
 # -- launch -----------------------------------------------------------------------
 def _iota_graph() -> cleave.Graph:
     g = cleave.Graph("io")

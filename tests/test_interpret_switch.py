@@ -57,3 +57,20 @@ def test_without_a_gpu_or_the_interpreter_the_warning_says_what_to_set(cold_cach
     done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "set TRITON_INTERPRET=1" in done.stdout and "active drivers" not in done.stdout, done.stdout
+
+
+def test_launch_without_a_gpu_or_the_interpreter_says_what_to_set(cold_cache):
+    """The builder's path, schedule then launch, raised Triton's "0 active drivers"."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CLEAVE_CACHE_DIR"] = str(cold_cache)
+    program = textwrap.dedent("""
+        import torch, cleave
+        from cleave.runtime.launch import launch
+        g = cleave.Graph("g")
+        g.output(g.input("a", ("n", "d")).exp().sum(-1), names=["o"])
+        plan = cleave.schedule(g, {"n": 3, "d": 5})[0]
+        launch(plan, {"a": torch.randn(3, 5)})
+    """)
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=600)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0 and "set TRITON_INTERPRET=1" in last and "active drivers" not in last, last

@@ -231,6 +231,9 @@ class Graph:
                     raise ShapeError(f"output {name!r} is declared twice")
                 if name in self.inputs:  # one kernel argument, one buffer, for both
                     raise ShapeError(f"output {name!r} has the name of an input")
+                if not isinstance(node, Node):
+                    raise ShapeError(f"output {name!r} is {node!r:.40} ({type(node).__name__}), not a node of "
+                                     f"graph {self.name!r}")
                 if node.graph is not self:
                     raise ShapeError(f"output {name!r} is not a node of graph {self.name!r}")
                 self.outputs.append(node)

@@ -47,6 +47,9 @@ def _lift(node, value):
         return value
     if isinstance(value, bool):
         return node.graph.const(value, "bool")
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"an operand beside {node.op} %{node.id} is a {type(value).__name__} {value!r:.40}: an "
+                        f"operand is a node of graph {node.graph.name!r} or a number")
     dtype = node.dtype if (node.dtype.is_float or isinstance(value, int)) else "f32"
     return node.graph.const(value, dtype)
 

@@ -475,6 +475,9 @@ def _jit_launch(fn, grid, values, options: dict, name: str):
     shared memory than the GPU has (the cost model's estimate is a lead: Triton's
     epilogue scratch varies), one stage fewer, down to one; `options` keeps the stages
     that fit, so later calls compile nothing more."""
+    if not _INTERPRETED and any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in values):
+        raise RuntimeError(f"kernel {name}: its tensors are on the CPU and Triton's interpreter is off: set "
+                           f"TRITON_INTERPRET=1 (before triton is imported) to run it on the CPU, or pass CUDA tensors")
     asked, first = options.get("num_stages", 1), None
     while True:
         try:
