@@ -149,3 +149,23 @@ def test_split_kv_plans_do_not_hold_a_contraction_product_in_registers():
     plans = cleave.schedule(cand, w.presets["h200"], top_k=3)
     assert any(p.split and any(v > 1 for v in p.split.values()) for p in plans)  # split plans are ranked
     assert not [m for p in plans for k in p.kernels for m in PRODUCT.findall(k.source)]
+
+
+_GOOD = {"name": "d", "op_type": "s", "axes": {"n": {"type": "var"}},
+         "inputs": {"x": {"shape": ["n"], "dtype": "float32"}},
+         "outputs": {"o": {"shape": ["n"], "dtype": "float32"}}, "reference": "def run(x):\n    return x\n"}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: [1, 2], "a definition is a JSON object, not list"),
+    (lambda d: {**d, "axes": [1]}, "'axes' is not a JSON object but list"),
+    (lambda d: {**d, "axes": {"n": "var"}}, r"axes \['n'\] are not JSON objects"),
+    (lambda d: {**d, "inputs": {"x": "f32"}}, r"inputs \['x'\] are not JSON objects"),
+    (lambda d: {**d, "reference": 5}, "reference is not a string but int"),
+    (lambda d: {**d, "reference": "def run(x):\n  return (\n"}, r"its reference does not parse \('\(' was never closed"),
+])
+def test_a_malformed_definition_is_one_trace_error(change, message):
+    """Each was an AttributeError, TypeError or SyntaxError traceback from the checks."""
+    validate_definition(_GOOD)
+    with pytest.raises(cleave.runtime.traces.TraceError, match=message):
+        validate_definition(change(dict(_GOOD)))

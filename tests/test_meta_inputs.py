@@ -49,3 +49,14 @@ def test_an_ignored_compile_mode_is_said_at_the_users_call():
         f(torch.randn(2, 3))
     ours = [w for w in caught if "does not apply to the cleave backend" in str(w.message)]
     assert ours and all(w.filename == __file__ for w in ours), [(w.filename, w.lineno) for w in ours]
+
+
+def test_prepare_of_meta_tensors_serves_the_calls_to_come():
+    """It keyed the operator to the meta device: the first real call searched and
+    compiled again, and the cache kept an entry no call finds."""
+    compiled = cleave.compile(row_sum_twice, dynamic={"a": {0: "n"}})
+    op = compiled.prepare(torch.empty(3, 4, device="meta"))
+    assert op.fields["device"] != "meta"
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(compiled(x), row_sum_twice(x))
+    assert compiled.stats["searches"] == 1 and len(compiled.operators) == 1

@@ -145,7 +145,8 @@ class CompiledFunction:
 
     def prepare(self, *args):
         """Search (or load) and schedule for the shapes of `args` without running: the
-        tensors may be on the meta device. Writes the artifact; returns the operator."""
+        tensors may be on the meta device (prepared then for the compile's device, else
+        this machine's: CUDA where it has one). Writes the artifact; returns the operator."""
         sig = self._signature(args)
         runner = self._runners.get(sig, [None])[0]
         if runner is None:

@@ -36,6 +36,8 @@ class Context:
         self.pass_seconds: dict[str, float] = {}  # compile time per pass (cleave.passes)
 
     def operator(self, graph: Graph, dynamic: set[str], device: torch.device) -> CompiledOperator:
+        if torch.device(device).type == "meta":  # compiled.prepare of shapes alone: for the calls to come
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         op = CompiledOperator(graph, dynamic, self.device or device, self.top_k, rules=self.rules,
                               candidates=self.candidates)
         if op.key not in self.operators and self.artifact is not None:

@@ -20,9 +20,12 @@ class TraceError(CleaveError):
 
 
 def validate_definition(d: dict) -> None:
+    if not isinstance(d, dict):
+        raise TraceError(f"a definition is a JSON object, not {type(d).__name__}")
     for key in ("name", "op_type", "axes", "inputs", "outputs", "reference"):
         if key not in d:
             raise TraceError(f"definition {d.get('name', '?')!r}: missing field {key!r}")
+    _check_definition_objects(d)
     for axis, spec in d["axes"].items():
         kind = spec.get("type")
         if kind not in ("const", "var"):
@@ -41,6 +44,24 @@ def validate_definition(d: dict) -> None:
                 raise TraceError(f"definition {d['name']}: {part[:-1]} {name!r} has dtype {t.get('dtype')!r}") from None
     if "def run(" not in d["reference"]:
         raise TraceError(f"definition {d['name']}: reference must define run(...)")
+    try:
+        compile(d["reference"], f"<reference of {d['name']}>", "exec")
+    except SyntaxError as err:
+        raise TraceError(f"definition {d['name']}: its reference does not parse ({err.msg}, line {err.lineno})") \
+            from None
+
+
+def _check_definition_objects(d: dict) -> None:
+    """The parts of a definition that the checks read by key are JSON objects, and its
+    reference is text."""
+    for key in ("axes", "inputs", "outputs"):
+        if not isinstance(d[key], dict):
+            raise TraceError(f"definition {d['name']!r}: {key!r} is not a JSON object but {type(d[key]).__name__}")
+        bad = [name for name, spec in d[key].items() if not isinstance(spec, dict)]
+        if bad:
+            raise TraceError(f"definition {d['name']!r}: {key} {bad} are not JSON objects")
+    if not isinstance(d["reference"], str):
+        raise TraceError(f"definition {d['name']!r}: reference is not a string but {type(d['reference']).__name__}")
 
 
 def validate_workload(line: dict, definition: dict) -> None:
