@@ -654,3 +654,27 @@ def test_parameters_and_buffers_added_after_the_capture_are_a_new_capture(make, 
     # old graph ran on, 2 to 6 off, without a warning
     m = make()
     _follows(m, m, torch.randn(3, 5), lambda: change(m))
+
+
+def test_a_replaced_class_forward_is_seen_through_dynamos_graphs():
+    """A module cleave.compile runs through dynamo's graphs (a SimpleNamespace attribute
+    sends it there) is called from a closure, and dynamo guards no class forward reached
+    so: `M.forward = ...` after the first call ran the old forward on."""
+    import types
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.cfg = types.SimpleNamespace(k=2.0)
+
+        def forward(self, x):
+            return self.lin(x) * self.cfg.k
+
+    m, x = M(), torch.randn(3, 4)
+    compiled = cleave.compile(m)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(compiled(x), m(x))
+        M.forward = lambda self, x: self.lin(x) - 1
+        torch.testing.assert_close(compiled(x), m.lin(x) - 1)

@@ -68,7 +68,7 @@ class CompiledFunction:
         # A call through dynamo changed an argument in place (its version counter moved):
         # later calls whose arguments share memory run eagerly (_call_dynamo).
         self._writes_arguments = False
-        self._dynamo_hooks = None  # the global module hooks self._dynamo's frames were traced with
+        self._dynamo_hooks = None  # the global module hooks and forward self._dynamo's frames were traced with
         self._rnn_noted = False  # whether the recurrent modules fn calls were looked for
         self._spec_fitted = False  # whether `dynamic` fit a call: it is checked against the first
         self._said: set[str] = set()  # the warnings about `dynamic` given
@@ -425,10 +425,11 @@ class CompiledFunction:
 
     # -- graph breaks through dynamo --------------------------------------
     def _call_dynamo(self, args, kwargs):
-        hooks = _global_module_hooks()
+        hooks = (_global_module_hooks(), _forward_of(self.fn))
         if self._dynamo is None or hooks != self._dynamo_hooks:
-            # torch.compile guards no global module hook: a frame compiled before one was
-            # registered would skip it. A new backend object compiles the frames again.
+            # torch.compile guards no global module hook, nor the forward of a module a
+            # closure calls (a class's forward replaced): a frame compiled before would run
+            # on without it. A new backend object compiles the frames again.
             self._dynamo = _dynamo_compile(self.fn, self.ctx, self.name)
         self._dynamo_hooks = hooks
         spec = self._spec(args)
@@ -757,6 +758,14 @@ def _global_module_hooks() -> tuple:
     return tuple(tuple(getattr(module, name, {})) for name in (
         "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
         "_global_backward_hooks"))
+
+
+def _forward_of(fn):
+    """A module's forward as a call finds it (on the instance, else its class); None for
+    a function."""
+    if not isinstance(fn, torch.nn.Module):
+        return None
+    return fn.__dict__.get("forward", type(fn).forward)
 
 
 def _dynamo_compile(fn, ctx: Context, name: str):
