@@ -87,6 +87,7 @@ def test_split_records_divisibility_only_without_pad():
     padded = g2.input("x", ("b", "L")).split(1, "c", pad=0.0)
     assert str(padded.shape[2]) == "ceiling(L/c)"
     assert not g2.constraints
+    g.output(exact, names=["o"])  # a constraint binds while its node is live
     g.bind({"x": (2, 12)}, extra={"c": 4})
     with pytest.raises(BindingError, match=r"c \| L"):
         g.bind({"x": (2, 10)}, extra={"c": 4})

@@ -354,3 +354,21 @@ def test_a_refused_output_leaves_the_graph_as_it_was():
     with pytest.raises(ShapeError, match="declared twice"):
         g2.output(x.exp(), x.sin(), names=["o", "o"])
     assert g2.output_names == []
+
+
+def test_a_dropped_nodes_constraint_binds_nothing():
+    """A reshape built and never used left `require d*n == 0` in the graph, and every
+    non-empty input was refused; a dropped split's `c | d` came through a rebuild."""
+    g = cleave.Graph("dead")
+    a = g.input("a", ("n", "d"), "f32")
+    _ = a.reshape(0)
+    _ = a.split(1, "c")
+    g.output(a.exp().sum(-1), names=["o"])
+    assert "require" not in g.text() and not cleave.ir.rebuild(g).constraints
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(cleave.interpret(g, {"a": x})[0], x.exp().sum(-1))
+    kept = cleave.Graph("kept")  # a live node's constraint still binds
+    y = kept.input("a", ("n", "d"), "f32")
+    kept.output(y.split(1, "c").sum(-1), names=["o"])
+    with pytest.raises(cleave.ir.BindingError, match=r"c \| d"):
+        cleave.interpret(kept, {"a": x}, env={"c": 2})

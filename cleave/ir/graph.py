@@ -5,7 +5,7 @@ import builtins
 import hashlib
 import keyword
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 import sympy
@@ -20,11 +20,14 @@ from .tensor_ops import TensorOps
 
 @dataclass(frozen=True)
 class Constraint:
-    """A fact every binding must satisfy: kind is 'eq', 'le' or 'divides' (lhs | rhs)."""
+    """A fact every binding must satisfy: kind is 'eq', 'le' or 'divides' (lhs | rhs).
+    `node`: the id of the node whose check made it, which binds only while that node is
+    live (a reshape built and dropped constrains nothing); None for the graph's own."""
     kind: str
     lhs: Dim
     rhs: Dim
     origin: str
+    node: int | None = field(default=None, compare=False)
 
     def holds(self, env: dict) -> bool:
         lhs, rhs = D.evaluate(self.lhs, env), D.evaluate(self.rhs, env)
@@ -190,12 +193,13 @@ class Graph:
                 raise ShapeError(f"{err} (at {loc})") from None
             raise
         for kind, lhs, rhs, origin in result.constraints:
-            self._constrain(Constraint(kind, lhs, rhs, f"{origin} %{len(self.nodes)}"))
+            self._constrain(Constraint(kind, lhs, rhs, f"{origin} %{len(self.nodes)}", len(self.nodes)))
         for d in result.shape:
             whole = _whole(d)
             if whole is not None:
                 of = f"input {norm['name']!r}" if op == "input" else f"{op} %{len(self.nodes)}"
-                self._constrain(Constraint("divides", *whole, f"{of}'s dim {D.fmt(d)}"))
+                self._constrain(Constraint("divides", *whole, f"{of}'s dim {D.fmt(d)}",
+                                           None if op == "input" else len(self.nodes)))
         node = Node(self, len(self.nodes), op, tuple(inputs), norm, result.shape, result.dtype, loc)
         self.nodes.append(node)
         self._interned[key] = node
@@ -373,8 +377,14 @@ class Graph:
         self.check(env)
         return env
 
+    def live_constraints(self, live: set[int] | None = None) -> list[Constraint]:
+        """The constraints of the graph and of its live nodes (`live`: their ids)."""
+        if live is None:
+            live = {n.id for n in self.live_nodes()}
+        return [c for c in self.constraints if c.node is None or c.node in live]
+
     def check(self, env: dict) -> None:
-        for c in self.constraints:
+        for c in self.live_constraints():
             try:
                 ok = c.holds(env)
             except KeyError:
@@ -455,6 +465,8 @@ def rebuild(graph: Graph, nodes: Iterable[Node] | None = None) -> Graph:
     # the original's constraints first: those the nodes' checks added again keep their
     # origins (`slice %6`, not the new ids), and the text form stays the same
     built, out.constraints = out.constraints, []
-    for c in [*graph.constraints, *built]:
+    kept = [replace(c, node=None if c.node is None else mapping[c.node].id) for c in graph.live_constraints()
+            if c.node is None or c.node in mapping]
+    for c in [*kept, *built]:
         out._constrain(c)
     return out

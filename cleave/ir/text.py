@@ -56,7 +56,7 @@ def print_graph(graph, name: bool = True) -> str:
     # what every binding must satisfy beyond the nodes' own checks (a split's "no empty
     # chunk", a size torch traced a branch on): the text keeps them, sorted to be canonical
     lines += sorted(f"  require {D.fmt(c.lhs)} {_SIGNS[c.kind]} {D.fmt(c.rhs)} from {json.dumps(c.origin)}"
-                    for c in graph.constraints)
+                    for c in graph.live_constraints({n.id for n in nodes}))
     outs = ", ".join(f"{nm}=%{ids[o.id]}" for nm, o in zip(graph.output_names, graph.outputs))
     lines.append(f"  return {outs}".rstrip())
     lines.append("}")
