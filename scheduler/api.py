@@ -314,9 +314,22 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
     _GLUON.origins = {}
     try:
         plans = _schedule(candidate, shapes, dynamic, top_k, target, split)
+        if isinstance(candidate, Candidate) and candidate.derivation:
+            _hold_reductions_nonempty(plans, candidate.graph)
         return _with_gluon_twin(plans) if target.gluon else plans
     finally:
         _GLUON.origins = {}
+
+
+def _hold_reductions_nonempty(plans: list[Plan], graph: Graph) -> None:
+    """A rewritten candidate's plans serve non-empty reductions only: its rules hold
+    there (a max over nothing is -inf, and sigmoid(-inf) = 0 is no sigmoid's max); the
+    graph as written serves an empty one (the runtime schedules it for such a call)."""
+    contracted = {s for n in graph.live_nodes() if n.op == "matmul" for s in n.inputs[0].shape[-1].free_symbols}
+    extents = sorted(graph.reduced_symbols() | contracted, key=lambda s: s.name)
+    why = "a rewritten candidate's reductions (schedule the graph as written for an empty one)"
+    for plan in plans:
+        plan.requires += [(f"1 <= {s.name}", why) for s in extents if s.name not in plan.split]
 
 
 def _schedule(candidate, shapes, dynamic, top_k, target, split) -> list[Plan]:

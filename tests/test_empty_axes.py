@@ -226,3 +226,26 @@ def test_cat_of_only_legacy_empty_vectors_and_cummax_of_no_rows():
         x = torch.zeros(0, 6, dtype=torch.int64)
         for got, want in zip(torch.compile(cummax_rows, backend="cleave", dynamic=True)(x), cummax_rows(x)):
             assert got.shape == want.shape and got.dtype == want.dtype
+
+
+def test_a_rewritten_candidates_plans_refuse_an_empty_reduction(tmp_path):
+    """`rmax(sigmoid(x), a) => sigmoid(rmax(x, a))` holds except over an empty axis (a max
+    over nothing is -inf, and sigmoid(-inf) = 0): its plan launched at n = 0 gave 0 where
+    the graph gives -inf. The runtime serves such a call with the graph as written; a
+    plan of a rewritten candidate now says so instead of answering."""
+    from cleave.runtime.launch import launch
+
+    rules = tmp_path / "e.rules"
+    rules.write_text("family probe phase rewrite\n\nrule sigmoid-max: rmax(sigmoid(x), a) => sigmoid(rmax(x, a))\n"
+                     "  why: a probe's rule, false over an empty axis only\n")
+    g = cleave.Graph("sigmax")
+    g.output(g.input("x", ("m", "n"), "f32").sigmoid().max(-1), names=["o"])
+    found = cleave.search(g, top_k=3, rules=[str(rules)], progress=False).candidates
+    rewritten = next(c for c in found if "sigmoid-max" in c.derivation)
+    plan = cleave.schedule(rewritten, {"m": 2, "n": 3}, dynamic={"m", "n"})[0]
+    x = torch.randn(2, 5)
+    torch.testing.assert_close(launch(plan, {"x": x})[0], x.sigmoid().amax(-1))
+    with pytest.raises(cleave.ir.BindingError, match=r"1 <= n \(from a rewritten candidate's reductions"):
+        launch(plan, {"x": torch.randn(2, 0)})
+    as_written = cleave.schedule(g, {"m": 2, "n": 3}, dynamic={"m", "n"})[0]
+    assert torch.equal(launch(as_written, {"x": torch.randn(2, 0)})[0], torch.full((2,), -float("inf")))
