@@ -325,8 +325,7 @@ def _hold_reductions_nonempty(plans: list[Plan], graph: Graph) -> None:
     """A rewritten candidate's plans serve non-empty reductions only: its rules hold
     there (a max over nothing is -inf, and sigmoid(-inf) = 0 is no sigmoid's max); the
     graph as written serves an empty one (the runtime schedules it for such a call)."""
-    contracted = {s for n in graph.live_nodes() if n.op == "matmul" for s in n.inputs[0].shape[-1].free_symbols}
-    extents = sorted(graph.reduced_symbols() | contracted, key=lambda s: s.name)
+    extents = sorted(graph.summed_symbols(), key=lambda s: s.name)
     why = "a rewritten candidate's reductions (schedule the graph as written for an empty one)"
     for plan in plans:
         plan.requires += [(f"1 <= {s.name}", why) for s in extents if s.name not in plan.split]

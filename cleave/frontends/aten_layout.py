@@ -78,10 +78,9 @@ def _view(t, n, a):
         for size, given in zip(shape[at:at + len(written)], written):
             if isinstance(given, int) and given >= 0 and not D.equal(size, given):
                 t.graph._constrain(Constraint("eq", size, D.dim(given), f"{t.op}'s size {given} as written"))
-        if any(isinstance(given, int) and given == -1 for given in written):
-            # torch infers the -1 dividing by the others, traced as positive; eager raises at 0
-            known = sympy.Mul(*(shape[at + i] for i, given in enumerate(written)
-                                if not (isinstance(given, int) and given == -1)))
+        inferred = [isinstance(given, int) and given == -1 for given in written]
+        if any(inferred):  # torch infers the -1 dividing by the others, traced as positive; eager raises at 0
+            known = sympy.Mul(*(size for size, minus_one in zip(shape[at:], inferred) if not minus_one))
             if known.free_symbols:
                 t.graph._constrain(Constraint("le", D.dim(1), known, f"{t.op}'s -1 beside {D.fmt(known)}"))
     return reshape(t, a["self"], shape)

@@ -152,7 +152,7 @@ def _size_inputs(graph: Graph, placeholders, t, signed: dict) -> list[tuple[str,
     used = {s for n in graph.live_nodes() for d in n.shape for s in sympy.sympify(d).free_symbols}
     used |= {s for n in graph.live_nodes() for v in n.attrs.values() if isinstance(v, sympy.Expr)
              for s in v.free_symbols}
-    used |= {s for c in graph.constraints for s in sympy.sympify(c.lhs - c.rhs).free_symbols}
+    used |= {s for c in graph.constraints for s in c.free_symbols}
     out = []
     for node in placeholders:
         val = node.meta.get("val")

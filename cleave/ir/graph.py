@@ -29,6 +29,10 @@ class Constraint:
     origin: str
     node: int | None = field(default=None, compare=False)
 
+    @property
+    def free_symbols(self) -> set[sympy.Symbol]:
+        return sympy.sympify(self.lhs - self.rhs).free_symbols
+
     def holds(self, env: dict) -> bool:
         lhs, rhs = D.evaluate(self.lhs, env), D.evaluate(self.rhs, env)
         if self.kind == "eq":
@@ -310,6 +314,11 @@ class Graph:
         """The symbols of the extents a reduce runs over (softmax's keys, a norm's row)."""
         return {s for n in self.live_nodes() if n.op == "reduce"
                 for s in n.inputs[0].shape[n.attrs["axis"]].free_symbols}
+
+    def summed_symbols(self) -> set[sympy.Symbol]:
+        """reduced_symbols and those of the extents a MatMul contracts."""
+        return self.reduced_symbols() | {s for n in self.live_nodes() if n.op == "matmul"
+                                         for s in n.inputs[0].shape[-1].free_symbols}
 
     def text(self) -> str:
         from .text import print_graph

@@ -100,9 +100,8 @@ class CompiledOperator:
         self.graph = graph
         # What keys a binding: the symbols the values read, and those only a constraint reads
         # (the int argument of `max(k, 0)` traced at k < 0: the graph holds for k <= 0 only)
-        self._read = {s.name for s in graph.symbols()} | {
-            s.name for c in graph.constraints for s in sympy.sympify(c.lhs - c.rhs).free_symbols}
-        self._reduced = _reduced_symbols(graph)
+        self._read = {s.name for s in graph.symbols()} | {s.name for c in graph.constraints for s in c.free_symbols}
+        self._reduced = {s.name for s in graph.summed_symbols()}  # what a reduction or MatMul sums over
         self.dynamic = set(dynamic) & self._read
         self.device = torch.device(device)
         self.top_k = top_k
@@ -605,12 +604,6 @@ def _symbol_locations(graph: Graph) -> dict[str, tuple[str, int]] | None:
             if isinstance(d, sympy.Symbol):
                 where.setdefault(d.name, (name, axis))
     return where if {s.name for s in graph.symbols()} <= set(where) else None
-
-
-def _reduced_symbols(graph: Graph) -> set[str]:
-    """The symbols of the axes some reduction or MatMul of the graph reduces over."""
-    contracted = {s for n in graph.live_nodes() if n.op == "matmul" for s in n.inputs[0].shape[-1].free_symbols}
-    return {s.name for s in graph.reduced_symbols() | contracted}
 
 
 def _no_gpu_nor_interpreter(inputs: dict[str, torch.Tensor]) -> bool:
