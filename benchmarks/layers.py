@@ -397,7 +397,8 @@ def _graph_cell(times: dict) -> str:
     return f"{ours:.3f} / {theirs:.3f} ({theirs / ours:.2f})" if theirs else f"{ours:.3f} / —"
 
 
-def run(plans: pathlib.Path, out: pathlib.Path) -> None:
+def run(plans: pathlib.Path, out: pathlib.Path, shapes: list[str] | None = None) -> None:
+    """Time each plan file at its model's shapes, or at those of `shapes` ("BxS") it has."""
     import triton
 
     out.mkdir(parents=True, exist_ok=True)
@@ -409,7 +410,7 @@ def run(plans: pathlib.Path, out: pathlib.Path) -> None:
     for f in sorted(plans.glob("*.json")):
         spec = json.loads(f.read_text())
         jobs += [(f"{spec['model']} {spec['form']} b{batch} s{seq}", functools.partial(run_layer, spec, batch, seq))
-                 for batch, seq in SHAPES[spec["model"]]]
+                 for batch, seq in SHAPES[spec["model"]] if shapes is None or f"{batch}x{seq}" in shapes]
     write_rows(out / "layers", header, jobs, table)
 
 
@@ -440,11 +441,12 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="time the built plans, eager and torch.compile (needs a GPU)")
     r.add_argument("--plans", default=".gpu_layers")
     r.add_argument("--out", default=".")
+    r.add_argument("--shapes", nargs="*", help="only these of each model's shapes, as BxS (1x2048)")
     args = p.parse_args(argv)
     if args.command == "build":
         build(pathlib.Path(args.out), args.only, args.forms, args.top_plans)
     else:
-        run(pathlib.Path(args.plans), pathlib.Path(args.out))
+        run(pathlib.Path(args.plans), pathlib.Path(args.out), args.shapes)
     return 0
 
 
