@@ -44,7 +44,7 @@ from .context import Context
 from .user_frame import _user_level
 from ..frontends.output_layout import permute_outputs
 from .graph_breaks import Launcher, constant_getters, on_meta, overlapping, untraceable_call
-from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch, TensorContents, _python_function
+from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch, TensorContents, _python_function, _version
 from .launch import remember
 
 _log = logging.getLogger("cleave.compile")
@@ -444,13 +444,13 @@ class CompiledFunction:
             # y's old values (aot_eager does the same)
             self.ctx.warn_eager(self.name, "it changes an argument in place and its arguments share memory")
             return self.fn(*args, **kwargs)
-        versions = [t._version for t in tensors]
+        versions = [_version(t) for t in tensors]  # None for an inference tensor: it counts no writes
         breaks = _graph_breaks()
         failure = None
         try:
             with _fake_tensor_logs_held():
                 result = self._dynamo(*args, **kwargs)
-            self._writes_arguments |= any(t._version != v for t, v in zip(tensors, versions))
+            self._writes_arguments |= any(_version(t) != v for t, v in zip(tensors, versions))
             return result
         except torch._dynamo.exc.TorchRuntimeError as err:  # tracing with fake tensors failed
             failure = err

@@ -499,6 +499,12 @@ class Launcher:
         if self.writebacks and overlapping(list(inputs.values())):  # a parameter or constant too
             self.ctx.warn_eager(self.where, "it changes an input in place and its inputs share memory")
             return True
+        if any(torch._debug_has_internal_overlap(args[position]) for _, position in self.writebacks):
+            # eager writes a shared element once per index reaching it (or refuses an
+            # expanded one); the kernels' result is copied back once per element
+            self.ctx.warn_eager(self.where, "it changes an input in place whose elements share memory (an "
+                                            "expanded or self-overlapping view)")
+            return True
         if self.reads_storage and not all(_row_major_from_start(a) for a in args if isinstance(a, torch.Tensor)):
             self.ctx.warn_eager(self.where, "it reads its input's storage (as_strided), traced contiguous from "
                                 "offset 0, and an input here is laid out otherwise")

@@ -42,6 +42,9 @@ _VALUES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch
            types.ModuleType)
 # A longer container is compared at every call at more cost than dynamo's guards.
 _COMPARED_ITEMS = 64
+# What code may read of a tensor that a capture's key leaves out (its offset's value:
+# a slice per step of a loop would be a capture per step); dynamo guards each.
+_PER_TENSOR_FACTS = frozenset({"storage_offset", "is_inference"})
 
 
 class Guards:
@@ -65,6 +68,7 @@ class Guards:
         self.functions = functions  # (function, its __code__, __defaults__, __kwdefaults__)
         self.opaque: str | None = None  # a global or cell read whose changes cannot be compared
         self.effect: str | None = None  # a call a capture would not make at each call (`_Reads.check`)
+        self.tensor_fact: str | None = None  # a fact of a tensor the code reads and no call key holds
 
     @classmethod
     def read_by(cls, fn) -> Guards | None:
@@ -84,6 +88,10 @@ class Guards:
             guards.opaque = (f"it reads {opaque[0]!r}, an object whose changes cleave cannot tell (a capture "
                              f"would keep the value it read)")
         guards.effect = reads.call
+        told = sorted(reads.names & _PER_TENSOR_FACTS)
+        if told:
+            guards.tensor_fact = (f"it reads a tensor's {told[0]}(), which a capture would keep as the traced "
+                                  f"tensor's")
         return guards
 
     def put_back(self) -> str | None:
@@ -122,7 +130,8 @@ class Guards:
     def needs_dynamo(self) -> str | None:
         """Why a capture cannot serve fn (an object it reads, a call made for its effect, a
         hook, ...), or None."""
-        return self.opaque or self.effect or (self.modules.needs_dynamo if self.modules is not None else None)
+        return self.opaque or self.effect or self.tensor_fact or \
+            (self.modules.needs_dynamo if self.modules is not None else None)
 
     def hold(self) -> bool:
         for f, code, defaults, kwdefaults in self.functions:

@@ -343,6 +343,8 @@ def run(prepared: _Prepared, inputs: dict[str, torch.Tensor], out: list | None =
     for name, want in prepared.casts:
         t = inputs[name]
         if want is not None:
+            if t.is_neg():  # a lazy negation (`z.conj().imag`): its memory holds -t, which kernels would read
+                t = t.resolve_neg()
             tensors[name] = t = (t if t.dtype == want else _cast_input(name, t, want)).contiguous()
             bases_ok = bases_ok and t.data_ptr() % 16 == 0
         device = t.device
