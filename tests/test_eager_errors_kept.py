@@ -92,6 +92,19 @@ def test_softmax_of_integers_cast_by_its_dtype_argument_still_compiles(ctx):
     torch.testing.assert_close(cleave.compile(fn)(INTS), fn(INTS))
 
 
+@pytest.mark.parametrize("fn", [lambda x: (x > 0).any(1), lambda x: (x > 0).all(2, keepdim=True),
+                                lambda x: torch.count_nonzero(x, dim=1), lambda x: torch.aminmax(x, dim=2).max],
+                         ids=["any", "all", "count_nonzero", "aminmax"])
+def test_integer_and_bool_reductions_along_a_later_axis_compile(ctx, fn):
+    """The probe of torch's kernel for a refused dtype ran the op on one-element vectors
+    with the call's own dim: dim 1 raised IndexError from the probe, and the whole
+    function ran eagerly ("lowering it through AOTAutograd failed")."""
+    x = torch.tensor([[[1, 0, -3], [0, 0, 2]], [[0, 0, 0], [5, 1, 0]]])
+    compiled = cleave.compile(fn)
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert compiled.stats["searches"] == 1
+
+
 @pytest.mark.parametrize("x", [INTS, INTS.to(torch.uint8), INTS > 0], ids=["int64", "uint8", "bool"])
 def test_logsumexp_of_integers_and_bools_computes_in_floats(ctx, x):
     fn = lambda x: torch.logsumexp(x, 1)  # noqa: E731

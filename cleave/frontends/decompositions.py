@@ -12,6 +12,7 @@ the ops their slow path runs (`fused_layers.py`).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -129,12 +130,20 @@ def _checked_against_eager_kernel(op, decompose):
     return checked
 
 
+class _Probe(NamedTuple):
+    """An integer or bool tensor argument as the probe makes it again: one element per
+    axis, so that the call's dims index it as they index the argument."""
+    dtype: torch.dtype
+    ndim: int
+
+
 def _probed(a):
-    """An argument as the probe passes it (hashable): a tensor as its dtype, a number or
+    """An argument as the probe passes it (hashable): an integer or bool tensor as a
+    _Probe, another tensor as its dtype, a number or
     flag as itself, anything else (a symbolic size, a list, a large int, which could
     allocate without bound) as _UNKNOWN, which leaves the probe to the tensors alone."""
     if isinstance(a, torch.Tensor):
-        return a.dtype
+        return _Probe(a.dtype, a.dim()) if a.dtype in _PROBED_DTYPES else a.dtype
     if isinstance(a, int) and not isinstance(a, bool):
         return a if abs(a) <= _LARGEST_PROBED_INT else _UNKNOWN
     return a if isinstance(a, (bool, float, str, torch.dtype)) or a is None else _UNKNOWN
@@ -149,8 +158,8 @@ def _probe_error(op, args: tuple, kwargs: tuple, float_tensors: bool) -> Excepti
     """What torch's kernel raises on one-element tensors of the probed dtypes (or of f32,
     with `float_tensors`) and the call's numbers; None where it runs."""
     def value(a):
-        if isinstance(a, torch.dtype) and a in _PROBED_DTYPES:
-            return torch.ones(1, dtype=torch.float32 if float_tensors else a)
+        if isinstance(a, _Probe):
+            return torch.ones((1,) * a.ndim, dtype=torch.float32 if float_tensors else a.dtype)
         return a
     values = [value(a) for a in args]
     named = {k: value(v) for k, v in kwargs}
@@ -158,7 +167,7 @@ def _probe_error(op, args: tuple, kwargs: tuple, float_tensors: bool) -> Excepti
         values, named = [a for a in values if isinstance(a, torch.Tensor)], {}
     try:
         op(*values, **named)
-    except (RuntimeError, NotImplementedError, TypeError) as err:
+    except Exception as err:  # the probe only informs: whatever it raises is weighed, never raised here
         return err
     return None
 
