@@ -218,6 +218,27 @@ def test_two_dynamic_axes_one_of_which_broadcasts_get_a_capture_each():
     assert f.stats["operators"] == 3 and f.stats["failed"] == 0, f.stats
 
 
+def one_row_fast_path(x, w):  # a fast path at one row whose code fixes the width
+    if x.shape[0] == 1:
+        return x.reshape(x.shape[1], 6) @ w
+    return (x @ w).sum(0)
+
+
+def test_a_branch_taken_again_under_dynamic_all_keeps_the_axes_its_code_fixes_static():
+    """Under dynamic="all" the first capture lets torch keep an axis static where the code
+    fixes it; the capture of another branch (at one row) named every axis dynamic, torch
+    refused the one that branch fixes, and each such call ran eagerly (nn.TransformerEncoderLayer
+    at batch 1, whose fast path reads its width)."""
+    f = cleave.compile(one_row_fast_path, dynamic="all", verbose=False)
+    w = torch.randn(6, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an eager run would warn
+        for rows, length in ((3, 5), (1, 5), (1, 7), (2, 7)):
+            x = torch.randn(rows, length, 6)
+            torch.testing.assert_close(f(x, w), one_row_fast_path(x, w))
+    assert f.stats["operators"] == 2 and f.stats["failed"] == 0, f.stats
+
+
 # -- sizes the code writes as numbers (session 33's probe) ----------------------------
 def view_pairs(x):
     return x.view(-1, 2, 3).sum(1)

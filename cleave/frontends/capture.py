@@ -82,12 +82,14 @@ def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:
     return captured.graph
 
 
-def capture_program(fn, *example_inputs, dynamic=None, name=None, outside=frozenset()) -> Captured:
+def capture_program(fn, *example_inputs, dynamic=None, name=None, outside=frozenset(),
+                    auto: bool | None = None) -> Captured:
     """`capture`, plus where the graph's other inputs come from and which outputs are
     inputs' new values (what a runtime needs to run it in the function's place).
     `outside`: the data pointers of tensors that live on after the call (a global, a
     module's attribute), which may change in place: one-element ones among them stay
-    inputs of the graph (constant_node)."""
+    inputs of the graph (constant_node). `auto` (default: `dynamic == "all"`): an axis
+    named dynamic that the code fixes to its size is captured static, not refused."""
     params = param_names(fn, len(example_inputs))
     _check_arity(fn, len(example_inputs))
     for pname, x in zip(params, example_inputs):
@@ -95,7 +97,8 @@ def capture_program(fn, *example_inputs, dynamic=None, name=None, outside=frozen
             raise CaptureError(f"capture: example input {pname!r} is a {type(x).__name__}, not a tensor "
                                f"(bind non-tensor arguments with functools.partial)")
     named = _dynamic_axes(params, example_inputs, dynamic)
-    ep, comparisons = _export(fn, params, example_inputs, named, dynamic == "all")
+    auto = dynamic == "all" if auto is None else auto
+    ep, comparisons = _export(fn, params, example_inputs, named, auto)
     graph_name = name or getattr(fn, "__name__", None) or type(fn).__name__
     # Axes an op needs equal that torch traced as symbols of their own (SDPA's k and v
     # lengths under dynamic="all", or named apart): one is read as the other
@@ -104,7 +107,7 @@ def capture_program(fn, *example_inputs, dynamic=None, name=None, outside=frozen
     reads: dict = {}
     while True:
         try:
-            return _translate(ep, comparisons, params, named, dynamic == "all", graph_name, reads, outside)
+            return _translate(ep, comparisons, params, named, auto, graph_name, reads, outside)
         except Unify as err:
             if err.symbol in reads or err.symbol not in {s for axes in named.values() for s in axes.values()}:
                 raise

@@ -348,7 +348,8 @@ class CompiledFunction:
         try:
             with passes.recording(self.ctx.pass_seconds), passes.timed("capture"), _marks_kept(args):
                 captured, structure = _capture(self.fn, args, dynamic, self.name, watch,
-                                               guards.outside_pointers() if guards is not None else frozenset())
+                                               guards.outside_pointers() if guards is not None else frozenset(),
+                                               auto=self.dynamic == "all")
         except UnsupportedOpError as err:  # dynamo cuts the function around that op (its warning names it)
             if again:  # in another branch only: the signature's first capture stands
                 return _NOT_CAPTURED
@@ -357,7 +358,7 @@ class CompiledFunction:
         except CaptureError as err:
             captured = None
             self.capture_error = str(err)
-            if "Constraints violated" in self.capture_error:  # a declared dynamic axis the code pins
+            if "Constraints violated" in self.capture_error and not again:  # a declared dynamic axis the code pins
                 warnings.warn(f"cleave.compile: {self.name}: an axis declared dynamic ({dynamic}) is one the code "
                               f"fixes to its size (torch.export: {self.capture_error.split('!')[0].split(': ')[-1]}); "
                               f"{self.name} runs through torch.compile's graphs (cleave compiles them), which "
@@ -625,10 +626,10 @@ def _marks_kept(args):
                     delattr(t, k)
 
 
-def _capture(fn, args, dynamic, name, watch: StateWatch, outside: frozenset):
+def _capture(fn, args, dynamic, name, watch: StateWatch, outside: frozenset, auto: bool):
     """capture_program of fn, and the pytree structure of fn's output (torch.export
     returns the output's tensors flat, in pytree order), recorded as export traces it;
-    `watch` sees the trace's start and end; `outside` as capture_program's."""
+    `watch` sees the trace's start and end; `outside` and `auto` as capture_program's."""
     from ..frontends.capture import _as_forward, capture_program
 
     structures = []
@@ -642,7 +643,8 @@ def _capture(fn, args, dynamic, name, watch: StateWatch, outside: frozenset):
         hook = fn.register_forward_hook(lambda module, inputs, out: record(out))
         try:
             with _assignments_unwarned():
-                return capture_program(fn, *args, dynamic=dynamic, name=name, outside=outside), structures[-1]
+                return capture_program(fn, *args, dynamic=dynamic, name=name, outside=outside,
+                                       auto=auto), structures[-1]
         finally:
             start.remove()
             hook.remove()
@@ -655,7 +657,8 @@ def _capture(fn, args, dynamic, name, watch: StateWatch, outside: frozenset):
         record(out)
         return out
 
-    return capture_program(recording, *args, dynamic=dynamic, name=name, outside=outside), structures[-1]
+    return capture_program(recording, *args, dynamic=dynamic, name=name, outside=outside,
+                           auto=auto), structures[-1]
 
 
 @contextlib.contextmanager
