@@ -161,6 +161,30 @@ def _instance(rule: Rule, shapes: dict, axes: dict, axis: int, k: int = TOPK) ->
                         finite, rule.f32_exempt)
 
 
+def _first_failure(rule: Rule, bindings: list, free: list) -> str:
+    """Why the rule builds nowhere, said after its error: the builder's error (naming the
+    op) for the right side at the first assignment where the left builds, else the
+    left's at the first assignment tried."""
+    first = ""
+    for axes, k in bindings:
+        axis = min(axes.values(), default=-1)
+        for choice in itertools.islice(itertools.product(_shapes(axis), repeat=len(free)), _EXPLAINED):
+            shapes = dict(zip(free, choice))
+            at = ", ".join(f"{v}{list(map(str, shape))}" for v, shape in shapes.items())
+            for side in ("lhs", "rhs"):
+                try:
+                    _build(rule, side, shapes, axes, k)
+                except (RuleError, ValueError) as err:
+                    if side == "rhs":
+                        return f"; where its lhs builds, at {at}, its rhs fails: {err}"
+                    first = first or f"; at {at} its lhs fails: {err}"
+                    break
+    return first
+
+
+_EXPLAINED = 2000  # assignments tried per binding to say why a rule builds nowhere
+
+
 def _merges(shapes: dict) -> list[dict]:
     """`shapes` with some of their dims made equal to the first (N where present: the
     extent the rule reduces or contracts), in every way; the last makes all equal."""
@@ -311,7 +335,7 @@ def instantiate(rule: Rule, deadline: float | None = None) -> list[RuleInstance]
             out.setdefault(key(inst), inst)
     if not out:
         raise RuleError(f"{rule.source}: rule {rule.name}: no small instance builds on both sides "
-                        "(check the shapes its patterns imply)")
+                        f"(check the shapes its patterns imply{_first_failure(rule, bindings, free)})")
     if unbuilt:
         raise UnbuiltBinding(f"no small instance builds at {'; '.join(unbuilt)} (the verifier's shapes have "
                              f"rank 2 for axis -1 and rank 3 for -2), so the rule is unchecked there")

@@ -191,6 +191,20 @@ def test_a_binding_no_instance_builds_at_leaves_the_rule_unknown(tmp_path, capsy
         cleave.compile(lambda x, c: (x * c).sum(-1, keepdim=True).sum(0, keepdim=True), rules=[path])
 
 
+def test_a_rule_that_builds_nowhere_is_named_with_why_and_the_others_still_checked(tmp_path, capsys):
+    """An error in the second rule stopped `verify` there (exit 2): the first rule's
+    counterexample and the summary were never printed, and the error gave no reason."""
+    path = _write(tmp_path, "two.rules", "family probe phase rewrite\n\n"
+                  "rule swapped-reductions: rmax(rsum(x, a), b) => rsum(rmax(x, b), a)\n  why: wrong\n\n"
+                  "rule transposed-product: matmul(x, y) => swap(matmul(swap(y), swap(x)))\n  why: transpose\n")
+    assert main(["rules", "verify", "--no-cache", path]) == 1
+    out = capsys.readouterr()
+    assert "0/2 rules proven" in out.out
+    assert re.search(r"FAILED .*two.rules:3: rule 'swapped-reductions' is unsound: numeric", out.err)
+    assert re.search(r"FAILED .*two.rules:6: rule transposed-product: no small instance builds on both sides .*"
+                     r"its rhs fails: .*swap needs rank >= 3", out.err)
+
+
 def test_an_extent_condition_holds_on_a_static_axis(tmp_path):
     """torch's mean divides by the float const 5.0, which the condition compared with the
     extent 5 as sympy numbers (Float(5.0) is no Integer(5)): it never held where the axis

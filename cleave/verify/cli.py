@@ -52,16 +52,21 @@ def run_verify(args) -> int:
         return 1
     width = max(len(r.name) for r in found)
     print(f"{'rule':<{width}} {'method':<10} {'time':>8}  verdict")
-    failed = []
+    failed = []  # (rule, why)
     for r in found:
         limit = {} if args.rule_timeout is None else {"seconds": args.rule_timeout}
-        verdict = check_rule(r, timeout_ms=int(args.timeout * 1000), use_cache=not args.no_cache, **limit)
+        try:
+            verdict = check_rule(r, timeout_ms=int(args.timeout * 1000), use_cache=not args.no_cache, **limit)
+        except library.RuleError as err:  # this rule does not build: the others are still checked
+            print(f"{r.name:<{width}} {'':<10} {'':>8}  error", flush=True)
+            failed.append((r, str(err).removeprefix(f"{r.source}: ")))
+            continue
         suffix = "  (cached)" if verdict.cached else ""
         print(verdict.line(width) + suffix, flush=True)
         if not verdict.ok:
-            failed.append((r, verdict))
+            failed.append((r, verdict.explain()))
     proven = len(found) - len(failed)
     print(f"{proven}/{len(found)} rules proven")
-    for r, v in failed:
-        print(f"FAILED {r.source}: {v.explain()}", file=sys.stderr)
+    for r, why in failed:
+        print(f"FAILED {r.source}: {why}", file=sys.stderr)
     return 1 if failed else 0
