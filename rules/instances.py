@@ -120,9 +120,10 @@ def _rule_conditions(rule: Rule, nodes: dict, axes: dict) -> list:
 
 
 def declared_finite(rule: Rule) -> tuple[str, ...]:
-    """The variables a condition declares flat or finite. A flat operand (a shift or a
-    scale constant along the axis) is a finite value."""
-    return tuple(dict.fromkeys(c.args[0].name for c in rule.conditions if c.kind in ("flat", "finite")))
+    """The variables a condition declares flat, finite or nonzero. A flat operand (a shift
+    or a scale constant along the axis) is a finite value, and so is a nonzero one (the
+    search's `nonzero` is never 0 nor infinite)."""
+    return tuple(dict.fromkeys(c.args[0].name for c in rule.conditions if c.kind in ("flat", "finite", "nonzero")))
 
 
 def masked_vars(rule: Rule) -> tuple[str, ...]:

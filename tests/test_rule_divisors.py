@@ -94,3 +94,19 @@ def test_rule_dividing_by_a_count_is_proven():
 
 def test_no_library_rule_divides_by_a_new_value_or_drops_one():
     assert [(r.name, why) for r in rules.all_rules() if (why := new_divisor(r) or cancelled_divisor(r))] == []
+
+
+@pytest.mark.parametrize("text", ["sub(div(add(x, y), y), const(1)) => div(x, y)",
+                                  "div(add(x, y), y) => add(div(x, y), const(1))"])
+def test_a_rule_wrong_only_at_an_infinite_divisor_is_refused(text):
+    """The gate drew a divisor non-zero and finite: `(x + y) / y - 1 => x / y` was proven
+    and turned the NaN of a divisor exp(s) that overflowed into 0 (session 50's probe).
+    A divisor now takes infinities and NaN in the special style, never 0."""
+    v = check_rule(_rule(text), use_cache=False)
+    assert v.verdict == "unsound" and "special inputs" in v.counterexample, v.explain()
+
+
+def test_a_nonzero_divisor_is_drawn_finite():
+    """The search's `nonzero(c)` is never 0 nor infinite: div-div-cancel holds under it."""
+    v = check_rule(_rule("div(div(x, c), div(y, c)) => div(x, y)", "within(c, x) and nonzero(c)"), use_cache=False)
+    assert v.verdict == "proven", v.explain()

@@ -59,7 +59,7 @@ class RuleInstance:
     every binding of the symbols that satisfies `conditions` (sympy relations over
     the symbols, e.g. `sympy.Eq(sympy.Mod(N, s), 0)`). `masked` names the inputs
     whose elements may also be -inf, as a mask leaves the values a reduction reads;
-    `finite` the inputs a condition declares finite (flat or finite): the numeric gate
+    `finite` the inputs a condition declares finite (flat, finite or nonzero): the numeric gate
     draws no infinity or NaN for them, and draws them for every other float input.
     `f32_exempt`, where not empty, says why the rule holds in the reals but not in f32
     (the numeric gate's f32 leg is skipped for it, and says so)."""

@@ -37,6 +37,9 @@ F32_STYLES = (
 # The IEEE values a program's data may hold beyond the reals the provers see: a
 # mask's -inf, an overflow's inf, 0/0's NaN, signed zeros and f32 subnormals.
 SPECIALS = torch.tensor([-math.inf, math.inf, math.nan, 0.0, -0.0, 1e-40, -1e-40], dtype=torch.float64)
+# A divisor's: the proofs take divisors non-zero, not finite (`(x + y) / y - 1 => x / y`
+# turns the NaN of a y = exp(s) that overflowed into 0).
+DIVISOR_SPECIALS = torch.tensor([-math.inf, math.inf, math.nan], dtype=torch.float64)
 
 SPECIAL_DRAWS = 4
 
@@ -104,22 +107,25 @@ def _divisor_inputs(graph: Graph) -> set[str]:
     return out
 
 
-def special_names(inst: RuleInstance) -> list[str]:
-    """The float inputs that may hold any IEEE value: all but the masked ones (their own
-    style), the ones a condition declares finite (flat or finite), and the left side's
-    divisors (proofs hold where divisors are non-zero, and finite data)."""
-    skip = set(inst.masked) | set(inst.finite) | _divisor_inputs(inst.lhs)
-    return [name for name, node in inst.lhs.inputs.items() if node.dtype.is_float and name not in skip]
+def special_names(inst: RuleInstance) -> dict[str, torch.Tensor]:
+    """The float inputs that may hold IEEE special values, and which: any, but for the
+    left side's divisors (proofs hold where divisors are non-zero), which take no zero;
+    none for the masked ones (their own style) and those a condition declares finite
+    (flat or finite)."""
+    skip = set(inst.masked) | set(inst.finite)
+    divisors = _divisor_inputs(inst.lhs)
+    return {name: DIVISOR_SPECIALS if name in divisors else SPECIALS for name, node in inst.lhs.inputs.items()
+            if node.dtype.is_float and name not in skip}
 
 
 def special_inputs(inst: RuleInstance, env: Mapping[str, int], gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """Normal inputs, with each element of the special_names inputs set to one of SPECIALS
-    with probability 1/2: `where(p, x, 0) => mul(p, x)` holds on finite reals and is NaN
-    where the program's masked_fill left x at -inf and p is false."""
+    """Normal inputs, with each element of the special_names inputs set to one of its
+    specials with probability 1/2: `where(p, x, 0) => mul(p, x)` holds on finite reals
+    and is NaN where the program's masked_fill left x at -inf and p is false."""
     out = random_inputs(inst.lhs, env, STYLES[0][1], gen)
-    for name in special_names(inst):
+    for name, specials in special_names(inst).items():
         x = out[name]
-        pick = SPECIALS[torch.randint(0, len(SPECIALS), x.shape, generator=gen)]
+        pick = specials[torch.randint(0, len(specials), x.shape, generator=gen)]
         out[name] = torch.where(torch.rand(x.shape, generator=gen) < 0.5, pick, x)
     return out
 
