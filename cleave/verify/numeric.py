@@ -111,7 +111,7 @@ def special_names(inst: RuleInstance) -> dict[str, torch.Tensor]:
     """The float inputs that may hold IEEE special values, and which: any, but for the
     left side's divisors (proofs hold where divisors are non-zero), which take no zero;
     none for the masked ones (their own style) and those a condition declares finite
-    (flat or finite)."""
+    (flat, finite or nonzero)."""
     skip = set(inst.masked) | set(inst.finite)
     divisors = _divisor_inputs(inst.lhs)
     return {name: DIVISOR_SPECIALS if name in divisors else SPECIALS for name, node in inst.lhs.inputs.items()
