@@ -239,6 +239,25 @@ def test_a_branch_taken_again_under_dynamic_all_keeps_the_axes_its_code_fixes_st
     assert f.stats["operators"] == 2 and f.stats["failed"] == 0, f.stats
 
 
+def biased(x, y):
+    return x * 2 + y
+
+
+def test_a_broadcast_row_under_dynamic_all_is_captured_static():
+    """A size-1 axis named dynamic is traced at 2, and `x[4, 8] + y[1, 8]` failed to trace
+    there (4 against 2): the first call ran eagerly without a word, and the function
+    went through dynamo for good. Under "all" such an axis is captured static, as torch
+    keeps a 1; a call where it is not 1 is captured again."""
+    f = cleave.compile(biased, dynamic="all", verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an eager run would warn
+        for xs, ys in (((4, 8), (1, 8)), ((6, 9), (1, 9)), ((3, 5), (3, 5))):
+            x, y = torch.randn(*xs), torch.randn(*ys)
+            torch.testing.assert_close(f(x, y), biased(x, y))
+            assert f.capture_error is None
+    assert f.stats["operators"] == 2 and f.stats["searches"] == 2, f.stats
+
+
 # -- sizes the code writes as numbers (session 33's probe) ----------------------------
 def view_pairs(x):
     return x.view(-1, 2, 3).sum(1)
