@@ -499,7 +499,7 @@ class Launcher:
         if self.writebacks and overlapping(list(inputs.values())):  # a parameter or constant too
             self.ctx.warn_eager(self.where, "it changes an input in place and its inputs share memory")
             return True
-        if any(torch._debug_has_internal_overlap(args[position]) for _, position in self.writebacks):
+        if any(self_overlapping(args[position]) for _, position in self.writebacks):
             # eager writes a shared element once per index reaching it (or refuses an
             # expanded one); the kernels' result is copied back once per element
             self.ctx.warn_eager(self.where, "it changes an input in place whose elements share memory (an "
@@ -566,6 +566,21 @@ def overlapping(args) -> bool:
 
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     return any(shares_memory(a, b) for i, a in enumerate(tensors) for b in tensors[i + 1:])
+
+
+def self_overlapping(t: torch.Tensor) -> bool:
+    """Whether two indices of t reach one element (an expand, as_strided rows that
+    overlap): torch's own check, and where that cannot tell (any strided view), whether
+    some stride, smallest first, fails to step past every element the smaller ones reach."""
+    verdict = torch._debug_has_internal_overlap(t)  # 0: no, 1: yes, 2: too hard for torch
+    if verdict != 2:
+        return verdict == 1
+    reach = 0
+    for stride, size in sorted((abs(st), n) for st, n in zip(t.stride(), t.shape) if n > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
 
 
 def exact_key(args) -> tuple:
