@@ -102,16 +102,19 @@ def capture_program(fn, *example_inputs, dynamic=None, name=None, outside=frozen
         ep, comparisons = _export(fn, params, example_inputs, named, auto)
     except UnsupportedOpError:
         raise
-    except CaptureError:
+    except CaptureError as err:
         # A dynamic axis of extent 1 is traced at 2 (torch specialises 1), which fails
         # where that 1 broadcasts (a bias row y[1, n] beside x[m, n]): under auto such an
-        # axis is captured static, as torch keeps it.
+        # axis is captured static, as torch keeps it. Failing that too, the first error stands.
         shapes = dict(zip(params, (x.shape for x in example_inputs)))
         ones = {p: {a: sym for a, sym in axes.items() if shapes[p][a] != 1} for p, axes in named.items()}
         if not auto or ones == named:
             raise
+        try:
+            ep, comparisons = _export(fn, params, example_inputs, ones, auto)
+        except CaptureError:
+            raise err from err.__cause__  # torch's own error, as the first trace met it
         named = ones
-        ep, comparisons = _export(fn, params, example_inputs, named, auto)
     graph_name = name or getattr(fn, "__name__", None) or type(fn).__name__
     # Axes an op needs equal that torch traced as symbols of their own (SDPA's k and v
     # lengths under dynamic="all", or named apart): one is read as the other
