@@ -280,11 +280,15 @@ def _export(fn, params, inputs, named, auto: bool):
                 grads = {}
                 ep = export(_Wrap(fn, grads), _traceable(params, examples, named), dynamic_shapes=(tuple(specs),))
             _refuse_autograd_state(grads, ep, fn)
-            # export keeps in-place ops; functionalized, each becomes a new value (an output)
-            if not _mutates(ep):
-                return ep, comparisons
-            _refuse_narrowing_writes(ep)
-            return ep.run_decompositions({}), comparisons
+            # export keeps in-place ops; functionalized, each becomes a new value (an output).
+            # Under autocast its graph leaves the casts implicit (aten.linear of an f32 weight
+            # gives bf16); retraced inside the caller's autocast, they become ops of the graph.
+            mutates = _mutates(ep)
+            if mutates:
+                _refuse_narrowing_writes(ep)
+            if mutates or torch._C._is_any_autocast_enabled():
+                return ep.run_decompositions({}), comparisons
+            return ep, comparisons
 
     try:
         try:

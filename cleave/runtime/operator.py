@@ -32,6 +32,7 @@ from ..interpreter import TORCH_DTYPES, interpret
 from ..ir import BindingError, Candidate, CleaveError, Graph, Separable, parse_graph
 from ..ir.contracts import then_as_written
 from ..ir.dtypes import dtype as ir_dtype
+from ..torch_state import under_torch_defaults
 from ..rules import digest as rule_digest
 from ..scheduler import H200, Plan, schedule
 from ..scheduler.exprs import evaluate
@@ -157,6 +158,7 @@ class CompiledOperator:
         prepared = self._ready.get(tuple((k, v.shape) for k, v in inputs.items()))
         return None if prepared is None else functools.partial(run, prepared)
 
+    @under_torch_defaults
     def select(self, inputs: dict[str, torch.Tensor]):
         """(plan, spec) for these inputs: cached per shape tuple, so a repeated shape costs a
         dict lookup, and a new one reads the symbols off the tensors as plain ints (the
@@ -196,6 +198,7 @@ class CompiledOperator:
             return self.graph.bind(shapes)
         return {sym: shapes[name][axis] for sym, (name, axis) in self._where.items()}
 
+    @under_torch_defaults
     def prepare(self, shapes: dict[str, tuple]) -> Spec:
         """Search (or load) and schedule for these input shapes without launching:
         builds an artifact on a machine that will not run it (`cleave trace build`)."""

@@ -13,6 +13,7 @@ from cleave.ir import Graph, rebuild
 from cleave.ir import dims as D
 from cleave.ir.dtypes import DType
 from cleave.ir.contracts import Candidate
+from cleave.torch_state import under_torch_defaults
 
 from . import extraction_cost as C
 from .validate import CandidateMismatch, NoSmallBinding, Reference
@@ -31,6 +32,7 @@ class SearchResult:
         return self.candidates[0]
 
 
+@under_torch_defaults
 def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = None, enodes: int | None = None,
            seconds: float | None = None, progress: bool = True, verify: bool = True,
            shapes: dict | None = None) -> SearchResult:

@@ -16,6 +16,7 @@ from typing import Iterable
 from ..ir import CleaveError
 from ..progress import report as report_progress
 from ..storage import unwritable
+from ..torch_state import under_torch_defaults
 from ..ir.contracts import RuleInstance
 from . import verdict as V
 from .bindings import choose
@@ -90,6 +91,7 @@ def _prove(inst: RuleInstance, bindings, timeout_ms: int, deadline: float):
 _PROVING = threading.RLock()
 
 
+@under_torch_defaults
 def check_rule(rule, *, timeout_ms: int = TIMEOUT_MS, use_cache: bool = True, seconds: float = RULE_SECONDS) -> Verdict:
     """The verdict on one rule (an object with `name` and `instances()`, or a RuleInstance).
     `timeout_ms` bounds each z3 query; `seconds` the whole check: past it the rule is
