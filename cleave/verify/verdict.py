@@ -26,7 +26,7 @@ from ..ir.contracts import RuleInstance
 from ..storage import cache_dir, write_atomic
 
 # Bump when the verifier's semantics change, so that stale verdicts are not reused.
-VERIFIER_VERSION = "14"  # 14: divisors take infinities in the special style; 13: a cancelled divisor refused (12 was signed zeros, reverted); 8: axis variables bound apart, two top-k counts, inf_to_zero of infinities; 9-10: the rhs domain; 11: special values, the f32 leg
+VERIFIER_VERSION = "15"  # 15: proofs under torch's defaults (verdicts cached under autocast re-proven); 14: divisors take infinities in the special style; 13: a cancelled divisor refused (12 was signed zeros, reverted); 8: axis variables bound apart, two top-k counts, inf_to_zero of infinities; 9-10: the rhs domain; 11: special values, the f32 leg
 
 # proven: every instance proven (z3 or sympy) at every prover binding and the numeric
 # gate passed; unsound: a confirmed counterexample; unknown: no counterexample, but a
