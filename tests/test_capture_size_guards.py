@@ -201,6 +201,24 @@ def test_captures_of_one_signature_are_bounded():
     assert f.stats["operators"] == MAX_CAPTURES and eager_at == list(range(2 + MAX_CAPTURES, 14)), (f.stats, eager_at)
 
 
+def first_pair_doubled(x):
+    return x.split(2, 0)[0] * 2
+
+
+def test_a_branch_that_only_captures_static_is_captured_static():
+    """x.split(2) over a dynamic axis: export pins the axis at an odd extent and keeps it
+    dynamic at an even one, where cleave cannot take a split whose pieces change in
+    number with it. Each extent is then a static capture (it ran eagerly at every extent
+    but the first, said as "inputs do not fit the compiled graph")."""
+    f = cleave.compile(first_pair_doubled, dynamic="all", verbose=False)
+    for n in (5, 4, 6, 7, 4):
+        x = torch.randn(n, 3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert torch.equal(f(x), first_pair_doubled(x))
+    assert f.capture_error is None and f.stats["operators"] == 4 and f.stats["graph_breaks"] == 0, f.stats
+
+
 def added(a, b):
     return (a + b).relu()
 

@@ -240,7 +240,8 @@ class CompiledFunction:
     def _recapture(self, captures: list, args):
         """A capture for the branch this call takes, kept with the signature's others. An
         axis of extent 0 or 1 is traced at 2 (torch specialises those), so a branch on it
-        (`if x.shape[0] == 1`) is captured with the axis static at its extent here."""
+        (`if x.shape[0] == 1`) is captured with the axis static at its extent here; so is
+        a branch that does not capture with its axes dynamic."""
         spec = self._spec(args)
         tensors = dict(zip(self._params(len(args)), args))
         dynamic = {name: {a: sym for a, sym in axes.items() if tensors[name].shape[a] >= 2}
@@ -251,6 +252,11 @@ class CompiledFunction:
             runner = _NOT_CAPTURED
         else:
             runner = self._build(args, dynamic if dynamic != spec else None, again=True)
+            if runner is _NOT_CAPTURED and any(dynamic.values()):
+                # dynamic, the branch holds an op cleave cannot take over a dynamic extent
+                # (x.split(2), which export pins at odd extents and keeps at even ones: every
+                # even extent ran eagerly, said as "inputs do not fit the compiled graph")
+                runner = self._build(args, {}, again=True)
         if runner is None:
             return _Ran(self._call_dynamo(args, {}))
         if runner is _NOT_CAPTURED or not _launcher(runner).fits(args):
