@@ -64,3 +64,20 @@ def test_parameters_requiring_grad_still_run_eagerly_with_their_warning():
         out = compiled(x)
     assert out.requires_grad
     torch.testing.assert_close(out, model(x))
+
+
+def test_parameters_read_through_a_bound_method_are_named_as_the_cause():
+    """A module's forward compiled as a bound method reads its parameters as constants of
+    the capture: the reason a capture is refused names them, not a factory call the code
+    does not make; the gradients are dynamo's, and right."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    compiled = cleave.compile(model.forward)
+    x = torch.randn(4, 5)
+    for _ in range(2):
+        out = compiled(x)
+    assert "parameters that require grad" in compiled.capture_error
+    torch.testing.assert_close(out, model(x))
+    (grad,) = torch.autograd.grad(out.sum(), model[0].weight)
+    (expected,) = torch.autograd.grad(model(x).sum(), model[0].weight)
+    torch.testing.assert_close(grad, expected)

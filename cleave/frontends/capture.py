@@ -244,9 +244,10 @@ def _refuse_autograd_state(grads: dict, ep, fn) -> None:
     buffer or constant does is the launcher's to run eagerly (it checks them per call)."""
     state = list(ep.state_dict.values()) + list(ep.constants.values())
     if grads.get("flipped") or (grads.get("out") and not any(getattr(t, "requires_grad", False) for t in state)):
-        raise CaptureError(f"capture: {getattr(fn, '__name__', fn)!s} makes tensors that require grad "
-                           f"(requires_grad_(), or a factory's requires_grad=True), whose autograd state a "
-                           f"capture would drop")
+        raise CaptureError(f"capture: {getattr(fn, '__name__', fn)!s} returns tensors that require grad where "
+                           f"no argument does: it makes them (requires_grad_(), a factory's requires_grad=True) "
+                           f"or reads parameters that require grad through a global, a closure or a bound "
+                           f"method, and a capture would drop their autograd state")
 
 
 def _as_forward(fn):
