@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import cleave
 import cleave.search.api as search_api
 from cleave.interpreter import TORCH_DTYPES, interpret
-from cleave.ir import Graph, rebuild
+from cleave.ir import Graph, parse_graph, rebuild
 from cleave.runtime import backend
 from cleave.search import CandidateMismatch, CandidateRejected, check_candidate, search
 from cleave.search.validate import inputs_for, small_binding
@@ -332,3 +332,39 @@ def test_a_candidate_equal_to_a_decoding_far_from_the_input_graph_is_rejected():
     with pytest.raises(CandidateMismatch):
         reference.check(scaled(2.03125))
     assert Reference(scaled(2.0), decoded=scaled(2.0)).check(scaled(2.0)) is not None
+
+
+def test_small_binding_meets_a_bound_between_products():
+    """Labels no longer than the logits they pick from, each batch and length a symbol of
+    its own (a shifted cross-entropy under dynamo): no scale of the small values met
+    `b*(t-1) <= B*(T-1)`, and every candidate was left out with a CandidateRejected."""
+    g = parse_graph("""graph picked {
+  %0 = input(name="logits", shape=[B,T,V], dtype=f32) : f32[B,T,V]
+  %1 = input(name="labels", shape=[b,t], dtype=i64) : i64[b,t]
+  %2 = slice(%0, axis=1, start=0, stop=T-1, step=1) : f32[B,T-1,V]
+  %3 = reshape(%2, shape=[B*(T-1),V]) : f32[B*(T-1),V]
+  %4 = slice(%3, axis=0, start=0, stop=b*(t-1), step=1) : f32[b*(t-1),V]
+  %5 = reduce(%4, op="sum", axis=1, keepdim=0) : f32[b*(t-1)]
+  require b*(t-1) <= B*(T-1) from "slice %4"
+  return out=%5
+}""")
+    env = small_binding(g, g)
+    assert env["b"] * (env["t"] - 1) <= env["B"] * (env["T"] - 1)
+    assert max(env.values()) <= 16, env  # near the small values, not scaled up
+
+
+def shifted_cross_entropy(logits, labels):
+    shifted, targets = logits[..., :-1, :].contiguous(), labels[..., 1:].contiguous()
+    return F.cross_entropy(shifted.view(-1, shifted.size(-1)), targets.view(-1), ignore_index=-100)
+
+
+def test_shifted_cross_entropy_keeps_its_candidates():
+    labels = torch.randint(0, 13, (2, 7), generator=torch.Generator().manual_seed(3))
+    labels[0, -1] = -100
+    logits = _randn(2, 7, 13, seed=4)
+    f = cleave.compile(shifted_cross_entropy, dynamic="all", verbose=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = f(logits, labels)
+    assert not [w for w in caught if issubclass(w.category, CandidateRejected)], [str(w.message) for w in caught]
+    _close(got, shifted_cross_entropy(logits, labels), 1e-5)

@@ -101,7 +101,7 @@ def _meet_bounds(constraints, env: dict, free: set) -> None:
                     continue
                 if (env[side.name] < bound) if raise_it else (bound >= 1 and env[side.name] > bound):
                     env[side.name], moved = bound, True
-            moved |= _meet_linear(c, env, free)
+            moved |= _meet_linear(c, env, free) or _meet_product(c, env, free)
         if not moved:
             return
 
@@ -132,6 +132,35 @@ def _meet_linear(c, env: dict, free: set) -> bool:
         if excess <= 0:
             break
     return moved
+
+
+def _meet_product(c, env: dict, free: set) -> bool:
+    """Meet a bound between products of symbols (`b*(t-1) <= B*(T-1)`: a shifted
+    cross-entropy's labels no longer than its logits, each batch and length a symbol of
+    its own under dynamo), which _meet_linear leaves: lower a free symbol only the
+    bounded side holds, else raise one only the bounding side holds, each to the value
+    nearest its own where the bound holds. Whether it moved any."""
+    lhs, rhs = D.dim(c.lhs), D.dim(c.rhs)
+
+    def holds() -> bool:
+        return D.evaluate(lhs, env) <= D.evaluate(rhs, env)
+
+    try:
+        if holds():
+            return False
+    except (KeyError, TypeError):
+        return False
+    lower = sorted(x.name for x in lhs.free_symbols - rhs.free_symbols if x.name in free)
+    higher = sorted(x.name for x in rhs.free_symbols - lhs.free_symbols if x.name in free)
+    tries = [(s, range(env[s] - 1, 0, -1)) for s in lower] + [(s, range(env[s] + 1, 4 * env[s] + 64)) for s in higher]
+    for s, values in tries:
+        old = env[s]
+        for v in values:
+            env[s] = v
+            if holds():
+                return True
+        env[s] = old
+    return False
 
 
 def index_bounds(g: Graph, env: dict) -> list[Constraint]:
