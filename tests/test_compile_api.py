@@ -162,6 +162,19 @@ def test_bad_dynamic_spec_is_refused_at_compile(spec, error, match):
         cleave.compile(_mul_sum, dynamic=spec)
 
 
+def test_dynamic_true_and_false_read_as_torch_compile_reads_them():
+    """dynamic=True was a TypeError ("must be None, 'all' or a dict"), where torch.compile
+    takes it: every axis dynamic, as "all"; False is static."""
+    dynamic_everywhere = cleave.compile(_mul_sum, dynamic=True, verbose=False)
+    static = cleave.compile(_mul_sum, dynamic=False, verbose=False)
+    for rows in (3, 5, 6):
+        x, y = torch.randn(rows, 4), torch.randn(rows, 4)
+        torch.testing.assert_close(dynamic_everywhere(x, y), _mul_sum(x, y))
+        torch.testing.assert_close(static(x, y), _mul_sum(x, y))
+    assert dynamic_everywhere.dynamic == "all" and dynamic_everywhere.stats["searches"] == 1
+    assert static.dynamic is None and static.stats["searches"] == 3
+
+
 @pytest.mark.parametrize("thing", [42, "f", None])
 def test_compile_of_what_cannot_be_called_is_refused_at_compile(thing):
     """It failed at the first call, inside torch.compile ("A callable function is

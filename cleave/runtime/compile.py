@@ -866,11 +866,14 @@ def _function_name(fn) -> str:
 
 # -- the dynamic spec ----------------------------------------------------------
 def _checked_dynamic(fn, dynamic):
-    """`dynamic` as compile() takes it, or a TypeError / ValueError saying what is wrong."""
+    """`dynamic` as compile() takes it, or a TypeError / ValueError saying what is wrong.
+    True and False read as torch.compile's: every axis dynamic ("all"), or none (None)."""
+    if isinstance(dynamic, bool):
+        return "all" if dynamic else None
     if dynamic is None or dynamic == "all":
         return dynamic
     if not isinstance(dynamic, dict):
-        raise TypeError(f"dynamic must be None, 'all' or a dict of axes per argument, not {dynamic!r}")
+        raise TypeError(f"dynamic must be None, 'all' (or True), False or a dict of axes per argument, not {dynamic!r}")
     params = _positional_names(fn)
     for pname, axes in dynamic.items():
         if params is not None and not _names_argument(pname, params):
@@ -952,7 +955,8 @@ def compile(fn, dynamic=None, device=None, top_k: int = 4, artifact=None, verbos
     with the original's parameters, state_dict keys and train()/eval().
 
     `dynamic` names the axes that vary between calls, per argument name:
-    `{"q": {0: "b"}, "k": {2: "L"}}`, or "all". A symbol is an identifier that is not a
+    `{"q": {0: "b"}, "k": {2: "L"}}`, or "all" (True, as torch.compile spells it; False is
+    None: static). A symbol is an identifier that is not a
     keyword, a builtin, an argument's name or a name the kernels use (`pid`, `tl`,
     `v0`, `x_ptr`, `s_...`); a spec naming no argument of fn is refused here, an axis
     out of range or a symbol naming axes of different sizes at the first call (a later
