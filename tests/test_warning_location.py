@@ -140,3 +140,20 @@ def test_a_torch_module_compiled_itself_is_named_after_its_class_and_each_module
     assert any("runs eagerly in Linear.forward" in m for m in said), said
     assert any("runs eagerly in test_a_torch_module_compiled_itself" in m and "scaled" in m for m in said), said
     assert not any("wrap_inline" in m for m in said), said
+
+
+def _scaled(a, n):
+    return a * n
+
+
+def test_explain_names_the_users_line_and_arguments():
+    """Through explain, the warning that an int argument sends the function through
+    dynamo named explain.py's line, and the report named the input `arg0_1`."""
+    f = cleave.compile(_scaled)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = cleave.explain(f, torch.randn(3, 8), 3)
+    ours = [w for w in caught if str(w.message).startswith("cleave")]
+    assert ours and all(w.filename == __file__ for w in ours), [(w.filename, w.lineno) for w in ours]
+    shapes = next(line for line in str(report).splitlines() if line.startswith("shapes: "))
+    assert shapes.startswith("shapes: a (") and "=[3, 8]" in shapes, shapes

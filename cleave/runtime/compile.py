@@ -271,14 +271,14 @@ class CompiledFunction:
         self.capture_error = (f"keyword argument(s) {', '.join(map(repr, kwargs))}: whole-function capture takes "
                               f"positional arguments")
         warnings.warn(f"cleave.compile: {self.name}'s {self.capture_error}; {self.name} runs through "
-                      f"torch.compile's graphs (cleave compiles them) from now on", stacklevel=3)
+                      f"torch.compile's graphs (cleave compiles them) from now on", stacklevel=_user_level())
         return self._call_dynamo(args, kwargs)
 
     def _call_non_tensors(self, args, name: str, value):
         self.capture_error = (f"argument {name!r} is a {type(value).__name__}: whole-function capture takes "
                               f"tensors")
         warnings.warn(f"cleave.compile: {self.name}'s {self.capture_error}; {self.name} runs through "
-                      f"torch.compile's graphs (cleave compiles them) from now on", stacklevel=4)
+                      f"torch.compile's graphs (cleave compiles them) from now on", stacklevel=_user_level())
         return self._call_dynamo(args, {})
 
     def _forget_captures(self):
@@ -319,7 +319,7 @@ class CompiledFunction:
     def _say_once(self, message: str) -> None:
         if message not in self._said:
             self._said.add(message)
-            warnings.warn(message, stacklevel=6)  # the user's call, above __call__, _runner_for, _signature, _spec
+            warnings.warn(message, stacklevel=_user_level())
 
     def _signature(self, args) -> tuple:
         spec = self._spec(args)
@@ -368,7 +368,7 @@ class CompiledFunction:
                 warnings.warn(f"cleave.compile: {self.name}: an axis declared dynamic ({dynamic}) is one the code "
                               f"fixes to its size (torch.export: {self.capture_error.split('!')[0].split(': ')[-1]}); "
                               f"{self.name} runs through torch.compile's graphs (cleave compiles them), which "
-                              f"specialise it", stacklevel=4)
+                              f"specialise it", stacklevel=_user_level())
         finally:
             watch.restore()  # the trace's assignments undone: eager and dynamo make them, once a call
             contents.restore()  # and its in-place changes of constant tensors

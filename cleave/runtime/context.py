@@ -44,11 +44,14 @@ class Context:
             op.entry = find_operator(self.artifact, op.fields)
         return self.operators.setdefault(op.key, op)
 
-    def run(self, op: CompiledOperator, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    def run(self, op: CompiledOperator, inputs: dict[str, torch.Tensor],
+            labels: dict[str, str] | None = None) -> list[torch.Tensor]:
+        """op's result; while explain runs, its launch is logged, with the user's names of
+        its inputs (`labels`: dynamo's placeholders, `arg3_1`, are the graph's)."""
         with progress.verbose(self.verbose), passes.recording(self.pass_seconds):
             if self.log is not None:
                 plan, spec = op.select(inputs)
-                self.log.append((op, spec, plan, {k: list(v.shape) for k, v in inputs.items()}))
+                self.log.append((op, spec, plan, {k: list(v.shape) for k, v in inputs.items()}, labels or {}))
             return op(inputs)
 
     def warn_unsupported(self, op: str, where: str, source: str | None = None, reason: str = "") -> None:

@@ -35,6 +35,7 @@ class OperatorReport:
     kernels: list[KernelInfo]
     dynamic: list[str]
     shapes: dict[str, list[int]]
+    labels: dict[str, str]  # an input of the graph -> the user's name of it, where they differ (dynamo's arg3_1)
     search_seconds: float
     compile_seconds: float
     search_stats: dict
@@ -72,7 +73,8 @@ class Report:
         for i, op in enumerate(self.operators):
             lines += [
                 "", f"== operator {i}: {op.name}  (cache key {op.key}, {'from cache' if op.from_cache else 'built now'})",
-                "shapes: " + ", ".join(f"{k}={v}" for k, v in op.shapes.items())
+                "shapes: " + ", ".join(f"{op.labels[k]} ({k})={v}" if op.labels.get(k, k) != k else f"{k}={v}"
+                                       for k, v in op.shapes.items())
                 + ("   dynamic: " + ", ".join(op.dynamic) if op.dynamic else "   (all static)"),
                 f"search: {op.search_seconds:.2f}s   schedule+codegen: {op.compile_seconds:.2f}s"
                 + ("   " + ", ".join(f"{k}={v}" for k, v in op.search_stats.items()) if op.search_stats else ""),
@@ -104,7 +106,7 @@ def explain(compiled, *args, **kwargs) -> Report:
         log = ctx.log
     finally:
         ctx.log = None
-    reports = [_operator_report(op, spec, plan, shapes) for op, spec, plan, shapes in log]
+    reports = [_operator_report(*launch) for launch in log]
     got = fidelity.outputs(result)
     stats = {"calls": getattr(compiled, "calls", None), **ctx.stats()}
     eager_notes = [m.removeprefix("cleave: ") for m in sorted(ctx.eager_notes) + ctx.failed]
@@ -180,13 +182,13 @@ def _name(compiled) -> str:
     return getattr(inner, "__name__", None) or type(inner).__name__
 
 
-def _operator_report(op, spec, plan, shapes) -> OperatorReport:
+def _operator_report(op, spec, plan, shapes, labels) -> OperatorReport:
     cand = spec.candidate
     kernels = [KernelInfo(op.graph.name, k.name, str(k.grid), k.source) for k in plan.kernels]
     return OperatorReport(
         name=op.graph.name, graph=op.graph.text(), candidate=cand.graph.text(), derivation=list(cand.derivation),
         cost=str(cand.cost), split=getattr(plan, "split", None), tiles=getattr(plan, "tiles", None),
         plan_cost=getattr(plan, "cost", None), kernels=kernels, dynamic=sorted(op.dynamic),
-        shapes=shapes,
+        shapes=shapes, labels=labels,
         search_seconds=op.stats["search_seconds"], compile_seconds=op.stats["compile_seconds"],
         search_stats=op.search_stats, from_cache=spec.from_cache, key=op.key)

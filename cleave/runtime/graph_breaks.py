@@ -437,7 +437,7 @@ class Launcher:
             self.op = self.ctx.operator(self.op.graph, self.op.dynamic, self.op.device)
         outs = None
         try:
-            outs = self.ctx.run(self.op, inputs)
+            outs = self.ctx.run(self.op, inputs, self.labels)
         except CompileFailure as err:
             self.ctx.warn_failed(self.op.graph.name, self.where, str(err))
             self.failed = True
