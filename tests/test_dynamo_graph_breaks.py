@@ -54,6 +54,17 @@ def test_a_graph_break_is_named_once(fn, names, capsys):
     assert breaks[0].startswith(f"cleave: part of {fn.__name__} runs eagerly") and names in breaks[0], breaks[0]
 
 
+@pytest.mark.parametrize("fn, names", [(boolean_mask, "aten.nonzero"), (unique_values, "aten._unique2")])
+def test_a_data_dependent_op_is_named_at_the_first_call(fn, names):
+    """The first call ran eagerly with nothing said (the capture failed on the size the op
+    makes, and dynamo served from the second call): a function called once never
+    warned. A size only the data defines now sends it through dynamo's graphs at once."""
+    x = torch.randn(29, generator=torch.Generator().manual_seed(29))
+    outs, said = _calls(fn, [x])
+    torch.testing.assert_close(outs[0], fn(x))
+    assert any("torch.compile breaks its graph" in m and names in m for m in said), said
+
+
 def test_no_warning_without_a_break():
     def plain(x):
         return torch.softmax(x * 2, dim=-1)

@@ -34,7 +34,8 @@ import torch
 
 from ..ir import Constraint
 from ..ir import dims as D
-from .errors import CaptureError
+from .errors import CaptureError, UnsupportedOpError
+from .symbols import DataDependentSize
 
 # comparison -> (its negation, how it prints)
 _RELATIONS = {operator.eq: (operator.ne, "=="), operator.ne: (operator.eq, "!="),
@@ -176,6 +177,8 @@ def _value_of(operand):
 def _expr(symbols, value) -> sympy.Expr:
     try:
         return symbols.to_expr(value)
+    except DataDependentSize as err:  # dynamo's graphs take it, as the op that made it, from this call on
+        raise UnsupportedOpError("a data-dependent size", None, f"the function compares {value!r}: {err}") from None
     except (TypeError, ValueError) as err:
         raise CaptureError(f"capture: the function compares {value!r}, which cleave cannot check at each call "
                            f"({err})") from None

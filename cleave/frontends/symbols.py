@@ -54,6 +54,11 @@ _REWRITES = {
 }
 
 
+class DataDependentSize(ValueError):
+    """A size no input dimension defines: it depends on a tensor's values (torch.unique,
+    x[mask], nonzero)."""
+
+
 class SymbolMap:
     """torch symbol -> IR symbol; `to_dim` converts a size, `to_scalar` a SymFloat."""
 
@@ -116,7 +121,7 @@ class SymbolMap:
         ours = {s for v in self.subs.values() for s in v.free_symbols}
         unknown = [s for s in expr.free_symbols if s not in ours]
         if unknown:
-            raise ValueError(f"size {expr} depends on {', '.join(map(str, unknown))}, "
+            raise DataDependentSize(f"size {expr} depends on {', '.join(map(str, unknown))}, "
                              f"which no input dimension defines (a data-dependent size)")
         if isinstance(value, torch.SymInt) and expr.has(sympy.Float):
             # a size through a float (arange(0, n, 0.5) holds ceiling(2.0*n)), in exact rationals
