@@ -1,23 +1,32 @@
 """cleave's own torch work under torch's defaults, whatever the caller set around it.
 
 Rule proofs, the reference interpreter, the candidate check, scheduling and tuning all
-compute with torch. The caller's autocast (a MatMul recast to bf16) or default dtype
-would change their numbers, and the rules' verdicts are cached on disk: one compile
-under autocast once refused six library rules as unsound, in every later process.
-The caller's state is the program's business, and the capture already holds it."""
+compute with torch. The caller's autocast (a MatMul recast to bf16), default dtype,
+default device or torch function and dispatch modes (a mode rounding every result to
+bf16, one refusing float64) would change their numbers or fail them, and the rules'
+verdicts are cached on disk: one compile under autocast, or under such a mode, once
+refused library rules as unsound in every later process. The caller's state is the
+program's business, and the capture already holds it. A first call from torch.compile
+also runs inside AOTAutograd's custom-op aliasing mode (torch 2.13), which sent each
+of the search's ~10^6 small torch ops through Python: a cold compile of a dynamic MLP
+took 88 s instead of 65."""
 from __future__ import annotations
 
 import contextlib
 import functools
 
 import torch
+from torch import overrides
+from torch.utils._python_dispatch import _disable_current_modes
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 @contextlib.contextmanager
 def torch_defaults():
-    """Autocast off on every device and float32 as the default dtype, inside this block."""
+    """Inside this block: autocast off on every device, float32 the default dtype, and no
+    torch function mode (the default device, `with torch.device(...)`, is one) nor
+    dispatch mode of the caller's."""
     with contextlib.ExitStack() as stack:
         for device in _AUTOCAST_DEVICES:
             if torch.is_autocast_enabled(device):
@@ -26,6 +35,9 @@ def torch_defaults():
         if dtype != torch.float32:
             torch.set_default_dtype(torch.float32)
             stack.callback(torch.set_default_dtype, dtype)
+        for _ in range(len(overrides._get_current_function_mode_stack())):
+            stack.enter_context(overrides._pop_mode_temporarily())
+        stack.enter_context(_disable_current_modes())
         yield
 
 

@@ -351,19 +351,8 @@ class CompiledOperator:
             static = {**static, AS_WRITTEN: 1}
         k = tuple(static.items())
         if k not in self.specs:
-            self.specs[k] = self._load_spec(static) or self._built_spec(static, env, as_written)
+            self.specs[k] = self._load_spec(static) or self._build_spec(static, env, as_written)
         return self.specs[k]
-
-    def _built_spec(self, static, env, as_written: bool) -> Spec:
-        """_build_spec with the caller's torch dispatch modes set aside: the search and the
-        schedule compute on tensors of their own (rule checks, candidate checks), and a
-        first call from torch.compile runs inside AOTAutograd's custom-op aliasing mode
-        (torch 2.13), which sent each of their ~10^6 small torch ops through Python: a cold
-        compile of a dynamic MLP took 88 s instead of 65."""
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        with _disable_current_modes():
-            return self._build_spec(static, env, as_written)
 
     def _load_spec(self, static) -> Spec | None:
         try:
