@@ -89,6 +89,40 @@ def test_calls_on_locals_and_tensors_still_capture_whole():
 
 
 # -- the function's defaults and code ---------------------------------------------
+def _reseeds(x):
+    torch.manual_seed(7)
+    return x @ x.t()
+
+
+def _reads_the_precision(x):
+    scale = 2.0 if torch.get_float32_matmul_precision() == "highest" else 3.0
+    return x * scale + torch.initial_seed() % 1000
+
+
+def test_torch_process_state_is_set_and_read_at_every_call():
+    """A trace made `torch.manual_seed(7)` once, at the first call, and kept the first
+    answers of `torch.get_float32_matmul_precision()` and `torch.initial_seed()`: eager
+    reseeds and reads them at every call."""
+    x = torch.randn(3, 5)
+    reseeds = cleave.compile(_reseeds, verbose=False)
+    for _ in range(3):
+        torch.manual_seed(0)
+        _close(reseeds(x), _reseeds(x))
+        drawn = torch.rand(2)
+        torch.manual_seed(0)
+        _reseeds(x)
+        assert torch.equal(drawn, torch.rand(2))
+    reads = cleave.compile(_reads_the_precision, verbose=False)
+    try:
+        for precision, seed in (("highest", 101), ("medium", 102), ("highest", 103)):
+            torch.set_float32_matmul_precision(precision)
+            torch.manual_seed(seed)
+            _close(reads(x), _reads_the_precision(x))
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert "torch.get_float32_matmul_precision" in reads.capture_error
+
+
 def test_a_change_of_defaults_is_followed():
     def scaled(x, s=2.0):
         return x * s

@@ -513,6 +513,35 @@ _PURE_FUNCTIONS = frozenset(map(id, (
     oct, ord, pow, range, repr, reversed, round, set, slice, sorted, str, sum, super, tuple, type, zip,
     functools.reduce, typing.cast)))
 _PURE_MODULES = frozenset({"math", "cmath", "operator", "_operator", "itertools"})
+
+
+def _torch_functions(*names: str) -> frozenset:
+    """The ids of those of torch's functions (dotted names under torch) this torch has."""
+    found = []
+    for name in names:
+        value = torch
+        for part in name.split("."):
+            value = getattr(value, part, None)
+        if value is not None:
+            found.append(id(value))
+    return frozenset(found)
+
+
+# torch's process state that a call's key does not hold (it holds grad and inference
+# mode, the default dtype, deterministic algorithms and autocast): a trace reads it once
+# (`torch.get_float32_matmul_precision() == "highest"` kept its first answer) or sets it
+# once (`torch.manual_seed(7)` inside fn reseeded at the first call only). Dynamo guards
+# or runs each at every call.
+_PROCESS_STATE = _torch_functions(
+    "manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state", "cuda.manual_seed",
+    "cuda.manual_seed_all", "cuda.seed", "cuda.initial_seed", "cuda.get_rng_state", "cuda.set_rng_state",
+    "set_default_dtype", "set_default_device", "get_default_device", "set_default_tensor_type",
+    "set_float32_matmul_precision", "get_float32_matmul_precision", "use_deterministic_algorithms",
+    "is_deterministic_algorithms_warn_only_enabled", "set_deterministic_debug_mode",
+    "get_deterministic_debug_mode", "set_num_threads", "get_num_threads", "set_num_interop_threads",
+    "get_num_interop_threads", "set_flush_denormal", "is_anomaly_enabled", "is_anomaly_check_nan_enabled",
+    "set_anomaly_enabled", "get_autocast_dtype", "get_autocast_cpu_dtype", "get_autocast_gpu_dtype",
+    "set_autocast_dtype", "is_autocast_cache_enabled", "set_autocast_cache_enabled", "set_printoptions")
 # Builtin types whose methods compute from the value and their arguments (`"-".join`, `d.get`).
 _VALUE_TYPES = (str, bytes, int, float, complex, bool, tuple, list, dict, set, frozenset, range, slice)
 _DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType)
@@ -818,6 +847,9 @@ class _Reads:
             return [value]
         if ins.opname in _ATTRIBUTE_LOADS and not _traced(value):
             return [self.attribute(value, ins.argval)]
+        if ins.opname in _ATTRIBUTE_LOADS and isinstance(value, types.ModuleType):  # torch.cuda.manual_seed
+            found = inspect.getattr_static(value, ins.argval, _MISSING)  # (_PROCESS_STATE)
+            return [found if found is not _MISSING else _Unknown.TRACED]
         if isinstance(value, torch.nn.Module) or _traced(value):
             return [_Unknown.TRACED]
         if ins.opname == "BINARY_SUBSCR":
@@ -851,7 +883,7 @@ class _Reads:
         whose result is used may be of a pure builtin."""
         if callee is _Unknown.TRACED or callee is _Unknown.RESULT and used:
             return True
-        if isinstance(callee, _Unknown):
+        if isinstance(callee, _Unknown) or id(callee) in _PROCESS_STATE:
             return False
         if isinstance(callee, torch.nn.Module) or _traced(callee):
             return True
