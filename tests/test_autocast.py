@@ -12,8 +12,6 @@ import cleave
 from cleave.rules import all_rules
 from cleave.verify.check import check_rule
 
-torch.set_grad_enabled(False)
-
 
 def _library_rule(name):
     return next(r for r in all_rules() if r.name == name)
@@ -36,6 +34,7 @@ def test_rules_prove_under_a_float64_default_dtype():
     assert verdict.verdict == "proven", verdict.explain()
 
 
+@torch.no_grad()
 def test_chained_linears_compile_under_autocast():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 9), nn.GELU(), nn.Linear(9, 5), nn.Softmax(-1))
