@@ -52,6 +52,13 @@ integer ops (INTEGER_OPS) are refused: the search rewrites float values only. Co
                         values by log2(e) would overflow a mask's
                         finfo.min to -inf, and 0 * -inf or -inf - -inf is NaN where the
                         program's values were finite (a graph condition, as wide_operands)
+    unshifted_operands() no f16/bf16 MatMul of the graph takes a row shift times row scales,
+                        (a - m) c with m and c one value per row (a LayerNorm without
+                        affine weight before a projection): a rule moving c out of the
+                        MatMul leaves a - m its rounded operand, whose rounding errors,
+                        a on the half grid and m one number a row, are one offset per
+                        binade, which a weight row with a non-zero sum adds up (3-6x
+                        eager's error; a graph condition, as wide_operands)
 A rule exact in the reals but not in f32 (it overflows or cancels where its left side
 does not) is refused by the numeric gate's f32 leg; a line `f32: WHY` exempts it, WHY
 saying why no kernel computes the form that loses (the verdict notes the exemption).
@@ -77,8 +84,8 @@ OPS = {**{u: "t" for u in UNARY}, **{b: "tt" for b in BINARY}, **{r: "ta" for r 
        "where": "ttt", "matmul": "tt", "split": "tap", "squeeze": "ta", "unsqueeze": "ta", "swap": "t",
        "topk_values": "tka", "topk_indices": "tka", "const": "c"}
 CONDITIONS = {"flat": "ta", "splittable": "ta", "extent": "tta", "nonempty": "ta", "finite": "t", "nonzero": "t", "within": "tt",
-              "unrounded": "t", "wide_operands": "", "moderate_values": ""}
-GRAPH_CONDITIONS = {"wide_operands", "moderate_values"}  # decided once per graph, by cleave.search, not per match
+              "unrounded": "t", "wide_operands": "", "moderate_values": "", "unshifted_operands": ""}
+GRAPH_CONDITIONS = {"wide_operands", "moderate_values", "unshifted_operands"}  # decided once per graph, by cleave.search, not per match
 PADS = {"-inf": float("-inf"), "0": 0.0}
 # Ops of integers: the search encodes only float values as terms (cleave/search/encode.py)
 # and the verifier's instances are f32, so a rule using one could never fire nor be proven.

@@ -214,7 +214,37 @@ def _graph_conditions(enc) -> dict[str, bool]:
     may hold values near f32's range (a T5 mask, `(1 - m) * finfo.min`, became
     `(1 - m) * -inf` and every row NaN)."""
     return {"wide_operands": enc.lowp is not DType.f16,
-            "moderate_values": not _huge_constants(enc.graph) and not _full_scale_exponents(enc.graph)}
+            "moderate_values": not _huge_constants(enc.graph) and not _full_scale_exponents(enc.graph),
+            "unshifted_operands": enc.lowp is None or not _shifted_operands(enc.graph)}
+
+
+# Ops a row shift passes through unchanged on its way into a MatMul operand (a reshape
+# that keeps the last axis: linear's flattening of the leading ones).
+_PASS_THROUGH = {"cast", "neg", "reshape"}
+
+
+def _shifted_operands(graph) -> list:
+    """The MatMuls whose left operand is a row shift times row scales, (a - m) c with m
+    and c flat along the contracted axis, through casts and layout ops: the operand that
+    `unshifted_operands()` keeps a rule from leaving to the MatMul's rounding."""
+    def flat(node) -> bool:
+        return node.rank == 0 or D.equal(node.shape[-1], 1)
+
+    out = []
+    for mm in (n for n in graph.live_nodes() if n.op == "matmul"):
+        node, scaled = mm.inputs[0], False
+        while True:
+            if node.op in _PASS_THROUGH and node.rank and D.equal(node.shape[-1], node.inputs[0].shape[-1]):
+                node = node.inputs[0]
+            elif node.op in ("mul", "div") and flat(node.inputs[1]) and not flat(node.inputs[0]):
+                node, scaled = node.inputs[0], True
+            elif node.op == "mul" and flat(node.inputs[0]) and not flat(node.inputs[1]):
+                node, scaled = node.inputs[1], True
+            else:
+                break
+        if scaled and node.op in ("sub", "add") and sum(map(flat, node.inputs)) == 1:
+            out.append(mm)
+    return out
 
 
 HUGE = 2.0 ** 127  # f32's largest finite value is just under 2^128

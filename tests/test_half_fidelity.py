@@ -1,0 +1,48 @@
+"""Half-precision MatMuls keep eager's accuracy against fp64 where a rewrite moves their
+operands' rounding: a LayerNorm without affine weight before a projection rounded
+x - mean, not (x - mean) / sigma, whose errors a weight row with a non-zero sum adds up
+(3-6x eager's error; `unshifted_operands()` in the rules)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cleave
+from cleave import workloads
+from cleave.search import search
+
+K, N = 1031, 40
+
+
+def normed_projection(x, w):
+    return F.linear(F.layer_norm(x, (K,)), w)
+
+
+def standardised_projection(x, w):
+    h = x.float()
+    mean = h.mean(-1, keepdim=True)
+    var = ((h - mean) ** 2).mean(-1, keepdim=True)
+    return ((h - mean) * torch.rsqrt(var + 1e-5)).to(x.dtype) @ w.t()
+
+
+def _relative_l2(got, want):
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+@pytest.mark.parametrize("fn", [normed_projection, standardised_projection])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_normed_projection_is_as_accurate_as_eager(fn, dtype):
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(N, K, generator=g) * 0.5 + 0.5).to(dtype)  # rows with a non-zero mean
+    x = torch.randn(3, 13, K, generator=g).to(dtype)
+    want = fn(x.double(), w.double())
+    compiled = cleave.compile(fn, verbose=False)
+    with torch.no_grad():
+        got, eager = compiled(x, w), fn(x, w)
+    assert compiled.stats["failed"] == 0 and compiled.capture_error is None, compiled.stats
+    assert _relative_l2(got, want) <= 1.5 * _relative_l2(eager, want) + 1e-6, \
+        (_relative_l2(got, want), _relative_l2(eager, want))
+
+
+def test_rmsnorm_keeps_its_row_scale_after_the_matmul():
+    """RMSNorm scales x itself, no shift: the fusion that needs the rule keeps it."""
+    assert "rowscale-after-matmul" in search(workloads.get("rmsnorm_matmul").graph, progress=False).best.derivation
