@@ -19,7 +19,7 @@ import torch
 from torch import overrides
 from torch.utils._python_dispatch import _disable_current_modes
 
-_AUTOCAST_DEVICES = ("cpu", "cuda")
+AUTOCAST_DEVICES = ("cpu", "cuda")  # the device types whose autocast state a call's key holds
 
 
 @contextlib.contextmanager
@@ -28,7 +28,7 @@ def torch_defaults():
     torch function mode (the default device, `with torch.device(...)`, is one) nor
     dispatch mode of the caller's."""
     with contextlib.ExitStack() as stack:
-        for device in _AUTOCAST_DEVICES:
+        for device in AUTOCAST_DEVICES:
             if torch.is_autocast_enabled(device):
                 stack.enter_context(torch.autocast(device, enabled=False))
         dtype = torch.get_default_dtype()

@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 
 from .. import passes
 from ..ir import BindingError, CleaveError
+from ..torch_state import AUTOCAST_DEVICES
 from .context import Context
 from .user_frame import _user_level
 from ..frontends.output_layout import permute_outputs
@@ -749,12 +750,11 @@ def _layout(t: torch.Tensor, dynamic: dict) -> tuple:
 
 # -- autocast ----------------------------------------------------------------
 _AUTOCAST = object()  # marks a key made under autocast: no argument can equal it
-_AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 def _autocast_state() -> tuple:
     """Per device type, whether autocast is on and to which dtype."""
-    return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES)
+    return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES)
 
 
 _DYNAMO_SUFFIX = "\n\nfrom user code:"  # where dynamo's text starts in an error it passes on

@@ -225,7 +225,8 @@ _PASS_THROUGH = {"cast", "neg", "reshape"}
 
 def _shifted_operands(graph) -> list:
     """The MatMuls whose left operand is a row shift times row scales, (a - m) c with m
-    and c flat along the contracted axis, through casts and layout ops: the operand that
+    and c flat along the contracted axis, through casts, negations and reshapes that
+    keep the last axis: the operand that
     `unshifted_operands()` keeps a rule from leaving to the MatMul's rounding."""
     def flat(node) -> bool:
         return node.rank == 0 or D.equal(node.shape[-1], 1)
