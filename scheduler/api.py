@@ -592,15 +592,28 @@ def _interleave(rankings: list[list[Plan]], top_k: int) -> list[Plan]:
     return out[:top_k]
 
 
+# The unsplit plan is profiled beside the split ones where the model costs it within this
+# factor of the best: a split's gain is its least sure estimate. RMSNorm->MatMul at 16 rows
+# costed four split-K plans at 0.70-0.80x the unsplit one, which then ran 1.16-1.8x faster
+# than each of them on an H100 (RESULTS.md, session 52).
+UNSPLIT_REACH = 1.5
+
+
 def lead_with_each_split(ranked: list[Plan], top_k: int) -> list[Plan]:
     """The best plan of each split count first (in rank order), then the rest: profiling
-    on the GPU then chooses among split counts, where the cost model is least sure."""
+    on the GPU then chooses among split counts, where the cost model is least sure. The
+    best unsplit plan (every count 1) is among them where it is within UNSPLIT_REACH of
+    the best, in place of the last."""
     seen, firsts, rest = set(), [], []
     for p in ranked:
         key = tuple(sorted(p.split.items()))
         (rest if key in seen else firsts).append(p)
         seen.add(key)
-    return (firsts + rest)[:top_k]
+    kept = (firsts + rest)[:top_k]
+    unsplit = next((p for p in firsts if p.split and all(v == 1 for v in p.split.values())), None)
+    if unsplit is not None and unsplit not in kept and top_k > 1 and unsplit.cost <= UNSPLIT_REACH * ranked[0].cost:
+        kept[-1] = unsplit
+    return kept
 
 
 def _programs(plan: Plan) -> int:

@@ -79,3 +79,23 @@ def test_a_dynamic_split_count_out_of_reach_is_left_out(monkeypatch):
     kept = schedule(candidate, env, dynamic={"L"}, top_k=1)
     kept_counts = {tuple(sorted(p.split.items())) for p in kept}
     assert kept_counts and kept_counts < counts
+
+
+def _split_plans(splits_and_costs):
+    plan = _plans([1.0])[0]
+    return [dataclasses.replace(plan, split={"s_k": k}, cost=c) for k, c in splits_and_costs]
+
+
+def test_the_unsplit_plan_is_profiled_beside_the_split_counts():
+    """RMSNorm->MatMul at 16 rows: four split counts costed under the unsplit plan, which
+    ran fastest. Within UNSPLIT_REACH of the best it takes the last kept place; past it,
+    or when already kept, the ranking stands."""
+    from cleave.scheduler.api import UNSPLIT_REACH, lead_with_each_split
+
+    ranked = _split_plans([(8, 1.0), (9, 1.01), (4, 1.1), (2, 1.14), (16, 1.3), (1, 1.42), (8, 1.43)])
+    assert [p.split["s_k"] for p in lead_with_each_split(ranked, 4)] == [8, 9, 4, 1]
+    assert [p.split["s_k"] for p in lead_with_each_split(ranked, 1)] == [8]
+    far = _split_plans([(8, 1.0), (9, 1.01), (4, 1.1), (2, 1.14), (1, UNSPLIT_REACH * 1.01)])
+    assert [p.split["s_k"] for p in lead_with_each_split(far, 4)] == [8, 9, 4, 2]
+    near = _split_plans([(8, 1.0), (1, 1.05), (4, 1.1)])
+    assert [p.split["s_k"] for p in lead_with_each_split(near, 2)] == [8, 1]
