@@ -68,6 +68,10 @@ def partitioning_backend(ctx: Context, name: str | None = None):
             _mark_written_back(graph)
             return make_boxed_func(build(graph, ctx, region))
 
+        # Compiled lazily, when a backward runs: where that is inside fn's frame (a
+        # `loss.backward()` past a graph break), dynamo would trace this and call its
+        # skipped helpers graph breaks in fn.
+        @torch._dynamo.disable
         def backward(graph, inputs):
             return make_boxed_func(graph)
 

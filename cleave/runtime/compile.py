@@ -374,6 +374,7 @@ class CompiledFunction:
             watch.restore()  # the trace's assignments undone: eager and dynamo make them, once a call
             contents.restore()  # and its in-place changes of constant tensors
             changed = guards is not None and guards.put_back()  # a global list the trace appended to
+            rebound = guards is not None and guards.bindings is not None and guards.bindings.put_back()
         if watch.changed:
             self._through_dynamo("its forward changes its modules' state (assigns an attribute or a buffer, or "
                                  "changes a list or dict attribute), which a capture would drop")
@@ -381,6 +382,9 @@ class CompiledFunction:
         if changed:
             self._through_dynamo(f"it changes {changed!r}, a global or closure container or object, which a "
                                  f"capture would drop")
+            return None
+        if rebound:  # what the trace assigned held a fake tensor: dynamo makes it at each call
+            self._through_dynamo(f"{rebound}, which a capture would drop")
             return None
         refusal = captured is not None and rounding_refusal(captured.graph)
         if refusal:  # a float64 computation: dynamo's graphs leave those ops eager, each named
@@ -481,7 +485,7 @@ class CompiledFunction:
         data, `print`, a branch on a tensor's value) runs eagerly, and dynamo says nothing:
         name each break this call's tracing met (dynamo counts them by reason)."""
         for reason, count in _graph_breaks().items():
-            if count > before.get(reason, 0):
+            if count > before.get(reason, 0) and not _in_torch(str(reason)):
                 lines = [ln.strip() for ln in str(reason).splitlines() if ln.strip()]
                 said = lines[:1] + [ln.removeprefix("Explanation:").strip() for ln in lines[1:]
                                     if ln.startswith("Explanation:")]
@@ -1023,6 +1027,16 @@ def _proven_rules(files) -> list | None:
     from ..verify import with_proven_files
 
     return with_proven_files(list(files))[0]
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def _in_torch(reason: str) -> bool:
+    """A break at a function of torch's own that dynamo skips (AOTAutograd compiling a
+    backward lazily while `loss.backward()` runs in the user's frame): not in fn's code."""
+    match = re.search(r"in file `([^`]+)`", reason)
+    return match is not None and os.path.abspath(match.group(1)).startswith(_TORCH_DIR + os.sep)
 
 
 def _graph_breaks() -> dict:

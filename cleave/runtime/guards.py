@@ -30,6 +30,7 @@ from torch.nn.modules import module as nn_module
 from torch.utils.hooks import RemovableHandle
 
 from ..ir.errors import CleaveError
+from .bindings import BindingWatch
 
 _SCALARS = (bool, int, float, complex, str)
 _MISSING = object()
@@ -69,6 +70,8 @@ class Guards:
         self.opaque: str | None = None  # a global or cell read whose changes cannot be compared
         self.effect: str | None = None  # a call a capture would not make at each call (`_Reads.check`)
         self.tensor_fact: str | None = None  # a fact of a tensor the code reads and no call key holds
+        # the global and closure variables fn may assign, and the tensors' attributes, before a trace
+        self.bindings: BindingWatch | None = None
 
     @classmethod
     def read_by(cls, fn) -> Guards | None:
@@ -88,6 +91,12 @@ class Guards:
             guards.opaque = (f"it reads {opaque[0]!r}, an object whose changes cleave cannot tell (a capture "
                              f"would keep the value it read)")
         guards.effect = reads.call
+        held = [(n, v) for _, n, v, _, _ in names] + [(f"a closure variable of {name}", _cell_value(cell))
+                                                      for cell, _, name in reads.cells.values()]
+        tensors = [found for label, value in held for found in _tensors_in(label, value)]
+        if modules is not None:
+            tensors += [(key, t) for _, key, t, _, _ in modules.tensors if isinstance(t, torch.Tensor)]
+        guards.bindings = BindingWatch(list(reads.functions), tensors)
         told = sorted(reads.names & _PER_TENSOR_FACTS)
         if told:
             guards.tensor_fact = (f"it reads a tensor's {told[0]}(), which a capture would keep as the traced "
@@ -478,6 +487,18 @@ def _data_pointer(t: torch.Tensor) -> int | None:
         return t.data_ptr()
     except RuntimeError:  # a sparse tensor has none
         return None
+
+
+def _tensors_in(label: str, value) -> list[tuple[str, torch.Tensor]]:
+    """The tensors a global or cell holds, itself or as a container's items, labelled."""
+    value = value.obj if isinstance(value, _Snapshot) else value
+    if isinstance(value, torch.Tensor):
+        return [(label, value)]
+    if isinstance(value, (list, tuple, dict)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        return [(f"{label}[{k!r}]", v) for k, v in itertools.islice(items, _COMPARED_ITEMS)
+                if isinstance(v, torch.Tensor)]
+    return []
 
 
 def _cell_value(cell):
