@@ -594,7 +594,7 @@ def _interleave(rankings: list[list[Plan]], top_k: int) -> list[Plan]:
 
 # The unsplit plan is profiled beside the split ones where the model costs it within this
 # factor of the best: a split's gain is its least sure estimate. RMSNorm->MatMul at 16 rows
-# costed four split-K plans at 0.70-0.80x the unsplit one, which then ran 1.16-1.8x faster
+# costed four split-K plans at 0.70-0.80x the unsplit one, which then ran 1.18-1.82x faster
 # than each of them on an H100 (RESULTS.md, session 52).
 UNSPLIT_REACH = 1.5
 
