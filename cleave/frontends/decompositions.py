@@ -42,10 +42,48 @@ def _slice_scatter_in_its_layout(scatter, input, src, dim=0, start=None, end=Non
 
     order = eager_order(input) if input.dim() == src.dim() else None
     if order is None:
-        return scatter(input, src, dim, start, end, step)
+        return _slice_scatter(scatter, input, src, dim, start, end, step)
     back = [order.index(i) for i in range(len(order))]
-    moved = scatter(input.permute(order), src.permute(order), order.index(dim % input.dim()), start, end, step)
+    moved = _slice_scatter(scatter, input.permute(order), src.permute(order), order.index(dim % input.dim()), start,
+                           end, step)
     return moved.permute(back)
+
+
+def _slice_scatter(scatter, input, src, dim, start, end, step):
+    """torch's decomposition, or over a symbolic size the same mask without its branches:
+    torch's compares the slice's bounds with the size in Python, each compare a guard, and
+    on the synthetic base AOTAutograd makes for arguments that alias (a KV cache written
+    beside a view of it passed too) such a guard has no source: dynamo's guard builder
+    raised IndexError at the call."""
+    dim = dim % input.dim()
+    size = input.shape[dim]
+    if not any(isinstance(v, torch.SymInt) for v in (size, start, end)):
+        return scatter(input, src, dim, start, end, step)
+    start = _bound(start, 0, 0, size, size)
+    end = _bound(end, size, start, size, size)
+    if src.dim() != input.dim():  # else it is the slice's shape already: an expand would need that proven
+        src = src.expand([*input.shape[:dim], (end - start + step - 1) // step, *input.shape[dim + 1:]])
+    idx = torch.arange(size, device=input.device)
+    mask = (idx >= start) & (idx < end)
+    if step != 1:
+        mask = mask & ((idx - start) % step == 0)
+    indices = [None] * input.dim()
+    indices[dim] = (idx - start) // step
+    mask = mask.view([-1 if d == dim else 1 for d in range(input.dim())])
+    return torch.ops.aten.where(mask, torch.ops.aten._unsafe_masked_index(src, mask, indices, 0), input)
+
+
+_END = 2 ** 62
+
+
+def _bound(value, default, lower, upper, size):
+    """A slice bound clamped into [lower, upper], a negative one from the end, as torch's
+    decomposition reads it, without a guard on a symbolic size (sym_min, sym_max)."""
+    if value is None or isinstance(value, int) and value >= _END:  # `x[2:]` slices up to sys.maxsize
+        return default
+    if value < 0:
+        value = value + size
+    return torch.sym_min(torch.sym_max(value, lower), upper)
 
 
 # Ops left undecomposed although a table decomposes them:
