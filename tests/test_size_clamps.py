@@ -54,6 +54,24 @@ def test_a_size_clamped_at_zero_holds_below_the_clamp(ctx):
             torch.testing.assert_close(_eagerly(compiled, x), _extra_items(x))
 
 
+def _window(x):
+    return x[:, max(x.shape[1] - 4, 0):].sum(1)
+
+
+def test_a_window_crop_traced_below_its_clamp_compiles_each_side(ctx):
+    """Traced at 3 columns, `max(n - 4, 0)` takes its 0 side: the capture read it as the
+    n - 4 side (it had no traced size for n) and required both n - 4 >= 0 and n - 4 <= 0,
+    which no call met: every call ran eagerly, said as "inputs do not fit"."""
+    compiled = cleave.compile(_window, dynamic="all")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for cols in (3, 6, 2, 7):
+            x = torch.randn(2, cols)
+            torch.testing.assert_close(compiled(x), _window(x))
+    assert not [w for w in caught if "eager" in str(w.message)], [str(w.message) for w in caught]
+    assert compiled.capture_error is None
+
+
 def test_an_int_argument_clamped_at_zero_holds_when_negative(ctx):
     x = torch.zeros(2, 3)
     for compiled in (cleave.compile(_at_least_zero, dynamic="all"),
@@ -74,3 +92,22 @@ def test_a_reshape_minus_one_beside_an_empty_axis_raises_eagers_error():
     torch.testing.assert_close(compiled(torch.ones(3, 4)), f(torch.ones(3, 4)))
     with pytest.raises(RuntimeError, match="ambiguous"):
         _eagerly(compiled, torch.ones(3, 0))
+
+
+def _prefix_ones(q, k):
+    return torch.ones(q.shape[1], k.shape[1] - q.shape[1])
+
+
+def test_an_extent_that_is_a_difference_of_sizes_is_nonnegative():
+    """`torch.ones(T, L - T)` (a mask over a past of L - T keys) had no L >= T in the
+    graph: the candidate check bound L below T, the reference interpreter failed on the
+    graph as written ("numel: integer multiplication overflow"), and every call ran
+    eagerly. Each extent not provably >= 0 is now a constraint of the graph."""
+    compiled = cleave.compile(_prefix_ones, dynamic="all")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t, length in ((4, 7), (2, 9)):
+            q, k = torch.randn(2, t), torch.randn(2, length)
+            torch.testing.assert_close(compiled(q, k), _prefix_ones(q, k))
+    assert not caught, [str(w.message) for w in caught]
+    assert compiled.stats["failed"] == 0

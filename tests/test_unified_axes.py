@@ -45,3 +45,20 @@ def test_a_call_where_the_unified_lengths_differ_runs_eagerly():
     v = torch.randn(2, 3, 12, 8)
     with pytest.warns(UserWarning, match="runs eagerly"):
         torch.testing.assert_close(f(q, k, v), causal_sdpa(q, k, v))
+
+
+def append_kv(x, past_k):
+    """A decode step's new key, split into heads, appended to the cache."""
+    b, t, d = x.shape
+    return torch.cat([past_k, x.view(b, t, 2, d // 2).transpose(1, 2)], 2)
+
+
+def test_a_concat_unifies_the_dims_it_needs_equal():
+    """The cache's head dim and the view's d // 2 are one under torch's guard: concat
+    failed the capture naming both (`dim 3 is past_k_3 vs x_2_by2`), and the decode step
+    around it ran eagerly, then through dynamo's graphs."""
+    f = cleave.compile(append_kv, dynamic="all", verbose=False)
+    for t, p in ((3, 4), (1, 7)):
+        x, past = torch.randn(2, t, 8), torch.randn(2, 2, p, 4)
+        torch.testing.assert_close(f(x, past), append_kv(x, past))
+    assert f.capture_error is None and f.stats["operators"] == 1, (f.capture_error, f.stats)

@@ -83,13 +83,17 @@ def capture(fn, *example_inputs, dynamic=None, name=None) -> Graph:
 
 
 def capture_program(fn, *example_inputs, dynamic=None, name=None, outside=frozenset(),
-                    auto: bool | None = None) -> Captured:
+                    auto: bool | None = None, traced_sizes: bool = False) -> Captured:
     """`capture`, plus where the graph's other inputs come from and which outputs are
     inputs' new values (what a runtime needs to run it in the function's place).
     `outside`: the data pointers of tensors that live on after the call (a global, a
     module's attribute), which may change in place: one-element ones among them stay
     inputs of the graph (constant_node). `auto` (default: `dynamic == "all"`): an axis
-    named dynamic that the code fixes to its size is captured static, not refused."""
+    named dynamic that the code fixes to its size is captured static, not refused.
+    `traced_sizes` (the runtime's captures): the unification chooses by the sizes torch
+    traced (frontends/unify.py), so that a view's `d // 2` beside a cache's head dim, or
+    a clamp's side, reads as torch guarded it; the user's own symbols may then be read as
+    others (n as 12·n_by4_by3), which `cleave.capture` leaves as named."""
     params = param_names(fn, len(example_inputs))
     _check_arity(fn, len(example_inputs))
     for pname, x in zip(params, example_inputs):
@@ -123,9 +127,12 @@ def capture_program(fn, *example_inputs, dynamic=None, name=None, outside=frozen
     reads: dict = {}
     while True:
         try:
-            return _translate(ep, comparisons, params, named, auto, graph_name, reads, outside)
+            return _translate(ep, comparisons, params, named, auto, graph_name, reads, outside, traced_sizes)
         except Unify as err:
-            if err.symbol in reads or err.symbol not in {s for axes in named.values() for s in axes.values()}:
+            # an input's axis, or a symbol an earlier reading made (x_2 read as 2·x_2_by2)
+            ours = {s for axes in named.values() for s in axes.values()}
+            if err.symbol in reads or not (err.symbol in ours or any(D.symbol(err.symbol) in e.free_symbols
+                                                                     for e in reads.values())):
                 raise
             reads[err.symbol] = err.expr
 
@@ -410,25 +417,28 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _translate(ep, comparisons, params, named, auto: bool, graph_name: str, reads: dict,
-               outside=frozenset()) -> Captured:
+               outside=frozenset(), traced_sizes: bool = False) -> Captured:
     from torch.export.graph_signature import InputKind
 
     symbols = SymbolMap()
     kinds = {spec.arg.name: spec for spec in ep.graph_signature.input_specs}
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
     user = [n for n in placeholders if kinds[n.name].kind == InputKind.USER_INPUT]
+    traced = {}  # torch symbol -> the size torch traced it at (the unification chooses by it)
     for pname, node in zip(params, user):  # name torch's symbols before reading any shape
         for axis, size in enumerate(node.meta["val"].shape):
             if axis not in named.get(pname, {}):
                 continue
             if isinstance(size, torch.SymInt):
-                symbols.name(size.node.expr, named[pname][axis])
+                hint = size.node.hint if traced_sizes and isinstance(size.node.hint, int) else None
+                traced[size.node.expr] = hint
+                symbols.name(size.node.expr, named[pname][axis], hint)
             elif not auto:
                 raise CaptureError(f"capture: input {pname!r} axis {axis} ({named[pname][axis]}) cannot be dynamic: "
                                    f"torch specialized it to {size} (the function's code depends on its value)")
     for torch_symbol, ours in list(symbols.subs.items()):
         if ours.is_Symbol and ours.name in reads:
-            symbols.read_as(torch_symbol, resolved(reads, ours.name))
+            symbols.read_as(torch_symbol, resolved(reads, ours.name), traced.get(torch_symbol))
     graph = Graph(graph_name)
     t = Translator(graph, symbols)
     user_names = dict(zip((n.name for n in user), params))

@@ -147,7 +147,7 @@ def _infer_size(*, value, dtype):
 
 def _infer_iota(*, shape, axis, dtype):
     _axis("iota", axis, len(shape), "its shape")
-    return Result(tuple(shape), dtype)
+    return Result(tuple(shape), dtype, _extents_nonnegative("iota", shape))
 
 
 # Unary ops torch computes in floating point: of an integer or bool operand they give
@@ -235,7 +235,13 @@ def _infer_broadcast(x, *, shape):
             raise DimMismatch(f"broadcast: operand 0 has shape {D.fmt_shape(x.shape)}, target "
                               f"{D.fmt_shape(target)}: dim {i} is {D.fmt(d)} vs {D.fmt(target[pad + i])}",
                               (d, target[pad + i]))
-    return Result(target, x.dtype)
+    return Result(target, x.dtype, _extents_nonnegative("broadcast", target))
+
+
+def _extents_nonnegative(op: str, shape) -> tuple:
+    """A constraint per extent not provably >= 0 (`torch.ones(T, L - T)`, a prefix mask
+    beside a past of L - T keys): a binding where it is negative has no such tensor."""
+    return tuple(("le", D.dim(0), D.dim(d), op) for d in shape if not D.nonnegative(D.dim(d)))
 
 
 def _product(shape):
@@ -299,9 +305,9 @@ def _infer_concat(*xs, axis):
             _fail("concat", f"operand 0 has shape {D.fmt_shape(first.shape)}, operand {k} has shape "
                             f"{D.fmt_shape(x.shape)}: ranks differ")
         for i, (d0, dk) in enumerate(zip(first.shape, x.shape)):
-            if i != a and not D.equal(d0, dk):
-                _fail("concat", f"operand 0 has shape {D.fmt_shape(first.shape)}, operand {k} has shape "
-                                f"{D.fmt_shape(x.shape)}: dim {i} is {D.fmt(d0)} vs {D.fmt(dk)}")
+            if i != a and not D.equal(d0, dk):  # a DimMismatch: the capture may read one symbol as the other
+                raise DimMismatch(f"concat: operand 0 has shape {D.fmt_shape(first.shape)}, operand {k} has shape "
+                                  f"{D.fmt_shape(x.shape)}: dim {i} is {D.fmt(d0)} vs {D.fmt(dk)}", (d0, dk))
         total += x.shape[a]
         dtype = promote(dtype, x.dtype)
     shape = list(first.shape)
