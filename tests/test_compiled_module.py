@@ -169,3 +169,35 @@ def test_torch_save_pickles_the_module_and_how_it_was_compiled(tmp_path):
         assert list(inner.state_dict()) == list(c.state_dict())
         torch.testing.assert_close(back(x), want)
         assert inner.stats["calls"] == 1 and inner.stats["operators"] >= 1, inner.stats
+
+
+class _Scaled(torch.nn.Module):
+    def forward(self, x, k: int):  # an int argument: the module runs through dynamo's graphs
+        return torch.tanh(x) * k
+
+
+def test_modules_through_dynamo_each_keep_their_own_compiled_frames():
+    """Every module cleave.compile sends through dynamo was called from one wrapper code
+    object: dynamo counted each module as a recompile of it, and from the ninth on
+    (torch's recompile_limit, 8) the modules ran eagerly, the tenth without a word."""
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        for _ in range(torch._dynamo.config.recompile_limit + 2):
+            compiled = cleave.compile(_Scaled())
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.testing.assert_close(compiled(x, 2), torch.tanh(x) * 2)
+            assert not [w for w in caught if "eager" in str(w.message)], [str(w.message) for w in caught]
+            assert compiled.stats["operators"] == 1, compiled.stats
+
+
+def test_a_lazy_module_under_a_dynamic_axis_makes_its_parameters_first():
+    """nn.LazyLinear infers its weight's shape at its first call; traced under a dynamic
+    axis that inference met symbolic sizes, and every call raised from inside dynamo."""
+    torch.manual_seed(0)
+    lazy = torch.nn.LazyLinear(4)
+    compiled = cleave.compile(lazy, dynamic=True)
+    with torch.no_grad():
+        for rows in (3, 5, 2):
+            x = torch.randn(rows, 6)
+            torch.testing.assert_close(compiled(x), x @ lazy.weight.t() + lazy.bias)

@@ -75,6 +75,7 @@ class CompiledFunction:
         self._said: set[str] = set()  # the warnings about `dynamic` given
         self._static_shapes: dict[tuple, set] = {}  # (argument, rank, dtype) -> its shapes captured
         self._first_calls = threading.RLock()
+        self._lazy = isinstance(fn, torch.nn.Module)  # until its lazy modules, if any, have their parameters
         # Why torch.export did not take the function whole (it then runs through dynamo's
         # graphs, its first call eagerly); None when it did, or has not been tried.
         self.capture_error: str | None = None
@@ -96,6 +97,11 @@ class CompiledFunction:
             if bound is None:  # the call itself is wrong (a misspelt keyword): eager raises Python's error,
                 return self.fn(*args, **kwargs)  # and later calls are compiled as before
             args, kwargs = bound
+        if self._lazy and _uninitialized(self.fn):
+            # nn.LazyLinear and kin infer their parameters' shapes at their first call: run
+            # it as eager does (traced under a dynamic axis, the inference met symbolic sizes)
+            return self.fn(*args, **kwargs)
+        self._lazy = False
         if on_meta(args) or kwargs and on_meta(kwargs.values()):
             # shapes only: eager infers them (a fake tensor: traced inside another capture)
             return self.fn(*args, **kwargs)
@@ -655,7 +661,7 @@ def _capture(fn, args, dynamic, name, watch: StateWatch, outside: frozenset, aut
         try:
             with _assignments_unwarned():
                 return capture_program(fn, *args, dynamic=dynamic, name=name, outside=outside,
-                                       auto=auto), structures[-1]
+                                       auto=auto, traced_sizes=True), structures[-1]
         finally:
             start.remove()
             hook.remove()
@@ -669,7 +675,7 @@ def _capture(fn, args, dynamic, name, watch: StateWatch, outside: frozenset, aut
         return out
 
     return capture_program(recording, *args, dynamic=dynamic, name=name, outside=outside,
-                           auto=auto), structures[-1]
+                           auto=auto, traced_sizes=True), structures[-1]
 
 
 @contextlib.contextmanager
@@ -781,6 +787,13 @@ def _forward_of(fn):
     return fn.__dict__.get("forward", type(fn).forward)
 
 
+def _uninitialized(module: torch.nn.Module) -> bool:
+    """Whether a lazy module in module's tree has not made its parameters yet."""
+    from torch.nn.modules.lazy import LazyModuleMixin
+
+    return any(isinstance(m, LazyModuleMixin) and m.has_uninitialized_params() for m in module.modules())
+
+
 def _dynamo_compile(fn, ctx: Context, name: str):
     """fn through torch.compile's graphs, compiled by cleave. A module is called from a
     function: torch.compile of the module itself wraps it in an OptimizedModule, a
@@ -792,6 +805,10 @@ def _dynamo_compile(fn, ctx: Context, name: str):
 
         def fn(*args, **kwargs):
             return module(*args, **kwargs)
+        # A code object of its own: dynamo keeps its compiled frames per code object, and
+        # every module's wrapper shared one, so each compiled module counted as a
+        # recompile of the others' and from the ninth on (recompile_limit) ran eagerly.
+        fn.__code__ = fn.__code__.replace()
     return torch.compile(fn, backend=DYNAMO_HOOK_GUARDS.backend(partitioning_backend(ctx, name)), dynamic=None)
 
 
