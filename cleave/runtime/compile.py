@@ -491,7 +491,7 @@ class CompiledFunction:
         data, `print`, a branch on a tensor's value) runs eagerly, and dynamo says nothing:
         name each break this call's tracing met (dynamo counts them by reason)."""
         for reason, count in _graph_breaks().items():
-            if count > before.get(reason, 0) and not _in_torch(str(reason)):
+            if count > before.get(reason, 0):
                 lines = [ln.strip() for ln in str(reason).splitlines() if ln.strip()]
                 said = lines[:1] + [ln.removeprefix("Explanation:").strip() for ln in lines[1:]
                                     if ln.startswith("Explanation:")]
@@ -1044,16 +1044,6 @@ def _proven_rules(files) -> list | None:
     from ..verify import with_proven_files
 
     return with_proven_files(list(files))[0]
-
-
-_TORCH_DIR = os.path.dirname(torch.__file__)
-
-
-def _in_torch(reason: str) -> bool:
-    """A break at a function of torch's own that dynamo skips (AOTAutograd compiling a
-    backward lazily while `loss.backward()` runs in the user's frame): not in fn's code."""
-    match = re.search(r"in file `([^`]+)`", reason)
-    return match is not None and os.path.abspath(match.group(1)).startswith(_TORCH_DIR + os.sep)
 
 
 def _graph_breaks() -> dict:
