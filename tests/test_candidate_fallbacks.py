@@ -10,6 +10,10 @@
 - A gather or take with constant indices along a dynamic axis (a channel shuffle):
   the check's small binding put the axis below the indices and the reference
   interpreter raised torch's index error; the binding now keeps them in range.
+- The same for indices computed from sizes (`emb[logits.argmax(-1)]`, a greedy decode's
+  next-token embedding; `y.gather(1, x.argmin(1, keepdim=True))`; `table[torch.arange(n) + 2]`):
+  the binding put the vocab past the embedding's rows, the input graph could not be
+  interpreted and every candidate was left out with a warning.
 Each compile runs the real pipeline (Triton under TRITON_INTERPRET=1) at tiny shapes.
 """
 from __future__ import annotations
@@ -220,6 +224,33 @@ def test_the_small_binding_keeps_a_constant_index_in_range():
     assert env["x_1"] >= 10
     (cand,) = search(g, top_k=1, progress=False).candidates
     check_candidate(g, cand.graph)
+
+
+def next_token_embedding(logits, emb):
+    return emb[logits.argmax(-1)]
+
+
+def gathered_at_argmin(x, y):
+    return y.gather(1, x.argmin(1, keepdim=True))
+
+
+def shifted_positions(x, table):
+    return x + table[torch.arange(x.shape[0]) + 2]
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (next_token_embedding, [(3, 11), (11, 5)]),
+    (gathered_at_argmin, [(3, 7), (3, 9)]),
+    (shifted_positions, [(3, 5), (9, 5)]),
+])
+def test_indices_computed_from_sizes_stay_in_range_in_the_check(fn, shapes):
+    args = [_randn(*s, seed=20 + i) for i, s in enumerate(shapes)]
+    got, f, caught = _compiled(fn, *args, dynamic="all")
+    assert not caught, [str(w.message) for w in caught]
+    assert torch.equal(got, fn(*args))
+    g = cleave.capture(fn, *args, dynamic="all")
+    (cand,) = search(g, top_k=1, progress=False).candidates
+    assert check_candidate(g, cand.graph) is not None
 
 
 def last_eight_rows(q, kc, k):  # a sliding-window KV cache while it is shorter than the window

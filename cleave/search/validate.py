@@ -168,12 +168,19 @@ def index_bounds(g: Graph, env: dict) -> list[Constraint]:
     `torch.gather(x, 1, tensor([[9]]))`) bounds the axis it reads from below: the
     check's small binding must keep those indices in range, as the program's own
     sizes do. The indices are evaluated at `env` (they may take its shapes)."""
-    out = []
+    out, ranges = [], {}
     for n in g.live_nodes():
         if n.op not in ("gather", "take"):
             continue
         below = _ancestors(n.inputs[1])
         if any(x.op == "input" for x in below.values()):
+            span = _value_range(n.inputs[1], ranges)
+            if span is not None:  # indices an argmax or an iota computes from the inputs' sizes
+                low, high = span
+                extent = n.inputs[0].shape[n.attrs["axis"]]
+                out.append(Constraint("le", sympy.Max(high + 1, -low), extent,
+                                      f"{n.op} %{n.id}: indices {D.fmt(low)}..{D.fmt(high)} along its operand's dim "
+                                      f"{n.attrs['axis']}"))
             continue
         try:
             index = _value(n.inputs[1], below, env)
@@ -184,6 +191,47 @@ def index_bounds(g: Graph, env: dict) -> list[Constraint]:
             out.append(Constraint("le", D.dim(max(high + 1, -low)), n.inputs[0].shape[axis],
                                   f"{n.op} %{n.id}: constant indices {low}..{high} along its operand's dim {axis}"))
     return out
+
+
+# Ops whose every value is one of their first operand's values
+_VALUE_KEEPING = ("reshape", "permute", "broadcast", "slice", "gather", "take", "concat")
+
+
+def _value_range(node: Node, memo: dict) -> tuple | None:
+    """Lowest and highest value of an integer node, in the graph's symbols, wherever it
+    follows from sizes alone (an iota, an argmax's index of the extreme, a size, their
+    sums and selections), else None (an integer input holds anything)."""
+    if node.id in memo:
+        return memo[node.id]
+    op, ins = node.op, node.inputs
+    spans = None
+    if not node.dtype.is_float:
+        if op == "iota":
+            spans = (sympy.Integer(0), D.dim(node.attrs["shape"][node.attrs["axis"]]) - 1)
+        elif op in ("const", "size"):
+            v = D.dim(node.attrs["value"]) if op == "size" else node.attrs["value"]
+            spans = (v, v) if op == "size" or float(v).is_integer() else None
+            spans = spans and tuple(map(sympy.sympify, spans))
+        elif op == "slice" and ins[0].op == "iota" and node.attrs["axis"] == ins[0].attrs["axis"] \
+                and node.attrs["step"] == 1 and D.dim(node.attrs["start"]).is_number:
+            # the iota's own slice: start .. stop - 1 of it
+            whole = _value_range(ins[0], memo)
+            spans = (D.dim(node.attrs["start"]), sympy.Min(D.dim(node.attrs["stop"]) - 1, whole[1]))
+        elif op in _VALUE_KEEPING or (op == "cast" and not ins[0].dtype.is_float) or \
+                (op == "reduce" and node.attrs["op"] in ("max", "min")):
+            parts = [_value_range(x, memo) for x in (ins if op == "concat" else ins[:1])]
+            spans = None if None in parts else (sympy.Min(*[p[0] for p in parts]), sympy.Max(*[p[1] for p in parts]))
+        elif op == "where":
+            a, b = _value_range(ins[1], memo), _value_range(ins[2], memo)
+            spans = None if a is None or b is None else (sympy.Min(a[0], b[0]), sympy.Max(a[1], b[1]))
+        elif op in ("add", "sub"):
+            a, b = _value_range(ins[0], memo), _value_range(ins[1], memo)
+            if a is not None and b is not None:
+                spans = (a[0] + b[0], a[1] + b[1]) if op == "add" else (a[0] - b[1], a[1] - b[0])
+        elif op == "topk" and node.attrs["which"] == "indices":
+            spans = (sympy.Integer(0), ins[0].shape[node.attrs["axis"]] - 1)
+    memo[node.id] = spans
+    return spans
 
 
 def _ancestors(node: Node) -> dict[int, Node]:
