@@ -95,9 +95,11 @@ def _bound(value, default, lower, upper, size):
 #   views are written in place, on which AOTAutograd's functionalization fails an
 #   internal assertion (the whole frame ran eagerly, its warning that assertion). Kept
 #   whole, they are graph breaks named by the op (cleave has no complex dtype).
-# - native_dropout, bernoulli: random ops cleave runs eagerly; decomposed, they draw
-#   through rand_like in another order than torch's kernels, so a seeded dropout mask
-#   differed from eager's. Kept whole, they draw as eager does.
+# - native_dropout, bernoulli, and every other op that draws from the generator (torch
+#   tags them nondeterministic_seeded: exponential_, cauchy_, geometric_, log_normal_,
+#   normal, uniform, rrelu...): cleave runs them eagerly; decomposed, they draw through
+#   rand_like in another order or transform than torch's kernels, so a seeded dropout
+#   mask or a gumbel_softmax differed from eager's. Kept whole, they draw as eager does.
 # - diagonal_scatter: the wider table's decomposition (torch._refs) writes the diagonal of
 #   a clone with prims.copy_to, which AOTAutograd refuses as not functional: a frame with
 #   `x.diagonal().fill_(0)` ran eagerly, its warning that assertion. Kept whole, it is a
@@ -133,8 +135,17 @@ def wrongly_decomposed(node) -> str | None:
     return None
 
 
+# Ops torch tags as drawing from the generator whose draws are only their dropout's
+# (p = 0 in inference); their decompositions draw through native_dropout, kept whole.
+RANDOM_BY_DROPOUT = {"scaled_dot_product_attention", "_scaled_dot_product_attention_math",
+                     "_scaled_dot_product_flash_attention_for_cpu", "lstm", "gru", "rnn_relu", "rnn_tanh"}
+
+
 def _kept_whole(op) -> bool:
-    return isinstance(op, torch._ops.OpOverload) and op._schema.name.split("::")[-1] in KEPT_WHOLE
+    if not isinstance(op, torch._ops.OpOverload):
+        return False
+    name = op._schema.name.split("::")[-1]
+    return name in KEPT_WHOLE or (torch.Tag.nondeterministic_seeded in op.tags and name not in RANDOM_BY_DROPOUT)
 
 
 def _mapped(op) -> bool:
