@@ -44,7 +44,7 @@ from ..torch_state import AUTOCAST_DEVICES
 from .context import Context
 from .user_frame import _user_level
 from ..frontends.output_layout import permute_outputs
-from .graph_breaks import Launcher, constant_getters, on_meta, overlapping, untraceable_call
+from .graph_breaks import GRAD_FALLBACK, Launcher, constant_getters, on_meta, overlapping, untraceable_call
 from .guards import DYNAMO_HOOK_GUARDS, Guards, StateWatch, TensorContents, _python_function, _version
 from .launch import remember
 
@@ -211,7 +211,10 @@ class CompiledFunction:
 
     def _hint_dynamic(self, args) -> None:
         """Said once, at a function's third shape of some argument along static axes: each
-        shape is a search of its own, where a dynamic axis is one for every size."""
+        shape is a search of its own, where a dynamic axis is one for every size. Not of
+        calls under autograd: they run eagerly, searched at no shape."""
+        if torch.is_grad_enabled() and _needs_grad(self.fn, [a for a in args if isinstance(a, torch.Tensor)]):
+            return
         for name, a in zip(self._params(len(args)), args):
             if not isinstance(a, torch.Tensor):
                 continue
@@ -461,6 +464,12 @@ class CompiledFunction:
             # between views: x.zero_() then read through y = x's storage one row on gave
             # y's old values (aot_eager does the same)
             self.ctx.warn_eager(self.name, "it changes an argument in place and its arguments share memory")
+            return self.fn(*args, **kwargs)
+        if torch.is_grad_enabled() and _needs_grad(self.fn, tensors):
+            # As a capture's call does (graph_breaks.py): AOTAutograd's backward refuses a
+            # second backward over one forward (retain_graph=True) and double backward
+            # (a gradient penalty), both of which eager's graph takes
+            self.ctx.warn_eager(self.name, GRAD_FALLBACK)
             return self.fn(*args, **kwargs)
         versions = [_version(t) for t in tensors]  # None for an inference tensor: it counts no writes
         breaks = _graph_breaks()
@@ -792,6 +801,13 @@ def _uninitialized(module: torch.nn.Module) -> bool:
     from torch.nn.modules.lazy import LazyModuleMixin
 
     return any(isinstance(m, LazyModuleMixin) and m.has_uninitialized_params() for m in module.modules())
+
+
+def _needs_grad(fn, tensors) -> bool:
+    """Whether a call's tensor arguments, or the parameters of the module compiled, require grad."""
+    if any(t.requires_grad for t in tensors):
+        return True
+    return isinstance(fn, torch.nn.Module) and any(p.requires_grad for p in fn.parameters())
 
 
 def _dynamo_compile(fn, ctx: Context, name: str):

@@ -26,6 +26,10 @@ from .launch import remember
 from .context import Context
 from .operator import CompileFailure, NotReadyDuringCapture, f32_matmul_precision
 
+# Why a call under autograd runs eagerly
+GRAD_FALLBACK = ("inputs require grad and cleave's kernels have no backward (call it under torch.no_grad(), or "
+                 "with requires_grad=False, to compile it)")
+
 
 # The meta key of an input's name in the user's code (`x`, `self.lin.weight`), which the
 # backend puts on AOTAutograd's inputs (`arg0_1`); warnings say it in their place.
@@ -493,8 +497,7 @@ class Launcher:
             self.ctx.warn_eager(self.where, why)
             return True
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs.values()):
-            self.ctx.warn_eager(self.where, "inputs require grad and cleave's kernels have no backward "
-                                "(call it under torch.no_grad(), or with requires_grad=False, to compile it)")
+            self.ctx.warn_eager(self.where, GRAD_FALLBACK)
             return True
         if self.writebacks and overlapping(list(inputs.values())):  # a parameter or constant too
             self.ctx.warn_eager(self.where, "it changes an input in place and its inputs share memory")
