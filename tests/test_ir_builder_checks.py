@@ -2,6 +2,7 @@
 of range, dim symbols and buffer names the kernels cannot take, dims it cannot read;
 slices count from the end as Python's do; the interpreter keeps each node's integer type."""
 import pytest
+import sympy
 import torch
 
 import cleave
@@ -90,10 +91,22 @@ def test_an_unread_input_may_carry_its_own_symbol():
     g.output(x.exp(), names=["o"])
 
 
-def test_capture_all_axes_refuses_a_symbol_the_kernels_use():
-    with pytest.raises(CaptureError, match="dynamic='all' names input 's' axis 0 's_0', which is a name the "
-                                           "generated kernels use"):
-        cleave.capture(lambda s, x: s * x, torch.randn(3), torch.randn(3), dynamic="all")
+def test_capture_all_axes_names_around_a_symbol_the_kernels_use():
+    # an argument `s`: its axis is not `s_0`, which reads as a split count
+    g = cleave.capture(lambda s, x: s, torch.randn(3), torch.randn(3), dynamic="all")
+    assert g.inputs["s"].shape == (sympy.Symbol("dim_s_0", integer=True, positive=True),)
+
+
+def test_an_argument_named_s_compiles_under_dynamic_all():
+    """It went to dynamo's graphs for good, without a word: the capture refused `s_0`."""
+    def f(x, s):
+        return x * 2 + s
+
+    compiled = cleave.compile(f, dynamic="all")
+    for n in (5, 7, 5):
+        a, b = torch.randn(3, n), torch.randn(3, n)
+        torch.testing.assert_close(compiled(a, b), f(a, b))
+    assert compiled.capture_error is None and len(compiled.operators) == 1
 
 
 # -- the interpreter keeps each node's integer type ------------------------------

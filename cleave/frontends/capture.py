@@ -177,14 +177,7 @@ def _dynamic_axes(params, inputs, dynamic) -> dict[str, dict[int, str]]:
     if dynamic is None:
         return {}
     if dynamic == "all":
-        named = {p: {a: f"{p}_{a}" for a in range(x.dim())} for p, x in zip(params, inputs)}
-        for pname, axes in named.items():
-            for axis, sym in axes.items():
-                why = symbol_clash(sym, set(params))
-                if why:
-                    raise CaptureError(f"capture: dynamic='all' names input {pname!r} axis {axis} {sym!r}, which is "
-                                       f"{why}; name the dynamic axes in a dict instead")
-        return named
+        return {p: {a: axis_symbol(p, a, params) for a in range(x.dim())} for p, x in zip(params, inputs)}
     if not isinstance(dynamic, dict):
         raise CaptureError(f"capture: dynamic must be None, 'all' or {{input: {{axis: name}}}}, not {dynamic!r}")
     shapes = dict(zip(params, (x.shape for x in inputs)))
@@ -216,6 +209,16 @@ def _dynamic_axes(params, inputs, dynamic) -> dict[str, dict[int, str]]:
                                    f"(size {first_size}) and input {pname!r} axis {axis % rank} (size {size}); one "
                                    f"symbol is one size, so give these axes different symbols")
     return out
+
+
+def axis_symbol(param: str, axis: int, params) -> str:
+    """The symbol dynamic="all" names an axis by: `x_0`, or where that is a name the
+    kernels use or an argument's (an argument `s`: `s_0` reads as a split count),
+    `dim_s_0`, prefixed until it is none."""
+    symbol = f"{param}_{axis}"
+    while symbol_clash(symbol, set(params)):
+        symbol = f"dim_{symbol}"
+    return symbol
 
 
 def symbol_clash(symbol: str, arguments: set[str]) -> str | None:

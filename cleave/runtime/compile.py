@@ -312,7 +312,10 @@ class CompiledFunction:
             return {}
         tensors = {n: a for n, a in zip(self._params(len(args)), args) if isinstance(a, torch.Tensor)}
         if self.dynamic == "all":
-            return {n: {i: f"{n}_{i}" for i in range(a.dim())} for n, a in tensors.items()}
+            from ..frontends.capture import axis_symbol
+
+            params = self._params(len(args))
+            return {n: {i: axis_symbol(n, i, params) for i in range(a.dim())} for n, a in tensors.items()}
         spec = {}
         for name, a in tensors.items():
             try:
