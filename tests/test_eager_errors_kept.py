@@ -38,9 +38,19 @@ def _raises_as_eager(fn, *args):
 
 def test_a_bool_subtraction_under_dynamic_shapes_raises_eagers_error(ctx):
     f = torch.compile(lambda a, b: a - b, backend="cleave", dynamic=True)
-    with pytest.warns(UserWarning, match="fails in the reference interpreter"), \
-            pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with two bool tensors"):
+    with pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with two bool tensors"):
         f(torch.tensor([True, False, True]), torch.tensor([True, True, False]))
+
+
+MASK = torch.tensor([True, False, True])
+
+
+@pytest.mark.parametrize("fn", [lambda a: a - 0.5, lambda a: torch.rsub(a, 1), lambda a: 1 - a,
+                                lambda a: a - MASK, lambda a: a.float() - MASK],
+                         ids=["bool - number", "rsub", "number - bool", "bool - bool", "float - bool"])
+def test_a_subtraction_with_a_bool_operand_raises_eagers_error(ctx, fn):
+    """Static shapes too: the kernels computed mask - 0.5 as -0.5 and 0.5."""
+    _raises_as_eager(fn, MASK.clone())
 
 
 def test_an_error_the_interpreter_meets_first_is_raised_unchained():

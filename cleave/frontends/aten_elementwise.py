@@ -258,7 +258,19 @@ rule("max.other", "min.other")(lambda t, n, a: binary(t, "max" if "max" in str(n
                                                         a["self"], a["other"]))
 
 
-@rule("add", "sub")
+def _no_bool_operand(a, n):
+    """torch refuses a subtraction with a bool operand (`mask - 0.5`, `1 - mask`: "use the
+    ~ operator"), where its meta function and the kernels would compute one. Left to
+    torch, the call raises eager's error."""
+    def is_bool(x):
+        val = x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+        return isinstance(val, bool) or isinstance(val, torch.Tensor) and val.dtype == torch.bool
+    operands = [*n.args[:2], *(n.kwargs[k] for k in ("self", "other") if k in n.kwargs)]
+    return "torch refuses a subtraction with a bool operand" if any(map(is_bool, operands)) else None
+
+
+@rule("add")
+@rule("sub", check=_no_bool_operand)
 def _add_sub(t, node, a):
     other = a["other"]
     if node.target._schema.name.endswith("add") and node.meta["val"].dtype == torch.bool:
@@ -268,7 +280,7 @@ def _add_sub(t, node, a):
     return binary(t, node.target._schema.name.split("::")[-1], a["self"], other)
 
 
-@rule("rsub")
+@rule("rsub", check=_no_bool_operand)
 def _rsub(t, node, a):
     x = a["self"] if a.get("alpha", 1) == 1 else _scaled(t, node, a["self"], a["alpha"])
     return binary(t, "sub", a["other"], x)
