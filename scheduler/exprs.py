@@ -48,6 +48,9 @@ def _p(e, names) -> str:
     if isinstance(e, (sympy.Max, sympy.Min)):
         return functools.reduce(lambda a, b: _pick(a, b, ">" if isinstance(e, sympy.Max) else "<"),
                                 (_p(a, names) for a in e.args))
+    if isinstance(e, sympy.Abs):  # an int argument's magnitude (`x << abs(k)`), in arithmetic as _pick
+        a = _p(e.args[0], names)
+        return f"({a} * (1 - 2 * ({a} < 0)))"
     raise ValueError(f"cannot print index expression {e}")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import sympy
 import torch
 
 import cleave
@@ -111,3 +112,23 @@ def test_an_extent_that_is_a_difference_of_sizes_is_nonnegative():
             torch.testing.assert_close(compiled(q, k), _prefix_ones(q, k))
     assert not caught, [str(w.message) for w in caught]
     assert compiled.stats["failed"] == 0
+
+
+def _shifted_by_magnitude(a, k):
+    return (a * 2) << abs(k)
+
+
+def test_an_int_arguments_magnitude_compiles_and_caches(ctx):
+    """abs(k) of a dynamic int: the scheduler could not print Abs (every call ran eagerly)
+    and the operator's cache entry could not be read back ("damaged cache entry")."""
+    from cleave.ir import dims as D
+
+    k = D.dim("k_pos") - D.dim("k_neg")
+    assert D.dim(D.fmt(sympy.Abs(k))) == sympy.Abs(k)
+    compiled = torch.compile(_shifted_by_magnitude, backend="cleave", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="cleave")
+        for n, k in ((5, -3), (7, 4), (5, -3)):
+            a = torch.randint(-100, 100, (3, n), dtype=torch.int32)
+            assert torch.equal(compiled(a, k), _shifted_by_magnitude(a, k))
+    assert ctx.stats()["failed"] == 0

@@ -143,7 +143,7 @@ def fmt_shape(dims: Iterable[Dim]) -> str:
 def _identifiers(text: str) -> set[str]:
     import re
 
-    return {m for m in re.findall(r"[A-Za-z_]\w*", text) if m not in ("ceiling", "cdiv", "floor", "Max", "Min", "Mod")}
+    return {m for m in re.findall(r"[A-Za-z_]\w*", text) if m not in ("ceiling", "cdiv", "floor", "Max", "Min", "Mod", "Abs")}
 
 
 def _positive_symbols(expr: sympy.Expr) -> sympy.Expr:
