@@ -93,8 +93,7 @@ def _loader(a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K):
 
 
 @gluon.jit
-def _consumer(a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K, HAS_BIAS: gl.constexpr,
-              WG: gl.constexpr):
+def _consumer(a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K, WG: gl.constexpr):
     """Rows WG*ROWS .. of each tile: its MMAs, then bias, cast and TMA store."""
     STAGES: gl.constexpr = a_smem.type.shape[0]
     BM: gl.constexpr = a_smem.type.shape[1]
@@ -119,9 +118,8 @@ def _consumer(a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K, H
             i += 1
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1)
-        if HAS_BIAS:
-            cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
-            acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32), 0)
+        cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+        acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32), 0)
         tma.store_wait(pendings=0)  # the tile before has left `out`
         out.store(acc.to(c_smem.dtype))
         fence_async_shared()
@@ -130,17 +128,17 @@ def _consumer(a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K, H
 
 
 @gluon.jit
-def _consumer0(a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K, HAS_BIAS: gl.constexpr):
-    _consumer(a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K, HAS_BIAS, 0)
+def _consumer0(a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K):
+    _consumer(a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K, 0)
 
 
 @gluon.jit
-def _consumer1(a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K, HAS_BIAS: gl.constexpr):
-    _consumer(a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K, HAS_BIAS, 1)
+def _consumer1(a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K):
+    _consumer(a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K, 1)
 
 
 @gluon.jit
-def gemm_ws(a_desc, w_desc, c_desc, bias_ptr, M, N, K, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr):
+def gemm_ws(a_desc, w_desc, c_desc, bias_ptr, M, N, K, STAGES: gl.constexpr):
     """Launch with num_warps=4 (the first consumer) on at most one program per SM."""
     dtype: gl.constexpr = a_desc.dtype
     a_smem = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -152,7 +150,7 @@ def gemm_ws(a_desc, w_desc, c_desc, bias_ptr, M, N, K, HAS_BIAS: gl.constexpr, S
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # each consumer releases a stage
     fence_async_shared()
-    args = (a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K, HAS_BIAS)
+    args = (a_smem, w_smem, c_smem, ready, empty, c_desc, bias_ptr, M, N, K)
     gl.warp_specialize([
         (_consumer0, args),
         (_consumer1, args),
@@ -161,7 +159,8 @@ def gemm_ws(a_desc, w_desc, c_desc, bias_ptr, M, N, K, HAS_BIAS: gl.constexpr, S
 
 
 def linear(x, w, bias, out, rows: int, bn: int, bk: int, stages: int, sms: int):
-    """out = x @ w.T (+ bias) through gemm_ws; bias may be None."""
+    """out = x @ w.T (+ bias) through gemm_ws. Without a bias it adds zeros: triton 3.6
+    fails an assertion lowering a partition that takes a pointer it never reads."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     (M, K), (N, _) = x.shape, w.shape
@@ -170,8 +169,9 @@ def linear(x, w, bias, out, rows: int, bn: int, bk: int, stages: int, sms: int):
     desc = lambda t, shape: TensorDescriptor.from_tensor(t, shape, gl.NVMMASharedLayout.get_default_for(shape, gl.bfloat16))
     bm = 2 * rows
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    gemm_ws[(min(sms, tiles),)](desc(x, [bm, bk]), desc(w, [bn, bk]), desc(out, [rows, bn]),
-                                bias if bias is not None else x, M, N, K, bias is not None, stages, num_warps=4)
+    bias = bias if bias is not None else x.new_zeros(N)
+    gemm_ws[(min(sms, tiles),)](desc(x, [bm, bk]), desc(w, [bn, bk]), desc(out, [rows, bn]), bias, M, N, K, stages,
+                                num_warps=4)
     return out
 
 
@@ -229,8 +229,8 @@ def compile_sm90(variant: str) -> dict:
     bm, bn, bk = 2 * cfg["rows"], cfg["bn"], cfg["bk"]
     desc = lambda r, c: f"tensordesc<bf16[{r}, {c}],{gl.NVMMASharedLayout.get_default_for([r, c], gl.bfloat16)!r}>"
     signature = {"a_desc": desc(bm, bk), "w_desc": desc(bn, bk), "c_desc": desc(cfg["rows"], bn), "bias_ptr": "*bf16",
-                 "M": "i32", "N": "i32", "K": "i32", "HAS_BIAS": "constexpr", "STAGES": "constexpr"}
-    compiled = triton.compile(GluonASTSource(gemm_ws, signature, constexprs={"HAS_BIAS": True, "STAGES": cfg["stages"]}),
+                 "M": "i32", "N": "i32", "K": "i32", "STAGES": "constexpr"}
+    compiled = triton.compile(GluonASTSource(gemm_ws, signature, constexprs={"STAGES": cfg["stages"]}),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     with tempfile.TemporaryDirectory() as tmp:
         cubin = pathlib.Path(tmp) / "kernel.cubin"
