@@ -62,3 +62,29 @@ def test_a_concat_unifies_the_dims_it_needs_equal():
         x, past = torch.randn(2, t, 8), torch.randn(2, 2, p, 4)
         torch.testing.assert_close(f(x, past), append_kv(x, past))
     assert f.capture_error is None and f.stats["operators"] == 1, (f.capture_error, f.stats)
+
+
+def gqa_repeat_interleave(q, k, v):  # gpt-fast's GQA: k's and v's heads repeated by one group size
+    rep = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1))
+
+
+def test_heads_repeated_by_one_group_size_are_one_symbol():
+    """g·hk beside g·hv (a MatMul's contracted dims after repeat_interleave): the capture
+    failed under dynamic="all" and every call ran eagerly; the group factor is a size,
+    never 0, so hv is read as hk."""
+    from cleave.frontends.unify import unification
+    from cleave.ir import dims as D
+
+    g, hk, hv = D.symbol("g"), D.symbol("hk"), D.symbol("hv")
+    assert unification((g * hk, g * hv), {hk: 2, hv: 2, g: 3}) == ("hv", hk)
+    assert unification((g * hk, g * hv), {hk: 2, hv: 4, g: 3}) is None  # traced apart: no reading fits
+    f = cleave.compile(gqa_repeat_interleave, dynamic="all", verbose=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for b, T, L in ((2, 3, 5), (2, 5, 7), (3, 4, 9)):
+            gen = torch.Generator().manual_seed(L)
+            q, k, v = (torch.randn(b, h, n, 4, generator=gen) for h, n in ((4, T), (2, L), (2, L)))
+            torch.testing.assert_close(f(q, k, v), gqa_repeat_interleave(q, k, v))
+    assert not [w for w in caught if "eager" in str(w.message)], [str(w.message) for w in caught]
+    assert f.stats["graph_breaks"] == 0 and f.stats["operators"] >= 1, f.stats

@@ -24,7 +24,7 @@ def unification(dims, hints: dict) -> tuple[str, sympy.Expr] | None:
       size (x.reshape(n, -1) of a length s gives n rows of s // n): read as that
       expression times a new symbol, as torch guards n | s;
     - two symbols equal exactly when they are one (s and t, s + 1 and t + 1, 2s and 2t,
-      the same expression of each): the later name is read as the earlier;
+      g·s and g·t, the same expression of each): the later name is read as the earlier;
     - a linear relation with a symbol of unit coefficient (4·s beside t: t is read as
       4·s; a symbol beside a number: read as that number), or one symbol's multiple
       beside a number it divides (16·C beside 48: C is read as 3);
@@ -35,12 +35,22 @@ def unification(dims, hints: dict) -> tuple[str, sympy.Expr] | None:
       beside a Linear's 8 features): the first symbol is read as its traced size, and
       the relation left is linear.
     None when nothing agrees with the traced sizes."""
-    diff = sympy.expand(dims[0] - dims[1])
+    diff = _without_size_factors(sympy.expand(dims[0] - dims[1]))
     if not diff.free_symbols:
         return None
     # a quotient first: s = n·floor(s/n) traced at s = n is every multiple of n, not only n
     return (_quotient(dims, hints) or _one_symbol(dims, diff, hints) or _linear(diff, hints)
             or _residue(dims, hints) or _product(diff, hints))
+
+
+def _without_size_factors(diff):
+    """diff with the factors that are products of sizes taken out: sizes are positive, so
+    those are never 0 (k's and v's heads repeated by one group size: g·hk beside g·hv
+    leaves hk - hv)."""
+    coeff, rest = sympy.factor_terms(diff).as_coeff_Mul()
+    kept = [f for f in sympy.Mul.make_args(rest)
+            if not (f.is_Symbol or f.is_Pow and f.base.is_Symbol and f.exp.is_Integer and f.exp > 0)]
+    return sympy.expand(sympy.Mul(*kept)) if len(kept) < len(sympy.Mul.make_args(rest)) and kept else diff
 
 
 def _one_symbol(dims, diff, hints: dict) -> tuple[str, sympy.Expr] | None:
