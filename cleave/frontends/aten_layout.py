@@ -228,8 +228,15 @@ def _movedim(t, node, a):
     return permute(t, x, order)
 
 
+def _count(value) -> bool:
+    """An int, or a size torch traced symbolically (GQA's group q.shape[1] // k.shape[1]
+    under dynamic heads), not one read off the data."""
+    return isinstance(value, int) and not isinstance(value, bool) or \
+        isinstance(value, torch.SymInt) and value.node.hint is not None
+
+
 @rule("repeat_interleave.self_int",
-      check=lambda a, n: None if isinstance(a["repeats"], int) else "repeats must be a Python int")
+      check=lambda a, n: None if _count(a["repeats"]) else "repeats must be an int or a size, not one read off the data")
 def _repeat_interleave(t, node, a):
     x = a["self"]
     if a.get("dim") is None:
@@ -238,7 +245,8 @@ def _repeat_interleave(t, node, a):
     return repeat_interleave(t, x, a["repeats"], a["dim"] % x.rank)
 
 
-@rule("repeat", check=lambda a, n: None if all(isinstance(r, int) for r in a["repeats"]) else "repeats must be ints")
+@rule("repeat", check=lambda a, n: None if all(map(_count, a["repeats"])) else
+      "repeats must be ints or sizes, not read off the data")
 def _repeat(t, node, a):
     """Tiling: out[..., i] = x[..., i % n]; a new axis of extent r before each one."""
     reps = list(a["repeats"])
