@@ -157,3 +157,15 @@ def test_explain_names_the_users_line_and_arguments():
     assert ours and all(w.filename == __file__ for w in ours), [(w.filename, w.lineno) for w in ours]
     shapes = next(line for line in str(report).splitlines() if line.startswith("shapes: "))
     assert shapes.startswith("shapes: a (") and "=[3, 8]" in shapes, shapes
+
+
+def test_a_topk_of_a_dynamic_k_says_why_it_breaks():
+    """It said "k must be a Python int" of the user's int, which dynamo had made a symbol."""
+    f = torch.compile(lambda x, k: x.topk(k).values * 2, backend="cleave", dynamic=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in (2, 3):
+            x = torch.randn(3, 7)
+            torch.testing.assert_close(f(x, k), x.topk(k).values * 2)
+    said = [str(w.message) for w in caught if "topk" in str(w.message)]
+    assert said and all("k is a dynamic size" in m for m in said), said

@@ -481,7 +481,8 @@ def _topk_check(a, n):
     from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
     if not isinstance(a["k"], int):
-        return "k must be a Python int"
+        # the user's int, made a symbol by dynamo (dynamic=True, or changed between calls)
+        return "k is a dynamic size here; its kernel needs k fixed at compile time"
     x = a["self"]
     if x.dim() and not is_concrete_int(x.shape[a.get("dim", -1) % x.dim()]):
         return "over an axis of dynamic size (its kernel holds the whole axis in one tile)"
