@@ -186,6 +186,8 @@ class Translator:
             return self._scalar_expr(expr.args[0], dtype)
         if isinstance(expr, (FloatTrueDiv, IntTrueDiv)):  # 0.1 / n (label smoothing over a class count)
             return self.add("div", *(self._scalar_expr(a, dtype) for a in expr.args))
+        if _math_function(expr) is not None:  # math.sqrt(d) of a size: Bloom's 1 / math.sqrt(head_dim)
+            return self.add(_math_function(expr), self._scalar_expr(expr.args[0], dtype))
         raise UnsupportedOpError(self.op, self.loc, f"scalar {expr} has no IR form")
 
     def out_shape(self, fx_node) -> tuple:
@@ -206,6 +208,17 @@ def scalar_has_ir_form(expr: sympy.Expr) -> bool:
     size through math.log2 (Bloom's ALiBi slopes from the head count) is not."""
     if expr.is_number or expr.is_integer:
         return True
-    if isinstance(expr, _SCALAR_FUNCTIONS):
+    if isinstance(expr, _SCALAR_FUNCTIONS) or _math_function(expr) is not None:
         return all(scalar_has_ir_form(a) for a in expr.args)
     return False
+
+
+# Python's math functions of a size, as torch's sympy writes them (OpaqueUnaryFn_sqrt),
+# that an IR op computes: math.log2 is not (as log / ln 2 it is inexact at powers of 2)
+_MATH_FUNCTIONS = ("sqrt", "exp", "log", "cos", "sin", "tanh")
+
+
+def _math_function(expr) -> str | None:
+    name = type(expr).__name__
+    prefix = "OpaqueUnaryFn_"
+    return name[len(prefix):] if name.startswith(prefix) and name[len(prefix):] in _MATH_FUNCTIONS else None
