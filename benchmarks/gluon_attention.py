@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import subprocess
 import sys
 
 import triton
@@ -42,6 +41,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+from benchmarks.gluon_diagnostic import run_each, sm90_usage
 
 # Triton after 3.6 renamed the TMA copies (async_load / async_store); the device has 3.6.
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -456,16 +457,7 @@ def measure(variant: str, B=4, H=32, S=4096, reps: int = 5) -> None:
 
 
 def compile_sm90(variant: str, causal: bool) -> dict:
-    """One variant compiled for sm_90 without a GPU: shared memory (bytes), registers per
-    thread, local memory (spills), and whether the PTX has wgmma and register
-    reallocation (setmaxnreg: warp specialisation emitted)."""
-    import pathlib
-    import re
-    import tempfile
-
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
+    """One variant compiled for sm_90 without a GPU (gluon_diagnostic.sm90_usage)."""
     opts = VARIANTS[variant]
     layout = gl.NVMMASharedLayout.get_default_for([128, 128], gl.bfloat16)
     desc = lambda rows: f"tensordesc<bf16[{rows}, 128],{layout!r}>"
@@ -483,17 +475,7 @@ def compile_sm90(variant: str, causal: bool) -> dict:
     else:
         fn, warps = attn_fwd, 8
         signature["num_warps"], constants["num_warps"] = "constexpr", 8
-    compiled = triton.compile(GluonASTSource(fn, signature, constexprs=constants),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = pathlib.Path(tmp) / "kernel.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
-    ptx = compiled.asm["ptx"]
-    return {"shared": compiled.metadata.shared, "regs": int(re.search(r"REG:(\d+)", usage).group(1)),
-            "local": int(re.search(r"LOCAL:(\d+)", usage).group(1)), "wgmma": "wgmma.mma_async" in ptx,
-            "setmaxnreg": "setmaxnreg" in ptx}
+    return sm90_usage(fn, signature, constants, warps)
 
 
 def main(argv=None) -> int:
@@ -517,12 +499,7 @@ def main(argv=None) -> int:
         return 0
     print("| variant | mask | ms | cuDNN ms | × cuDNN | TFLOP/s | spread (ms) | rel. L2 error against fp64, small "
           "shapes; at the timed shape |\n|---|---|---|---|---|---|---|---|", flush=True)
-    for variant in args.only:
-        try:
-            subprocess.run([sys.executable, "-m", "benchmarks.gluon_attention", "--one", variant],
-                           timeout=args.seconds, check=True)
-        except (subprocess.TimeoutExpired, subprocess.CalledProcessError) as exc:
-            print(f"| {variant} | failed: {type(exc).__name__} | | | | | | |", flush=True)
+    run_each("benchmarks.gluon_attention", args.only, args.seconds, 8)
     return 0
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 
 import triton
@@ -40,6 +39,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+from benchmarks.gluon_diagnostic import run_each, sm90_usage
 
 # Triton after 3.6 renamed the TMA copies (async_load / async_store); the device has 3.6.
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -215,32 +216,13 @@ def measure(variant: str, reps: int = 5) -> None:
 
 
 def compile_sm90(variant: str) -> dict:
-    """One variant compiled for sm_90 without a GPU: shared memory (bytes), registers per
-    thread, local memory (spills), and whether the PTX has wgmma and register
-    reallocation (setmaxnreg: warp specialisation emitted)."""
-    import pathlib
-    import re
-    import tempfile
-
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
+    """One variant compiled for sm_90 without a GPU (gluon_diagnostic.sm90_usage)."""
     cfg = VARIANTS[variant]
     bm, bn, bk = 2 * cfg["rows"], cfg["bn"], cfg["bk"]
     desc = lambda r, c: f"tensordesc<bf16[{r}, {c}],{gl.NVMMASharedLayout.get_default_for([r, c], gl.bfloat16)!r}>"
     signature = {"a_desc": desc(bm, bk), "w_desc": desc(bn, bk), "c_desc": desc(cfg["rows"], bn), "bias_ptr": "*bf16",
                  "M": "i32", "N": "i32", "K": "i32", "STAGES": "constexpr"}
-    compiled = triton.compile(GluonASTSource(gemm_ws, signature, constexprs={"STAGES": cfg["stages"]}),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = pathlib.Path(tmp) / "kernel.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
-    ptx = compiled.asm["ptx"]
-    return {"shared": compiled.metadata.shared, "regs": int(re.search(r"REG:(\d+)", usage).group(1)),
-            "local": int(re.search(r"LOCAL:(\d+)", usage).group(1)), "wgmma": "wgmma.mma_async" in ptx,
-            "setmaxnreg": "setmaxnreg" in ptx}
+    return sm90_usage(gemm_ws, signature, {"STAGES": cfg["stages"]}, 4)
 
 
 def main(argv=None) -> int:
@@ -264,12 +246,7 @@ def main(argv=None) -> int:
     print("| variant | GEMM | M×N×K | Gluon ms | cuBLAS ms | × cuBLAS | Gluon TFLOP/s | cuBLAS TFLOP/s "
           "| rel. L2 error against fp64, odd shapes; at the timed shape |\n|---|---|---|---|---|---|---|---|---|",
           flush=True)
-    for variant in args.only:
-        try:
-            subprocess.run([sys.executable, "-m", "benchmarks.gluon_gemm", "--one", variant],
-                           timeout=args.seconds, check=True)
-        except (subprocess.TimeoutExpired, subprocess.CalledProcessError) as exc:
-            print(f"| {variant} | failed: {type(exc).__name__} | | | | | | | |", flush=True)
+    run_each("benchmarks.gluon_gemm", args.only, args.seconds, 9)
     return 0
 
 
