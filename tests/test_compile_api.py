@@ -487,3 +487,47 @@ def test_a_misspelt_keyword_raises_pythons_error_and_changes_nothing():
             c(x, z=x)
     torch.testing.assert_close(c(x, y=x), f(x, x))
     assert c.capture_error is None and c.stats["compiles"] + c.stats["from_cache"] == 1
+
+
+class _Scaler:
+    def __init__(self):
+        self.w = torch.randn(7, generator=torch.Generator().manual_seed(3))
+
+    @cleave.compile
+    def scale(self, x):
+        """Scale by w."""
+        return x * self.w
+
+
+def test_a_decorated_method_binds_self_and_keeps_the_functions_name():
+    """A CompiledFunction was no descriptor: `obj.scale(x)` called scale(x) without self."""
+    obj, x = _Scaler(), torch.randn(5, 7)
+    torch.testing.assert_close(obj.scale(x), x * obj.w)
+    assert _Scaler.scale.__name__ == "scale" and _Scaler.scale.__doc__ == "Scale by w."
+    assert _Scaler.scale.__wrapped__ is not None
+
+
+def _doubled_later(x):
+    yield x * 2
+
+
+async def _doubled_when_awaited(x):
+    return x * 2
+
+
+@pytest.mark.parametrize("fn", [_doubled_later, _doubled_when_awaited], ids=["generator", "coroutine"])
+def test_a_function_whose_body_runs_after_the_call_runs_eagerly_and_says_so(fn):
+    """A coroutine function was called once more by the capture, and Python warned that
+    the coroutine it made was never awaited."""
+    import asyncio
+    import gc
+
+    compiled, x = cleave.compile(fn), torch.randn(3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = asyncio.run(compiled(x)) if fn is _doubled_when_awaited else next(compiled(x))
+        gc.collect()
+    torch.testing.assert_close(out, x * 2)
+    said = [str(w.message) for w in caught]
+    assert not any("never awaited" in m for m in said), said
+    assert any("runs eagerly" in m and "after the call" in m for m in said), said

@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import threading
+import types
 import warnings
 from pathlib import Path
 
@@ -79,6 +80,15 @@ class CompiledFunction:
         # Why torch.export did not take the function whole (it then runs through dynamo's
         # graphs, its first call eagerly); None when it did, or has not been tried.
         self.capture_error: str | None = None
+        # A coroutine or generator function's body runs when awaited or iterated, not
+        # when called: nothing to capture at the call (a trace made and dropped a coroutine)
+        self._deferred = _deferred_body(fn)
+        if not isinstance(fn, torch.nn.Module):  # a function's name, docstring and __wrapped__, as functools.wraps
+            functools.update_wrapper(self, fn, updated=())
+
+    def __get__(self, obj, objtype=None):
+        """In a class body (`@cleave.compile` on a method) it binds as the function did."""
+        return self if obj is None else types.MethodType(self, obj)
 
     @property
     def stats(self) -> dict:
@@ -92,6 +102,9 @@ class CompiledFunction:
         if _dynamo_frame_hook() is not None:  # inside code torch.compile runs: none of cleave is traced
             return _with_dynamo_off(self, args, kwargs)
         self.calls += 1
+        if self._deferred is not None:
+            self._say_once(f"cleave: {self.name} runs eagerly: it is {self._deferred}, whose body runs after the call")
+            return self.fn(*args, **kwargs)
         if kwargs:
             bound = self._positional(args, kwargs)
             if bound is None:  # the call itself is wrong (a misspelt keyword): eager raises Python's error,
@@ -804,6 +817,16 @@ def _uninitialized(module: torch.nn.Module) -> bool:
     from torch.nn.modules.lazy import LazyModuleMixin
 
     return any(isinstance(m, LazyModuleMixin) and m.has_uninitialized_params() for m in module.modules())
+
+
+def _deferred_body(fn) -> str | None:
+    """What kind of function fn is, where its body does not run at the call."""
+    for test, kind in ((inspect.iscoroutinefunction, "a coroutine function"),
+                       (inspect.isasyncgenfunction, "an async generator function"),
+                       (inspect.isgeneratorfunction, "a generator function")):
+        if test(fn):
+            return kind
+    return None
 
 
 def _needs_grad(fn, tensors) -> bool:
