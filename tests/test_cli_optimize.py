@@ -52,6 +52,16 @@ def test_a_graph_file_without_shapes_is_a_clear_error(tmp_path, capsys):
     assert "no value for n, t" in capsys.readouterr().err
 
 
+def test_a_preset_of_a_graph_file_is_refused_naming_why(tmp_path, capsys):
+    """It was ignored, and the error named the missing sizes only."""
+    from cleave import workloads
+
+    path = tmp_path / "g.cir"
+    path.write_text(workloads.get("layernorm").graph.text())
+    assert main(["optimize", str(path), "--preset", "s4096", "--quiet"]) == 2
+    assert "--preset s4096" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # the same path as gqa_decode above, at the default --top-k
 @pytest.mark.parametrize("name", ["mqa_decode", "mla_decode"])
 def test_optimize_schedules_the_other_decode_workloads(name, capsys):

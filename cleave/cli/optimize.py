@@ -64,6 +64,9 @@ def _shapes(args, graph) -> dict[str, int] | None:
         if name not in presets:
             raise CleaveError(f"workload {args.target!r} has no preset {name!r}; presets: {', '.join(presets)}")
         shapes.update(presets[name])
+    elif args.preset:  # it would be ignored, and the missing sizes named without a word on why
+        raise CleaveError(f"--preset {args.preset}: {args.target} is a graph file, not a workload; its presets are "
+                          f"not read from it: give its sizes with --shape SYM=N")
     shapes.update(args.shape)
     missing = [s.name for s in graph.symbols() if s.name not in shapes and not s.name.startswith("s_")]
     if missing:
