@@ -234,6 +234,10 @@ def gathered_at_argmin(x, y):
     return y.gather(1, x.argmin(1, keepdim=True))
 
 
+def at_own_argmax(x):  # the indices' range reaches the axis they index: a bound that never holds
+    return x.gather(1, x.argmax(1, keepdim=True)) * 2
+
+
 def shifted_positions(x, table):
     return x + table[torch.arange(x.shape[0]) + 2]
 
@@ -242,6 +246,7 @@ def shifted_positions(x, table):
     (next_token_embedding, [(3, 11), (11, 5)]),
     (gathered_at_argmin, [(3, 7), (3, 9)]),
     (shifted_positions, [(3, 5), (9, 5)]),
+    (at_own_argmax, [(3, 7)]),
 ])
 def test_indices_computed_from_sizes_stay_in_range_in_the_check(fn, shapes):
     args = [_randn(*s, seed=20 + i) for i, s in enumerate(shapes)]

@@ -186,8 +186,8 @@ class Translator:
             return self._scalar_expr(expr.args[0], dtype)
         if isinstance(expr, (FloatTrueDiv, IntTrueDiv)):  # 0.1 / n (label smoothing over a class count)
             return self.add("div", *(self._scalar_expr(a, dtype) for a in expr.args))
-        if _math_function(expr) is not None:  # math.sqrt(d) of a size: Bloom's 1 / math.sqrt(head_dim)
-            return self.add(_math_function(expr), self._scalar_expr(expr.args[0], dtype))
+        if (function := _math_function(expr)) is not None:  # math.sqrt(d) of a size: Bloom's 1 / math.sqrt(head_dim)
+            return self.add(function, self._scalar_expr(expr.args[0], dtype))
         raise UnsupportedOpError(self.op, self.loc, f"scalar {expr} has no IR form")
 
     def out_shape(self, fx_node) -> tuple:

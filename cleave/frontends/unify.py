@@ -47,7 +47,7 @@ def _without_size_factors(diff):
     """diff with the factors that are products of sizes taken out: sizes are positive, so
     those are never 0 (k's and v's heads repeated by one group size: g·hk beside g·hv
     leaves hk - hv)."""
-    coeff, rest = sympy.factor_terms(diff).as_coeff_Mul()
+    _, rest = sympy.factor_terms(diff).as_coeff_Mul()
     kept = [f for f in sympy.Mul.make_args(rest)
             if not (f.is_Symbol or f.is_Pow and f.base.is_Symbol and f.exp.is_Integer and f.exp > 0)]
     return sympy.expand(sympy.Mul(*kept)) if len(kept) < len(sympy.Mul.make_args(rest)) and kept else diff

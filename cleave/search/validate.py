@@ -46,7 +46,7 @@ def small_binding(naive: Graph, cand: Graph, shapes: dict | None = None) -> dict
         env = {s: (shapes or {}).get(s, SMALL[i % len(SMALL)] * scale) for i, s in enumerate(plain)}
         _meet_divisions(naive.constraints + cand.constraints, env, free)
         bounds = index_bounds(naive, env)
-        _meet_bounds(naive.constraints + cand.constraints + bounds, env, free)
+        _meet_bounds(naive.constraints + cand.constraints + bounds + size_index_bounds(naive), env, free)
         for s in syms:
             if s.startswith("s_"):
                 env[s] = _ragged_count(_extent_of(cand, s, env))
@@ -168,19 +168,12 @@ def index_bounds(g: Graph, env: dict) -> list[Constraint]:
     `torch.gather(x, 1, tensor([[9]]))`) bounds the axis it reads from below: the
     check's small binding must keep those indices in range, as the program's own
     sizes do. The indices are evaluated at `env` (they may take its shapes)."""
-    out, ranges = [], {}
+    out = []
     for n in g.live_nodes():
         if n.op not in ("gather", "take"):
             continue
         below = _ancestors(n.inputs[1])
         if any(x.op == "input" for x in below.values()):
-            span = _value_range(n.inputs[1], ranges)
-            if span is not None:  # indices an argmax or an iota computes from the inputs' sizes
-                low, high = span
-                extent = n.inputs[0].shape[n.attrs["axis"]]
-                out.append(Constraint("le", sympy.Max(high + 1, -low), extent,
-                                      f"{n.op} %{n.id}: indices {D.fmt(low)}..{D.fmt(high)} along its operand's dim "
-                                      f"{n.attrs['axis']}"))
             continue
         try:
             index = _value(n.inputs[1], below, env)
@@ -190,6 +183,27 @@ def index_bounds(g: Graph, env: dict) -> list[Constraint]:
             low, high, axis = int(index.min()), int(index.max()), n.attrs["axis"]
             out.append(Constraint("le", D.dim(max(high + 1, -low)), n.inputs[0].shape[axis],
                                   f"{n.op} %{n.id}: constant indices {low}..{high} along its operand's dim {axis}"))
+    return out
+
+
+def size_index_bounds(g: Graph) -> list[Constraint]:
+    """Each gather or take whose indices follow from sizes (`emb[logits.argmax(-1)]`: 0 up
+    to the vocab) bounds the axis it reads from below, where that axis is another size.
+    A bound to meet where the binding can, not to require: the range is not tight (an
+    argmax's reaches its axis' extent, which only an empty axis gives), and over the
+    axis the indices came from (`x.gather(1, x.argmax(1, keepdim=True))`) it never holds."""
+    out, ranges = [], {}
+    for n in g.live_nodes():
+        if n.op not in ("gather", "take"):
+            continue
+        span = _value_range(n.inputs[1], ranges)
+        extent = n.inputs[0].shape[n.attrs["axis"]]
+        if span is None or D.dim(extent).free_symbols & (span[0].free_symbols | span[1].free_symbols):
+            continue
+        low, high = span
+        out.append(Constraint("le", sympy.Max(high + 1, -low), extent,
+                              f"{n.op} %{n.id}: indices {D.fmt(low)}..{D.fmt(high)} along its operand's dim "
+                              f"{n.attrs['axis']}"))
     return out
 
 
@@ -208,10 +222,10 @@ def _value_range(node: Node, memo: dict) -> tuple | None:
     if not node.dtype.is_float:
         if op == "iota":
             spans = (sympy.Integer(0), D.dim(node.attrs["shape"][node.attrs["axis"]]) - 1)
-        elif op in ("const", "size"):
-            v = D.dim(node.attrs["value"]) if op == "size" else node.attrs["value"]
-            spans = (v, v) if op == "size" or float(v).is_integer() else None
-            spans = spans and tuple(map(sympy.sympify, spans))
+        elif op == "size":
+            spans = (D.dim(node.attrs["value"]),) * 2
+        elif op == "const" and float(node.attrs["value"]).is_integer():
+            spans = (sympy.Integer(int(node.attrs["value"])),) * 2
         elif op == "slice" and ins[0].op == "iota" and node.attrs["axis"] == ins[0].attrs["axis"] \
                 and node.attrs["step"] == 1 and D.dim(node.attrs["start"]).is_number:
             # the iota's own slice: start .. stop - 1 of it
