@@ -452,6 +452,11 @@ def _translate(ep, comparisons, params, named, auto: bool, graph_name: str, read
         if spec.kind == InputKind.CONSTANT_TENSOR:
             t.set(node, constant_node(t, ep.constants[spec.target], node, constants, set(params), outside))
             continue
+        if not isinstance(val, torch.Tensor):  # an object the trace lifted (a torch.Generator the code makes)
+            use = next(iter(node.users), None)
+            kind = getattr(val, "class_fqn", None) or type(val).__name__
+            raise UnsupportedOpError(str(getattr(use, "target", node.name)), source_of(use),
+                                     f"it takes a {kind} object the function makes, which a graph cannot carry")
         input_name = user_names.get(node.name)
         if input_name is None:  # a module's parameter or buffer, named by its state_dict key
             key = str(spec.target).removeprefix("fn.")
