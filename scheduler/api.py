@@ -323,10 +323,11 @@ def schedule(candidate: Candidate | Graph, shapes: dict[str, int], dynamic=(), t
 
 def _hold_reductions_nonempty(plans: list[Plan], graph: Graph) -> None:
     """A rewritten candidate's plans serve non-empty reductions only: its rules hold
-    there (a max over nothing is -inf, and sigmoid(-inf) = 0 is no sigmoid's max); the
-    graph as written serves an empty one (the runtime schedules it for such a call)."""
-    extents = sorted(graph.summed_symbols(), key=lambda s: s.name)
-    why = "a rewritten candidate's reductions (schedule the graph as written for an empty one)"
+    there (a max over nothing is -inf, and sigmoid(-inf) = 0 is no sigmoid's max), and
+    sizes divided by that are not 0; the graph as written serves an empty one (the
+    runtime schedules it for such a call)."""
+    extents = sorted(graph.nonempty_symbols(), key=lambda s: s.name)
+    why = "a rewritten candidate's reductions and sizes (schedule the graph as written for an empty one)"
     for plan in plans:
         plan.requires += [(f"1 <= {s.name}", why) for s in extents if s.name not in plan.split]
 

@@ -208,6 +208,21 @@ def test_a_rewritten_scale_over_an_axis_empty_at_run_time_is_eagers(fn):
     assert f.stats["graph_breaks"] == 0 and f.stats["failed"] == 0, f.stats
 
 
+def test_a_size_divided_by_that_is_zero_at_run_time_is_eagers():
+    """`(y / x.shape[0]).sum(-1)`: sum-pull-div takes the size as non-zero, but x's axis
+    is reduced by nothing, so at x.shape[0] = 0 the rewrite served sum(y) / 0 = inf
+    where eager's sum of [0/0, 1/0] is NaN."""
+    def share(x, y):
+        return (y / x.shape[0]).sum(-1)
+
+    f = cleave.compile(share, dynamic="all", verbose=False)
+    y = torch.tensor([[0.0, 1.0], [1.0, 2.0]])
+    for n in (3, 0, 4, 0):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(f(x, y), share(x, y), equal_nan=True)
+    assert f.stats["graph_breaks"] == 0 and f.stats["failed"] == 0, f.stats
+
+
 def test_cat_of_only_legacy_empty_vectors_and_cummax_of_no_rows():
     """torch skips a (0,) operand of cat; with every operand such, the rule indexed an
     empty list (IndexError), and cummax of an int64 tensor with no rows made the

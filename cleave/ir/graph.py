@@ -320,6 +320,14 @@ class Graph:
         return self.reduced_symbols() | {s for n in self.live_nodes() if n.op == "matmul"
                                          for s in n.inputs[0].shape[-1].free_symbols}
 
+    def nonempty_symbols(self) -> set[sympy.Symbol]:
+        """summed_symbols and those of the sizes the graph reads as values (`y /
+        x.shape[0]`): the symbols rewrites take as non-zero (search/finite.py), so that
+        a rewritten candidate serves where each is at least 1 and the graph as written
+        where one is 0."""
+        return self.summed_symbols() | {s for n in self.live_nodes() if n.op == "size"
+                                        for s in sympy.sympify(n.attrs["value"]).free_symbols}
+
     def text(self) -> str:
         from .text import print_graph
 

@@ -102,7 +102,7 @@ class CompiledOperator:
         # What keys a binding: the symbols the values read, and those only a constraint reads
         # (the int argument of `max(k, 0)` traced at k < 0: the graph holds for k <= 0 only)
         self._read = {s.name for s in graph.symbols()} | {s.name for c in graph.constraints for s in c.free_symbols}
-        self._reduced = {s.name for s in graph.summed_symbols()}  # what a reduction or MatMul sums over
+        self._nonempty = {s.name for s in graph.nonempty_symbols()}  # what a rewritten candidate needs non-zero
         self.dynamic = set(dynamic) & self._read
         self.device = torch.device(device)
         self.top_k = top_k
@@ -176,10 +176,11 @@ class CompiledOperator:
             spec = self._spec(static, env)
             if not _fitting(spec.plans, env):  # a split leaves a chunk empty here (every chunk, at n = 0)
                 spec = self._spec(static, env, as_written=True)
-            elif spec.candidate.derivation and any(env.get(s) == 0 for s in self._reduced):
+            elif spec.candidate.derivation and any(env.get(s) == 0 for s in self._nonempty):
                 # An axis the graph reduces over is empty: a rewrite that moves a row's scale
                 # out of the reduction (rowscale-after-matmul, sum-pull-factor) turns eager's
-                # NaN times an empty row (then summed: 0) into NaN; the graph as written is eager's.
+                # NaN times an empty row (then summed: 0) into NaN; or a size divided by is 0
+                # (sum-pull-div: eager's sum(y / 0) NaN, sum(y) / 0 inf). The graph as written is eager's.
                 spec = self._spec(static, env, as_written=True)
             plan = self._choose(spec, env, inputs)
         except (CompileFailure, BindingError, NotReadyDuringCapture):
