@@ -348,3 +348,26 @@ def test_max_and_min_print_as_the_integers_they_are():
             env = {"n": nv, "m": 3}
             want = int(e.subs({n: nv, m: 3}))
             assert evaluate(code(e), env) == want and value(e, env) == want, (e, nv)
+
+
+def last_half(x):
+    return x[-(x.shape[0] // 2):] * 2
+
+
+def test_a_guard_from_the_end_reads_back_and_binds_every_candidate():
+    """`x[-(n // 2):]` holds for n >= 2 only (at n = 1, x[-0:] is every row): torch
+    guards it as `-floor(n/2) <= -1`. Its text form did not read back (a negative dim),
+    so a plan of the graph failed to launch at any n, and the search's candidates,
+    rebuilt from the e-graph without the graph's constraints, served n = 1 with no rows."""
+    from cleave.runtime.launch import launch
+
+    g = cleave.capture(last_half, torch.randn(6, 3), dynamic={"x": {0: "n"}})
+    assert cleave.parse_graph(g.text()).text() == g.text()
+    x = torch.randn(7, 3)
+    (got,) = launch(cleave.schedule(g, {"n": 6}, dynamic={"n"})[0], {"x": x})
+    torch.testing.assert_close(got, last_half(x))
+    best = cleave.search(g, progress=False).best
+    assert {str(c) for c in g.constraints} <= {str(c) for c in best.graph.constraints}
+    plan = cleave.schedule(best, {"n": 6}, dynamic={"n"})[0]
+    with pytest.raises(BindingError, match="fails for n=1"):
+        launch(plan, {"x": torch.randn(1, 3)})

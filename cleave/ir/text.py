@@ -101,6 +101,13 @@ def _parse_dim(text: str):
     return d
 
 
+def _constraint_side(text: str):
+    """A side of a `require`: an expression of dims that may be negative (torch's guard
+    of a slice from the end, `-floor(n/2) <= -1`), which a dim may not."""
+    text = text.strip()
+    return -D.dim(text[1:]) if re.fullmatch(r"-\s*\d+", text) else D.dim(text)
+
+
 def _parse_value(kind: str, text: str):
     if kind == "shape":
         inner = text.strip()[1:-1].strip()
@@ -183,7 +190,10 @@ def _parse_line(graph, nodes: dict, line: str, lineno: int) -> None:
         from .graph import Constraint
 
         lhs, sign, rhs, origin = req.groups()
-        c = Constraint(_KINDS[sign], D.dim(lhs), D.dim(rhs), json.loads(origin))
+        try:
+            c = Constraint(_KINDS[sign], _constraint_side(lhs), _constraint_side(rhs), json.loads(origin))
+        except (ValueError, CleaveError) as err:
+            raise ParseError(f"line {lineno}: bad require {line!r}: {err}") from None
         # one the nodes' own checks added again: the printed origin names the printed node
         graph.constraints = [o for o in graph.constraints if (o.kind, o.lhs, o.rhs) != (c.kind, c.lhs, c.rhs)]
         graph._constrain(c)

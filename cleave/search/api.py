@@ -77,6 +77,7 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
     candidates = [to_candidate(r, rules, enc.outputs, index) for r in distinct(found, top_k)]
     for c in candidates:
         c.graph.name = graph.name
+        _keep_constraints(graph, c.graph)
         for origin, constraint in _nonempty_constraints(c.graph, rules, c.derivation):
             c.graph._constrain(constraint)
     ranked = candidates
@@ -400,6 +401,17 @@ def _resolved_rules(rules) -> list:
         raise TypeError(f"search: rules mixes Rule objects and rule file paths ({paths[0]!r}); give one kind "
                         f"(cleave.rules.load_file(path) reads a file's rules)")
     return rules
+
+
+def _keep_constraints(graph: Graph, candidate: Graph) -> None:
+    """The input graph's own constraints (torch's range guards, size decisions, a graph
+    file's `require` lines) hold for its candidates too: a candidate is rebuilt from the
+    e-graph, whose nodes carry none of them, and its plans served bindings the graph
+    refuses (`x[-(n // 2):]` at n = 1)."""
+    symbols = set(candidate.symbols())
+    for c in graph.constraints:
+        if c.free_symbols <= symbols:
+            candidate._constrain(c)
 
 
 def _nonempty_constraints(g: Graph, rules, derivation):
