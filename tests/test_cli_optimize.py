@@ -43,6 +43,28 @@ def test_emit_writes_kernels_that_run(tmp_path, capsys):
     assert error < 1e-2
 
 
+def test_emitted_runner_checks_integer_outputs_against_the_input_graph(tmp_path, capsys, monkeypatch):
+    """run.py printed "relative error 0" for every integer output (the router's topk
+    indices), whatever the kernels returned; it now counts their wrong elements, against
+    the graph as written (graph.cir) rather than the candidate the plan was made from."""
+    import runpy
+
+    import cleave.runtime.launch as launching
+
+    out = tmp_path / "kernels"
+    assert main(["optimize", "moe_routing", "--quiet", "--top-k", "1", "--shape", "t=9", "--emit", str(out)]) == 0
+    capsys.readouterr()
+    runpy.run_path(str(out / "run.py"), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert any(" 0 of " in line and "elements differ" in line for line in lines), lines
+    real = launching.launch
+    monkeypatch.setattr(launching, "launch", lambda *a, **k: [o if o.is_floating_point() else o + 1
+                                                                for o in real(*a, **k)])
+    runpy.run_path(str(out / "run.py"), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert not any(" 0 of " in line for line in lines) and any("elements differ" in line for line in lines), lines
+
+
 def test_a_graph_file_without_shapes_is_a_clear_error(tmp_path, capsys):
     from cleave import workloads
 
