@@ -84,10 +84,23 @@ def test_an_extraction_out_of_time_keeps_the_input_graph_and_says_so():
     env = C.representative(g, enc.reducible | g.reduced_symbols())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        found = explore(enc, classes, roots, env, seconds=0)
+        found, stop = explore(enc, classes, roots, env, seconds=0)
     (message,) = _budget_warnings(caught)
     assert "time budget ended the extraction" in message and "the input graph among them" in message
     assert g.key() in {r.final().graph.key() for r in found}
+    assert stop == "the time budget ended the extraction early"
+
+
+def test_an_extraction_cut_by_the_time_budget_is_in_the_stats(monkeypatch):
+    """stats["stopped"] (and `cleave optimize --json`'s) said None where the time budget
+    ended the extraction, though a BudgetWarning said it had."""
+    import cleave.search.api as api
+
+    monkeypatch.setattr(api, "explore", lambda *a, **k: explore(*a, **{**k, "seconds": 0}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BudgetWarning)
+        res = search(W.get("gqa_decode").graph, top_k=3, progress=False)
+    assert "the time budget ended the extraction early" in res.stats["stopped"]
 
 
 def test_a_budget_hit_in_saturation_alone_warns_once():

@@ -72,7 +72,8 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
     # short, the two-pass softmax would look as cheap as the fused one.
     env = C.representative(graph, enc.reducible | graph.reduced_symbols(), shapes)
     left = max(1.0, budgets.seconds - (time.perf_counter() - start))
-    found = explore(enc, classes, roots, env, seconds=left, saturation_stop=sat.stop_note)
+    found, extraction_stop = explore(enc, classes, roots, env, seconds=left, saturation_stop=sat.stop_note)
+    stopped = "; ".join(s for s in (sat.stopped, extraction_stop) if s) or None
     index = Index(classes)
     candidates = [to_candidate(r, rules, enc.outputs, index) for r in distinct(found, top_k)]
     for c in candidates:
@@ -86,11 +87,11 @@ def search(graph: Graph, top_k: int = 5, rules=None, iterations: int | None = No
                               decoded=enc.decode(enc.outputs)[0])
     kept = set(map(id, candidates))
     rejected = {name for c in ranked if id(c) not in kept for name in c.derivation}
-    _warn_unused_own_rules(graph, rules, library, sat.fired, candidates, rejected, sat.stopped)
+    _warn_unused_own_rules(graph, rules, library, sat.fired, candidates, rejected, stopped)
     stats = {"seconds": round(time.perf_counter() - start, 3), "rule_check_seconds": round(verify_seconds, 3),
              "saturation_seconds": round(sat.seconds, 3),
              "enodes": sat.enodes, "eclasses": len(classes), "iterations": sat.iterations,
-             "rules_fired": dict(sorted(sat.fired.items())), "visited": len(found), "stopped": sat.stopped}
+             "rules_fired": dict(sorted(sat.fired.items())), "visited": len(found), "stopped": stopped}
     return SearchResult(candidates, stats)
 
 

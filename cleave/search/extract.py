@@ -296,8 +296,9 @@ class Clock:
 
 
 def explore(enc: Encoded, classes, roots, env, exhaustive: int = 2000, beam: int = 16,
-            seconds: float = 20.0, saturation_stop: str | None = None) -> list[Realized]:
-    """Candidates ranked at `env`, cheapest first (distinct DAGs; `distinct` dedupes graphs).
+            seconds: float = 20.0, saturation_stop: str | None = None) -> tuple[list[Realized], str | None]:
+    """Candidates ranked at `env`, cheapest first (distinct DAGs; `distinct` dedupes graphs),
+    and the budget the extraction stopped at (None where it finished).
 
     When the e-graph holds at most `exhaustive` acyclic extractions (every suite workload
     but the largest), all are ranked: the best is the optimum of the cost, however many
@@ -337,8 +338,9 @@ def explore(enc: Encoded, classes, roots, env, exhaustive: int = 2000, beam: int
     found = ex.ranked()
     if not found:
         raise CleaveError(f"search of {enc.graph.name}: no candidate could be extracted")
-    _warn_budgets(enc.graph.name, saturation_stop, clock, len(found))
-    return found
+    stop = EXTRACTION_CUT if clock.cut else None
+    _warn_budgets(enc.graph.name, saturation_stop, stop, len(found))
+    return found, stop
 
 
 def _naive_choice(classes, roots, enc: Encoded) -> dict:
@@ -355,11 +357,14 @@ def _naive_choice(classes, roots, enc: Encoded) -> dict:
     return {c: choice[c] for c in _used(roots, choice)}
 
 
-def _warn_budgets(name: str, saturation_stop: str | None, clock: Clock, ranked: int) -> None:
+EXTRACTION_CUT = "the time budget ended the extraction early"
+
+
+def _warn_budgets(name: str, saturation_stop: str | None, extraction_stop: str | None, ranked: int) -> None:
     """One warning for every budget the search stopped at: saturation's, then extraction's."""
-    stops = [s for s in (saturation_stop, clock.cut and "the time budget ended the extraction early") if s]
+    stops = [s for s in (saturation_stop, extraction_stop) if s]
     if stops:
-        kept = f"the best of {ranked} extractions ranked" + (", the input graph among them" if clock.cut else "")
+        kept = f"the best of {ranked} extractions ranked" + (", the input graph among them" if extraction_stop else "")
         warnings.warn(BudgetWarning(f"search of {name}: {'; '.join(stops)}; returning {kept}"), stacklevel=4)
 
 
