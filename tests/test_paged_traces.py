@@ -163,3 +163,15 @@ def test_a_program_export_cannot_take_whole_says_why():
         got = compiled(x)
     torch.testing.assert_close(got, branches(x))
     assert compiled.capture_error, compiled.capture_error
+
+
+def test_const_axes_of_a_flashinfer_definition_pass_the_clis_check(tmp_path):
+    """`cleave trace replay --const num_qo_heads=6,num_kv_heads=2,head_dim=16` (the way to
+    replay these at small heads on a CPU) was refused for every FlashInfer definition:
+    the check bound the program's graph, which holds the heads at 32 and 8."""
+    from cleave.cli.trace import _check_const
+
+    simulate_paged.write(tmp_path, seed=1, **TINY)
+    for name in ("gqa_paged_decode_h32_kv8_d128_ps1", "gqa_ragged_prefill_causal_h32_kv4_d128"):
+        _check_const(str(tmp_path / "workloads" / f"{name}.jsonl"),
+                     {"num_qo_heads": 6, "num_kv_heads": 2, "head_dim": 16})

@@ -79,7 +79,9 @@ def _check_const(trace: str, const: dict[str, int]) -> None:
     """A --const the workload's program cannot take (q heads not a multiple of kv heads)
     as one line naming the const axes, not a traceback from deep inside its reference.
     The program's graph binds the input shapes of the trace's first step: where that
-    holds at the definition's const axes and not at these, the combination is wrong.
+    holds at the definition's const axes and not at these, the combination is wrong. A
+    graph that fixes an overridden axis to the definition's value (the FlashInfer
+    definitions' heads and head dim) cannot judge it.
     Anything else (an unknown axis, a trace cleave cannot read) is left to replay and
     build, which say so themselves."""
     from .. import workloads
@@ -99,6 +101,10 @@ def _check_const(trace: str, const: dict[str, int]) -> None:
         graph.bind({name: tuple(values[a] for a in spec["shape"] or [])
                     for name, spec in definition["inputs"].items()})
 
+    fixed = {a for name, spec in definition["inputs"].items()
+             for a, d in zip(spec["shape"] or [], graph.inputs[name].shape) if a in const and d.is_number}
+    if fixed:  # the program's graph holds these at the definition's values: replay captures it afresh
+        return
     given = axis_values(definition, dict(lines[0]["workload"]["axes"]))
     try:
         bind(given)
