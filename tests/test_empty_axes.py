@@ -264,3 +264,18 @@ def test_a_rewritten_candidates_plans_refuse_an_empty_reduction(tmp_path):
         launch(plan, {"x": torch.randn(2, 0)})
     as_written = cleave.schedule(g, {"m": 2, "n": 3}, dynamic={"m", "n"})[0]
     assert torch.equal(launch(as_written, {"x": torch.randn(2, 0)})[0], torch.full((2,), -float("inf")))
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.einsum("ij,kj->ik", x, x),
+                                lambda x: (x.reshape(x.shape[0], 7, 1).transpose(1, 2) @ x.reshape(-1, 7, 1)).sum(0)])
+def test_values_of_no_elements_through_reshapes_compile(fn):
+    """einsum's bmm of a static (0, 7) x through the backend reshapes [0, 7, 1] into
+    [1, 0, 7], which maps no tile labels: "no tiling fits", and the frame ran eagerly
+    with the scheduler's internal error as its warning."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="cleave", dynamic=False)
+    x = torch.randn(0, 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compiled(x)
+    torch.testing.assert_close(got, fn(x))

@@ -22,6 +22,7 @@ from . import aten_map
 from .aten_layout import storage_dependent
 from .aten_scatter import WRITTEN_BACK
 from .errors import CaptureError, Unify, UnsupportedOpError, source_of
+from .empty_values import fold_empty_values
 from .layout_sink import sink_layouts
 from .narrowing import aten_refusal
 from .output_layout import eager_order, kernels_lay_out
@@ -478,8 +479,15 @@ def _translate(ep, comparisons, params, named, auto: bool, graph_name: str, read
     for fact in symbols.facts:
         graph._constrain(fact)
     reads_storage = any(storage_dependent(n) for n in ep.graph.nodes)
-    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), state, writes, views,
-                    constants=constants, reads_storage=reads_storage, output_orders=orders)
+    return Captured(tidied(graph), state, writes, views, constants=constants, reads_storage=reads_storage,
+                    output_orders=orders)
+
+
+def tidied(graph: Graph) -> Graph:
+    """A translated graph in the form the search and the scheduler read, as both
+    frontends leave it: live nodes only, values of no elements constant, masks as one
+    compare, repeated operands regrouped, layouts sunk to the outputs."""
+    return sink_layouts(regroup_repeated_operands(simplify_masks(fold_empty_values(rebuild(graph)))))
 
 
 def _mark_written_back(ep) -> None:

@@ -18,16 +18,13 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..ir import Graph, rebuild
+from ..ir import Graph
 from ..ir import dims as D
 from ..ir.graph import fresh_name
 from . import aten_map
-from .capture import Captured, constant_node
+from .capture import Captured, constant_node, tidied
 from .errors import Unify, UnsupportedOpError, source_of
-from .masks import simplify_masks
 from .output_layout import eager_order
-from .layout_sink import sink_layouts
-from .regroup import regroup_repeated_operands
 from .symbols import SymbolMap
 from .translate import Translator, ir_dtype
 from .unify import resolved
@@ -121,8 +118,7 @@ def _translate(gm, name: str, placeholders, reads: dict) -> Captured:
     for fact in symbols.facts:
         graph._constrain(fact)
     size_inputs = _size_inputs(graph, placeholders, t, signed)
-    return Captured(sink_layouts(regroup_repeated_operands(simplify_masks(rebuild(graph)))), constants=constants,
-                    size_inputs=size_inputs, output_orders=orders)
+    return Captured(tidied(graph), constants=constants, size_inputs=size_inputs, output_orders=orders)
 
 
 def _name_opaque_sizes(placeholders, symbols: SymbolMap) -> None:
