@@ -157,3 +157,18 @@ def test_a_view_of_an_empty_result_compiles(path):
             x = torch.randn(n, k, 0)
             got, want = f(x), transposed_row_max(x)
             assert got.shape == want.shape and got.dtype == want.dtype
+
+
+def test_an_overlapping_input_of_equal_strides_gives_eagers_layout_at_each_shape():
+    """x.as_strided((a, b), (1, 1)): eager lays out sin(x) by which axis is longer, and a
+    capture under dynamic="all" keyed only by the stride order served (9, 3) with the
+    (5, 7) call's column-major layout (so `out.view(-1)` raised where eager's works)."""
+    def f(x):
+        return torch.sin(x) * 2
+
+    compiled = cleave.compile(f, dynamic="all", verbose=False)
+    for a, b in [(5, 7), (9, 3), (5, 7)]:
+        x = torch.randn(a + b + 5).as_strided((a, b), (1, 1))
+        got, want = compiled(x), f(x)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride(), (a, b)

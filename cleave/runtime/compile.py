@@ -769,7 +769,8 @@ def _layout(t: torch.Tensor, dynamic: dict) -> tuple:
     channels-last) and its axes in stride order, each with its stride unless that is the
     extent of the axes inside it (which changes with their sizes, in a contiguous or a
     transposed tensor). And whether it starts its storage: an offset's value is not kept
-    (a slice per step of a loop would capture at every step)."""
+    (a slice per step of a loop would capture at every step). Axes that share a non-zero
+    stride key by which is longer, as eager lays out its results by that."""
     strides, start = t.stride(), t.storage_offset() == 0
     if not dynamic:
         return strides, start
@@ -780,7 +781,9 @@ def _layout(t: torch.Tensor, dynamic: dict) -> tuple:
         if strides[i]:  # an expanded axis (stride 0) takes no room
             inner = strides[i] * max(t.shape[i], 1)
     channels_last = t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
-    return t.is_contiguous(), channels_last, tuple(order), tuple(own), start
+    # axes of one non-zero stride (an overlapping view): eager orders its result's by their sizes
+    ties = tuple(t.shape[i] < t.shape[j] for i, j in zip(order, order[1:]) if strides[i] == strides[j] != 0)
+    return t.is_contiguous(), channels_last, tuple(order), tuple(own), start, ties
 
 
 # -- autocast ----------------------------------------------------------------
