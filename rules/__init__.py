@@ -77,7 +77,7 @@ def load_file(path) -> list[Rule]:
         raise RuleError("a rule file path is empty")
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark some editors write is no text
     except UnicodeDecodeError as err:
         raise RuleError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     except IsADirectoryError:

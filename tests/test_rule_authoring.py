@@ -74,6 +74,18 @@ def test_a_new_family_runs_in_the_phase_it_declares(tmp_path):
     assert any("colscale-after-matmul" in c.derivation for c in result.candidates)
 
 
+def test_files_an_editor_wrote_with_a_byte_order_mark_read_as_their_text(tmp_path, capsys):
+    """A rule file (or a graph file) starting with U+FEFF failed "got '\\ufefffamily ...'"."""
+    text = QUANT_RULES.read_text()
+    assert [r.name for r in R.load_file(_write(tmp_path, "bom.rules", "\ufeff" + text))] == \
+        [r.name for r in R.load_file(_write(tmp_path, "plain.rules", text))]
+    graph = tmp_path / "bom.graph"
+    graph.write_text("\ufeff" + SCALED_MATMUL.read_text())
+    assert main(["optimize", str(graph), "--no-schedule", "--quiet"]) == 0
+    assert main(["optimize", str(tmp_path), "--quiet"]) == 2
+    assert "a directory, not a graph file" in capsys.readouterr().err
+
+
 # -- cleave optimize --rules --------------------------------------------------
 def _optimize(*args) -> list[str]:
     return ["optimize", str(SCALED_MATMUL), "--shape", "s=16", "--shape", "k=64", "--shape", "n=64", "--quiet",

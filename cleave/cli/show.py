@@ -31,9 +31,11 @@ def load_graph(target: str):
     from .. import workloads
     from ..ir import CleaveError, parse_graph
 
+    if os.path.isdir(target):
+        raise CleaveError(f"{target}: a directory, not a graph file or a workload name")
     if os.path.exists(target):
         try:
-            with open(target) as f:
+            with open(target, encoding="utf-8-sig") as f:
                 return parse_graph(f.read())
         except ValueError as err:  # not UTF-8 text, or not a graph's text form (ParseError)
             raise CleaveError(f"{target}: {err}") from err
