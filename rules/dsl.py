@@ -362,7 +362,9 @@ def _expr(text: str, where: str):
     try:
         return ast.parse(text.strip(), mode="eval").body
     except SyntaxError as err:
-        raise RuleError(f"{where}: cannot parse {text.strip()!r}: {err.msg}") from None
+        hint = ("; a rule's conditions go on a line of their own below it ('  if flat(c, -1)')"
+                if re.search(r"\sif\s", f" {text} ") else "")
+        raise RuleError(f"{where}: cannot parse {text.strip()!r}: {err.msg}{hint}") from None
 
 
 _RULE = re.compile(r"^rule\s+([\w.-]+)\s*:\s*(.+)$")

@@ -74,6 +74,13 @@ def test_a_new_family_runs_in_the_phase_it_declares(tmp_path):
     assert any("colscale-after-matmul" in c.derivation for c in result.candidates)
 
 
+def test_a_condition_on_the_rules_own_line_says_where_conditions_go(tmp_path):
+    """It said Python's "expected 'else' after 'if' expression" alone."""
+    text = "family probe phase rewrite\n\nrule inline: neg(neg(x)) => x if flat(x, -1)\n  why: t\n"
+    with pytest.raises(R.RuleError, match=r"mine.rules:3: .*a rule's conditions go on a line of their own"):
+        R.load_file(_write(tmp_path, "mine.rules", text))
+
+
 def test_files_an_editor_wrote_with_a_byte_order_mark_read_as_their_text(tmp_path, capsys):
     """A rule file (or a graph file) starting with U+FEFF failed "got '\\ufefffamily ...'"."""
     text = QUANT_RULES.read_text()
