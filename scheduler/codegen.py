@@ -982,9 +982,14 @@ class Emitter:
 
     def dot_type(self, v: Val, node) -> str | None:
         """The low precision type whose values operand v holds exactly (its tile's, or its
-        node's), as a tensor-core dot takes it; None for f32 values."""
+        node's, or a half value's the code upcast: `q.float() @ k.float().T`, whose
+        products are exact in f32 too), as a tensor-core dot takes it; None for f32 values."""
         if v.ty in LOW:
             return v.ty
+        while node.op in VIEW_OPS and node.inputs:
+            node = node.inputs[0]
+        if node.op == "cast" and node.dtype == DType.f32 and self._low(node.inputs[0]):
+            node = node.inputs[0]
         return TL[node.dtype] if self._low(node) else None
 
     def operand(self, v: Val, node, order, low: bool) -> str:

@@ -65,3 +65,13 @@ def test_scores_the_code_upcasts_stay_f32(dynamic):
     assert compiled.stats["failed"] == 0 and compiled.capture_error is None, compiled.stats
     assert got.dtype == torch.float32
     assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-5
+
+
+def test_a_matmul_of_upcast_half_values_runs_on_the_tensor_cores():
+    """Its products are exact in f32, so a bf16 dot with an f32 accumulator computes what
+    the code's f32 MatMul does; it was an `ieee` f32 dot, off the tensor cores."""
+    q, k = torch.randn(3, 7, 40).bfloat16(), torch.randn(3, 9, 40).bfloat16()
+    graph = cleave.capture(upcast_scores_logsumexp, q, k)
+    plan = cleave.schedule(graph, {}, top_k=1)[0]
+    sources = "".join(kernel.source for kernel in plan.kernels)
+    assert "tl.dot(" in sources and "ieee" not in sources
