@@ -207,6 +207,23 @@ def test_damaged_entry_is_rebuilt_with_a_warning(doubles, damage):
     assert fresh.stats["from_cache"] == 1 and fresh.stats["compiles"] == 0
 
 
+def test_an_entry_holding_another_operators_files_is_rebuilt_not_served(doubles):
+    """Two entries swapped on disk (a cache synced or merged wrongly), each file whole:
+    its checksums held, and each function served the other's plans, without a word."""
+    w1, in1 = _inputs("rmsnorm_matmul", s=7, k=9, n=5)
+    w2, in2 = _inputs("layernorm", t=5, n=9)
+    first, second = CompiledOperator(w1.graph, {"s", "k", "n"}), CompiledOperator(w2.graph, {"t", "n"})
+    first(in1), second(in2)
+    parked = first.entry.with_name("parked")
+    first.entry.rename(parked), second.entry.rename(first.entry), parked.rename(second.entry)
+    for w, inputs, dynamic in ((w1, in1, {"s", "k", "n"}), (w2, in2, {"t", "n"})):
+        op = CompiledOperator(w.graph, dynamic)
+        with pytest.warns(UserWarning, match="damaged cache entry .*another"):
+            got = op(inputs)
+        assert_computes(w, inputs, got)
+        assert op.stats["from_cache"] == 0 and op.stats["compiles"] == 1
+
+
 def _script(body: str) -> str:
     return textwrap.dedent(f"""
         import sys

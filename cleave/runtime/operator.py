@@ -358,6 +358,7 @@ class CompiledOperator:
     def _load_spec(self, static) -> Spec | None:
         try:
             body, _ = A.load_spec(self.entry, static)  # also checks every kernel file's checksum
+            self._check_owner(body)
             plans = [Plan.from_json(p) for p in body["plans"]]
             candidate = _candidate_from_json(body["candidate"])
         except A.ArtifactMissing:
@@ -369,6 +370,14 @@ class CompiledOperator:
             return None
         self.stats["from_cache"] = 1
         return Spec(static, candidate, plans, A.load_tuning(self.entry, static), from_cache=True)
+
+    def _check_owner(self, body: dict) -> None:
+        """Checksums say a file is whole, not whose it is: plans another operator wrote
+        (a cache directory synced or merged wrongly) served another function's values
+        here without a word. (load_spec checks the binding; an artifact built before
+        session 54 names no graph, and is taken as this one's.)"""
+        if body.get("graph", self.graph.key()) != self.graph.key() or body.get("dynamic") != sorted(self.dynamic):
+            raise A.ArtifactError("its plans are another operator's")
 
     def _build_spec(self, static, env, as_written: bool = False) -> Spec:
         searched = [] if as_written else self._candidates()
@@ -396,8 +405,8 @@ class CompiledOperator:
         _, _, cand, plans = min(scheduled, key=lambda t: t[:2])
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - start
-        body = {"candidate": _candidate_to_json(cand), "shapes": dict(env), "dynamic": sorted(self.dynamic),
-                "plans": [p.to_json() for p in plans]}
+        body = {"graph": self.graph.key(), "candidate": _candidate_to_json(cand), "shapes": dict(env),
+                "dynamic": sorted(self.dynamic), "plans": [p.to_json() for p in plans]}
         self._write("its plans", A.save_spec, self.entry, static, body, [[k.source for k in p.kernels] for p in plans])
         return Spec(static, cand, plans)
 
@@ -409,6 +418,8 @@ class CompiledOperator:
     def _load_candidates(self) -> list[Candidate] | None:
         try:
             body = A.read_json(self.entry / "operator.json")
+            if body["graph"] != self.graph.text():
+                raise A.ArtifactError("its candidates are another graph's")
             cands = [_candidate_from_json(c) for c in body["candidates"]]
         except A.ArtifactMissing:
             return None
