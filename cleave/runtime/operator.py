@@ -418,7 +418,7 @@ class CompiledOperator:
     def _load_candidates(self) -> list[Candidate] | None:
         try:
             body = A.read_json(self.entry / "operator.json")
-            if body["graph"] != self.graph.text():
+            if body["fields"]["graph"] != self.graph.key():  # the structure's, whatever the graph's name
                 raise A.ArtifactError("its candidates are another graph's")
             cands = [_candidate_from_json(c) for c in body["candidates"]]
         except A.ArtifactMissing:
