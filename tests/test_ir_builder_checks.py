@@ -290,6 +290,22 @@ def test_a_slice_whose_start_may_pass_its_stop_is_refused_or_constrained(start, 
     g.check({"m": 2, "k": 2})
 
 
+def test_a_symbolic_start_that_may_be_negative_is_constrained():
+    """x["n-3":] recorded no n >= 3: at n = 2 the interpreter sliced from Python's -1 (one
+    row) and a launched plan read a row before the input (three), where the graph says 3."""
+    g = Graph("tail")
+    x = g.input("x", ("n", 4), "f32")
+    g.output(x["n-3":] * 2, names=["o"])
+    plan = cleave.schedule(g, {"n": 5}, dynamic={"n"})[0]
+    x5 = torch.randn(5, 4)
+    torch.testing.assert_close(launch(plan, {"x": x5})[0], x5[2:] * 2)
+    for n in (2, 1):
+        with pytest.raises(cleave.ir.BindingError, match="0 <= n-3"):
+            interpret(g, {"x": torch.randn(n, 4)})
+        with pytest.raises(cleave.ir.BindingError, match="0 <= n-3"):
+            launch(plan, {"x": torch.randn(n, 4)})
+
+
 @pytest.mark.parametrize("build, message", [
     (lambda x: x.split(-1, 0, pad=0.0), r"split: count 0 must be >= 1"),
     (lambda x: x.reshape(("m", -1)), r"reshape: attribute shape="),

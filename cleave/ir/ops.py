@@ -292,6 +292,8 @@ def _infer_slice(x, *, axis, start, stop, step):
     cons = () if (extent - stop).is_number else (("le", stop, extent, "slice"),)
     if not D.nonnegative(span):  # x["m":2] holds where m <= 2 only: an extent is never negative
         cons += (("le", D.dim(start), D.dim(stop), "slice"),)
+    if not D.nonnegative(D.dim(start)):  # x["n-3":] holds where n >= 3 only: a start is an index, not Python's -1
+        cons += (("le", D.dim(0), D.dim(start), "slice"),)
     return Result(tuple(shape), x.dtype, cons)
 
 
