@@ -76,15 +76,20 @@ def _extreme(op):
     def fn(t, node, a):
         x = a["self"]
         dims = axes(a.get("dim"), x.rank)
-        for axis in dims:  # a max over nothing raises in eager: a call with an empty axis runs eagerly
-            if x.shape[axis] == 0:  # traced static at 0 (torch's meta kernel lets it through)
-                raise CaptureError(f"{t.op} over axis {axis}, which is empty: eager refuses a max over nothing")
-            if not x.shape[axis].is_number:
-                where = f" at {t.loc}" if t.loc else ""
-                t.graph._constrain(Constraint("le", D.dim(1), x.shape[axis],
-                                              f"{t.op} over axis {axis}, which eager refuses empty{where}"))
+        _refuse_empty(t, x, dims)
         return reduce(t, x, op, dims, a.get("keepdim", False))
     return fn
+
+
+def _refuse_empty(t, x, dims) -> None:
+    """A max over nothing raises in eager: a call with an empty axis runs eagerly."""
+    for axis in dims:
+        if x.shape[axis] == 0:  # traced static at 0 (torch's meta kernel lets it through)
+            raise CaptureError(f"{t.op} over axis {axis}, which is empty: eager refuses a max over nothing")
+        if not x.shape[axis].is_number:
+            where = f" at {t.loc}" if t.loc else ""
+            t.graph._constrain(Constraint("le", D.dim(1), x.shape[axis],
+                                          f"{t.op} over axis {axis}, which eager refuses empty{where}"))
 
 
 def _float_result(a, n):
@@ -180,7 +185,7 @@ def _std(t, node, a):
     return t.add("mul", t.add("sqrt", v), scale)
 
 
-def _mean(t, a):
+def _mean_of(t, a):
     x = a["self"]
     dims = axes(a.get("dim"), x.rank)
     return t.add("div", reduce(t, x, "sum", dims, a.get("keepdim", False)), count(t, x, dims))
@@ -188,12 +193,12 @@ def _mean(t, a):
 
 @rule("var_mean", check=_NON_INT_CORRECTION)
 def _var_mean(t, node, a):
-    return _var(t, node, a), _mean(t, a)
+    return _var(t, node, a), _mean_of(t, a)
 
 
 @rule("std_mean", check=_NON_INT_CORRECTION)
 def _std_mean(t, node, a):
-    return _std(t, node, a), _mean(t, a)
+    return _std(t, node, a), _mean_of(t, a)
 
 
 def _normalized_axes(a, x):
@@ -448,6 +453,7 @@ def _extreme_dim(op):
     def fn(t, node, a):
         x, keep = a["self"], a.get("keepdim", False)
         axis = a["dim"] % x.rank
+        _refuse_empty(t, x, [axis])  # also where only the values are used (the indices' own check is dead code then)
         values = t.add("reduce", x, op=op, axis=axis, keepdim=bool(keep))
         return values, _arg_extreme(t, x, axis, op == "max", keep)
     return _rank0_as_vector(fn)
