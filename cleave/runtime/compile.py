@@ -782,7 +782,9 @@ def _layout(t: torch.Tensor, dynamic: dict) -> tuple:
             inner = strides[i] * max(t.shape[i], 1)
     channels_last = t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
     # axes of one non-zero stride (an overlapping view): eager orders its result's by their sizes
-    ties = tuple(t.shape[i] < t.shape[j] for i, j in zip(order, order[1:]) if strides[i] == strides[j] != 0)
+    # (an axis of extent 1, whose stride means nothing, is no tie)
+    ties = tuple(t.shape[i] < t.shape[j] for i, j in zip(order, order[1:])
+                 if strides[i] == strides[j] != 0 and min(t.shape[i], t.shape[j]) > 1)
     return t.is_contiguous(), channels_last, tuple(order), tuple(own), start, ties
 
 
