@@ -56,28 +56,6 @@ def test_operator_runs_only_plans_that_fit_the_shape(monkeypatch, tmp_path):
         launch(widest, W.get("gqa_decode").inputs({**DECODE, "L": 45}, seed=0))
 
 
-def test_rank_offers_only_the_plans_that_serve_the_inputs():
-    """`best = plans[rank(plans, inputs)[0]]; launch(best, inputs)`, the README's flow,
-    raised "no empty chunk" at L = 45: the first plan split L 32 ways."""
-    from cleave.runtime.profile import rank
-
-    from cleave.search import search
-
-    cand = search(W.get("gqa_decode").graph, top_k=1, progress=False).best  # its split needs no empty chunk
-    plans = schedule(cand, DECODE, dynamic={"b", "L"}, target=LOOPS, top_k=1)
-    inputs = W.get("gqa_decode").inputs(DECODE, seed=1)
-    order = rank(plans, inputs)
-    (count,) = {name for p in plans for name in p.split}
-    assert order and all((plans[i].split[count] - 1) * -(-45 // plans[i].split[count]) < 45 for i in order)
-    assert len(order) < len(plans)
-    (got,) = launch(plans[order[0]], inputs)
-    ref = interpret(W.get("gqa_decode").graph, inputs, compute_dtype=torch.float64)[0]
-    assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-2
-    widest = [p for p in plans if p.split[count] == max(DYNAMIC_SPLITS)]
-    with pytest.raises(BindingError, match="none of the 1 plans serves these inputs"):
-        rank(widest, inputs)
-
-
 def test_dynamic_reduced_extent_is_ranked_short_and_long():
     """Prefill over a dynamic s: one set of kernels serves s=5 and s=4000, so the kept
     plans come from rankings at the first shape and at a long s, and each runs at both."""

@@ -48,7 +48,6 @@ def test_ranking_times_a_far_slower_plan_once(monkeypatch):
     once = {0: 1.05, 1: 50.0, 2: 0.06, 3: 0.9}
     graph = {0: 1.0, 2: 0.05, 3: 0.8}
     current, replayed = [], []
-    monkeypatch.setattr(profile, "bind", lambda plan, inputs: {})  # every plan serves the stand-in input
     monkeypatch.setattr(profile, "launch", lambda plan, inputs: current.append(plans.index(plan)))
     monkeypatch.setattr(profile, "once_ms", lambda fn: (fn(), once[current[-1]])[1])
 

@@ -20,7 +20,6 @@ def test_a_clock_fast_at_first_does_not_rank_the_plan_timed_first_first(monkeypa
     plans = [dataclasses.replace(plan, cost=c) for c in (1.0, 2.0, 3.0)]
     true_ms = {0: 1.00, 1: 0.97, 2: 1.20}
     replays, current = [], []
-    monkeypatch.setattr(profile, "bind", lambda p, inputs: {})  # every plan serves the stand-in input
     monkeypatch.setattr(profile, "launch", lambda p, inputs: current.append(plans.index(p)))
     monkeypatch.setattr(profile, "once_ms", lambda fn: (fn(), 1.0)[1])
 

@@ -8,32 +8,20 @@ from typing import Callable
 import torch
 from triton import knobs
 
-from ..ir import BindingError
 from ..scheduler.plan import Plan
-from .launch import bind, launch
+from .launch import launch
 
 
 def rank(plans: list[Plan], inputs: dict[str, torch.Tensor]) -> list[int]:
-    """Indices of the `plans` that serve these inputs, fastest first (a split count that
-    leaves a chunk empty at their sizes serves none: `cleave.schedule` keeps every count
-    over a dynamic axis); BindingError where none does. Each plan runs once (compiling
-    it); a plan whose one call is far slower than the fastest one call is ranked by that
-    call, the others by CUDA-graph replays in alternation (`alternated`)."""
+    """Indices of `plans`, fastest first. Each plan runs once (compiling it); a plan whose
+    one call is far slower than the fastest one call is ranked by that call, the others
+    by CUDA-graph replays in alternation (`alternated`)."""
     if not plans:
         raise ValueError("profile: no plans to choose from")
-    serving, refusals = [], []
-    for i, plan in enumerate(plans):
-        try:
-            bind(plan, inputs)
-            serving.append(i)
-        except BindingError as err:
-            refusals.append(str(err))
-    if not serving:
-        raise BindingError(f"profile: none of the {len(plans)} plans serves these inputs ({refusals[0]})")
     device = next(iter(inputs.values())).device
-    if device.type != "cuda" or knobs.runtime.interpret or len(serving) == 1:
-        return serving
-    runs = [lambda p=plans[i]: launch(p, inputs) for i in serving]
+    if device.type != "cuda" or knobs.runtime.interpret or len(plans) == 1:
+        return list(range(len(plans)))
+    runs = [lambda p=plan: launch(p, inputs) for plan in plans]
     once = []
     for run in runs:
         run()  # compile outside the timing
@@ -46,7 +34,7 @@ def rank(plans: list[Plan], inputs: dict[str, torch.Tensor]) -> list[int]:
     # GPU time, replayed from a CUDA graph: timed eagerly, a small decode step measures
     # the host's launch overhead (the same for every plan) and the ranking is noise.
     times.update(zip(replayed, alternated([runs[i] for i in replayed])))
-    return [serving[i] for i in sorted(range(len(serving)), key=times.__getitem__)]
+    return sorted(range(len(plans)), key=times.__getitem__)
 
 
 # One call this many times the fastest plan's, and this many ms more (a host's launch
