@@ -73,12 +73,7 @@ class Lowering:
         return x if x.dtype.is_float else x.cast("f32")
 
     def _mm(self, x: Node) -> Node:
-        """x as a MatMul operand: in the graph's operand precision, or f32 where the graph
-        has none. A half value the search took from under its f32 cast (`q.float() @
-        k.float().T`) would otherwise make a half MatMul, whose result rounds to half."""
-        if not self.lowp:
-            return self._f32(x)
-        return x.cast(self.lowp) if x.dtype.is_float and x.dtype != self.lowp else x
+        return x.cast(self.lowp) if self.lowp and x.dtype.is_float and x.dtype != self.lowp else x
 
     def _lower(self, t) -> Node:
         if isinstance(t, Var):
