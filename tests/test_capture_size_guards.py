@@ -372,13 +372,3 @@ def test_a_guard_from_the_end_reads_back_and_binds_every_candidate():
     with pytest.raises(BindingError, match="fails for n=1"):
         launch(plan, {"x": torch.randn(1, 3)})
 
-
-def test_a_require_line_naming_no_dim_of_the_graph_is_a_parse_error():
-    """It was kept and checked nowhere (a binding never holds its symbol)."""
-    from cleave import workloads
-    from cleave.ir import ParseError
-
-    text = workloads.get("layernorm").graph.text()
-    assert cleave.parse_graph(text.replace("  return", '  require 100 <= t from "mine"\n  return')).constraints
-    with pytest.raises(ParseError, match="require names q, a dim of no node above it"):
-        cleave.parse_graph(text.replace("  return", '  require 100 <= q from "mine"\n  return'))

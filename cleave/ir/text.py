@@ -194,10 +194,6 @@ def _parse_line(graph, nodes: dict, line: str, lineno: int) -> None:
             c = Constraint(_KINDS[sign], _constraint_side(lhs), _constraint_side(rhs), json.loads(origin))
         except (ValueError, CleaveError) as err:
             raise ParseError(f"line {lineno}: bad require {line!r}: {err}") from None
-        known = {s for n in nodes.values() for s in D.free_symbols(n.shape)}
-        unknown = sorted(s.name for s in c.free_symbols - known)
-        if unknown:  # a binding never holds it, so it would be checked nowhere
-            raise ParseError(f"line {lineno}: require names {', '.join(unknown)}, a dim of no node above it")
         # one the nodes' own checks added again: the printed origin names the printed node
         graph.constraints = [o for o in graph.constraints if (o.kind, o.lhs, o.rhs) != (c.kind, c.lhs, c.rhs)]
         graph._constrain(c)
