@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Graph, Node, rebuild
+from ..ir.graph import rewritten
 from ..ir.dtypes import DType
 
 KEPT = frozenset({"input", "const", "broadcast"})
@@ -21,22 +22,17 @@ def fold_empty_values(graph: Graph) -> Graph:
     graph itself when it has none."""
     if not any(_folds(n) for n in graph.live_nodes()):
         return graph
-    out = Graph(graph.name)
-    mapping: dict[int, Node] = {}
-    for n in graph.inputs.values():
-        mapping[n.id] = out.input(n.attrs["name"], n.attrs["shape"], n.attrs["dtype"])
-    for n in graph.live_nodes():
-        if n.op == "input":
-            continue
-        if _folds(n):
-            zero = out.add("const", value=False if n.dtype == DType.bool else 0, dtype=n.dtype, loc=n.loc)
-            mapping[n.id] = out.add("broadcast", zero, shape=n.shape, loc=n.loc)
-        else:
-            mapping[n.id] = out.add(n.op, *(mapping[x.id] for x in n.inputs), loc=n.loc, **n.attrs)
-    out.output(*(mapping[o.id] for o in graph.outputs), names=graph.output_names)
+    out = rewritten(graph, _as_constant)
     for c in graph.constraints:  # a folded node's own (a reshape's) stay, as the graph's
         out._constrain(replace(c, node=None))
     return rebuild(out)
+
+
+def _as_constant(n: Node, out: Graph, args: list) -> Node | None:
+    if not _folds(n):
+        return None
+    zero = out.add("const", value=False if n.dtype == DType.bool else 0, dtype=n.dtype, loc=n.loc)
+    return out.add("broadcast", zero, shape=n.shape, loc=n.loc)
 
 
 def _folds(n: Node) -> bool:

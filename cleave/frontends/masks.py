@@ -12,6 +12,7 @@ left as captured, a causal kernel walks every kv tile of every row.
 from __future__ import annotations
 
 from ..ir import Graph, Node, rebuild
+from ..ir.graph import rewritten
 from ..ir import dims as D
 from ..ir.dtypes import DType
 
@@ -20,26 +21,18 @@ def simplify_masks(graph: Graph) -> Graph:
     """The graph with those patterns folded; the graph itself when it has none."""
     if not any(_fold(n, list(n.inputs)) for n in graph.live_nodes() if n.op == "where"):
         return graph
-    out = Graph(graph.name)
-    mapping: dict[int, Node] = {}
-    for n in graph.inputs.values():
-        mapping[n.id] = out.input(n.attrs["name"], n.attrs["shape"], n.attrs["dtype"])
-    for n in graph.live_nodes():
-        if n.op == "input":
-            continue
-        args = [mapping[x.id] for x in n.inputs]
-        folded = _fold(n, args) if n.op == "where" else None
-        if folded is None:
-            mapping[n.id] = out.add(n.op, *args, loc=n.loc, **n.attrs)
-        elif isinstance(folded, Node):
-            mapping[n.id] = folded
-        else:
-            cond, a, b = folded
-            mapping[n.id] = out.add("where", cond, a, b, loc=n.loc)
-    out.output(*(mapping[o.id] for o in graph.outputs), names=graph.output_names)
+    out = rewritten(graph, _folded)
     for c in graph.constraints:
         out._constrain(c)
     return rebuild(out)
+
+
+def _folded(n: Node, out: Graph, args: list) -> Node | None:
+    folded = _fold(n, args) if n.op == "where" else None
+    if folded is None or isinstance(folded, Node):
+        return folded
+    cond, a, b = folded  # a swapped where
+    return out.add("where", cond, a, b, loc=n.loc)
 
 
 def _fold(n: Node, args: list):

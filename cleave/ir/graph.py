@@ -469,6 +469,24 @@ def _key(value):
     return value
 
 
+def rewritten(graph: Graph, replace) -> Graph:
+    """A copy of the graph's inputs and live nodes in which `replace(node, out, operands)`
+    may stand for a node: it returns the node of `out` (given the node's operands there)
+    to use in its place, or None to copy it. The constraints are the caller's to carry."""
+    out = Graph(graph.name)
+    mapping: dict[int, Node] = {}
+    for n in graph.inputs.values():
+        mapping[n.id] = out.input(n.attrs["name"], n.attrs["shape"], n.attrs["dtype"])
+    for n in graph.live_nodes():
+        if n.op == "input":
+            continue
+        args = [mapping[x.id] for x in n.inputs]
+        node = replace(n, out, args)
+        mapping[n.id] = node if node is not None else out.add(n.op, *args, loc=n.loc, **n.attrs)
+    out.output(*(mapping[o.id] for o in graph.outputs), names=graph.output_names)
+    return out
+
+
 def rebuild(graph: Graph, nodes: Iterable[Node] | None = None) -> Graph:
     """A copy holding only the live nodes, renumbered in topological order."""
     out = Graph(graph.name)
