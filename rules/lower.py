@@ -73,7 +73,12 @@ class Lowering:
         return x if x.dtype.is_float else x.cast("f32")
 
     def _mm(self, x: Node) -> Node:
-        return x.cast(self.lowp) if self.lowp and x.dtype.is_float and x.dtype != self.lowp else x
+        """x as a MatMul operand: in the graph's MatMul precision, or f32 where the graph
+        has none (its MatMuls take f32, maybe exact upcasts of half values the encoder
+        dropped: a half MatMul would round their f32 product)."""
+        if self.lowp is None:
+            return self._f32(x)
+        return x.cast(self.lowp) if x.dtype.is_float and x.dtype != self.lowp else x
 
     def _lower(self, t) -> Node:
         if isinstance(t, Var):

@@ -271,15 +271,16 @@ class Emitter:
         self.free_lanes = {i for i in grid if t.block[i] > 1 and i not in reduced} - self.one_tile_at_least
         self.target = target or H200
         self.tma = target is not None and wants_tma(self, target)
-        self.consumers: dict[int, set] = {}  # id(instance) -> the ops that read its value
-        for inst in self.views.memo.values():
-            for k, x in enumerate(inst.inputs):
-                # a take's second input addresses the gather: it is read as an index, not a value
-                self.consumers.setdefault(id(x), set()).add("index" if inst.op in ("take", "gather") and k == 1
-                                                            else inst.op)
-                while x.op in VIEW_OPS and x.inputs:  # a view passes its operand's value on
-                    x = x.inputs[0]
-                    self.consumers.setdefault(id(x), set()).add(inst.op)
+        self.consumers = self._consumers(set())
+        # An f32 cast of a half value that only MatMuls read (`q.float() @ k.float().T`)
+        # stays the half tile: the dot takes it exactly, on the tensor cores, and no f32
+        # copy of it is held in registers (MLA's 64 x 512 f32 V tile left no plan of 32
+        # rows) or keeps its load off TMA.
+        self.dot_upcasts = {id(inst) for inst in self.views.memo.values()
+                            if inst.op == "cast" and inst.node.dtype == DType.f32 and self._low(inst.node.inputs[0])
+                            and self.consumers.get(id(inst), {"none"}) <= {"matmul", *VIEW_OPS}}
+        if self.dot_upcasts:
+            self.consumers = self._consumers(self.dot_upcasts)
         # Gathered loads whose masked lanes must read 0 (a split's zero pad over them is
         # left out): only these also take their index load's mask, since the extra
         # predicate slowed a pipelined gather that needs none (MLA decode's unsplit plan,
@@ -623,6 +624,8 @@ class Emitter:
                 return self.var(b, INT_UNARY[op].format(x=x), dims, ty)
             return self.var(b, UNARY[op].format(x=self.f32(args[0])), dims, "tl.float32")
         if op == "cast":
+            if id(inst) in self.dot_upcasts:
+                return args[0]
             ty = TL[n.dtype]
             out = self.var(b, convert(args[0].name, ty), args[0].dims, ty)
             out.zero, out.scale = args[0].zero, args[0].scale
@@ -979,6 +982,22 @@ class Emitter:
     @staticmethod
     def _low(node) -> bool:
         return node.dtype in (DType.bf16, DType.f16)
+
+    def _consumers(self, transparent: set) -> dict[int, set]:
+        """id(instance) -> the ops that read its value, seen through views and through the
+        casts in `transparent` (ids), which pass their operand's value on as views do."""
+        consumers: dict[int, set] = {}
+        for inst in self.views.memo.values():
+            if id(inst) in transparent:
+                continue
+            for k, x in enumerate(inst.inputs):
+                # a take's second input addresses the gather: it is read as an index, not a value
+                consumers.setdefault(id(x), set()).add("index" if inst.op in ("take", "gather") and k == 1
+                                                       else inst.op)
+                while (x.op in VIEW_OPS or id(x) in transparent) and x.inputs:  # a view passes its operand's value on
+                    x = x.inputs[0]
+                    consumers.setdefault(id(x), set()).add(inst.op)
+        return consumers
 
     def dot_type(self, v: Val, node) -> str | None:
         """The low precision type whose values operand v holds exactly (its tile's, or its

@@ -14,6 +14,7 @@ from cleave.scheduler.kernel_stats import Stats
 from cleave.scheduler.plan import Kernel
 
 MLA = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+FLASH_DECODING = ["split-max", "split-softmax-matmul", "split-softmax-sum"]  # the split form without scale-add
 
 
 def _stats(gathered):
@@ -53,7 +54,7 @@ def _plans(name, preset, top_k):
 def mla_large():
     """The FlashDecoding form's plans at 4 chunks."""
     w = workloads.get(MLA)
-    (cand,) = [c for c in search(w.graph).candidates if "split-softmax-matmul" in c.derivation]
+    cand = next(c for c in search(w.graph).candidates if c.derivation == FLASH_DECODING)
     return schedule(cand, w.presets["h200_large"], dynamic=set(), top_k=4, split={"s_num_kv_indices": 4})
 
 

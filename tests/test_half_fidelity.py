@@ -2,6 +2,8 @@
 operands' rounding: a LayerNorm without affine weight before a projection rounded
 x - mean, not (x - mean) / sigma, whose errors a weight row with a non-zero sum adds up
 (3-6x eager's error; `unshifted_operands()` in the rules)."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -60,3 +62,28 @@ def test_a_matmul_of_upcast_half_values_runs_on_the_tensor_cores():
     plan = cleave.schedule(graph, {}, top_k=1)[0]
     sources = "".join(kernel.source for kernel in plan.kernels)
     assert "tl.dot(" in sources and "ieee" not in sources
+
+
+def test_an_upcast_operand_is_read_as_its_half_tile():
+    """An f32 cast that only a MatMul reads is no f32 copy in registers: the dot takes the
+    loaded half tile itself (a 64 x 512 f32 copy of MLA's V tile left no 32-row plan)."""
+    q, k = torch.randn(3, 7, 40).bfloat16(), torch.randn(3, 9, 40).bfloat16()
+    plan = cleave.schedule(cleave.capture(upcast_scores_logsumexp, q, k), {}, top_k=1)[0]
+    source = "".join(kernel.source for kernel in plan.kernels)
+    loaded = set(re.findall(r"(v\d+) = tl\.load\(", source))
+    converted = set(re.findall(r"= (v\d+)\.to\(tl\.float32\)", source))
+    assert loaded and not loaded & converted, source
+
+
+def test_upcast_scores_keep_f32_where_the_search_rewrote_them():
+    """The search drops exact casts; the lowering must not then make the scores a half
+    MatMul with a half result (1.6e-3 against fp64 under dynamic shapes, eager ~1e-7)."""
+    g = torch.Generator().manual_seed(3)
+    compiled = cleave.compile(upcast_scores_logsumexp, dynamic="all", verbose=False)
+    for n in (9, 23):
+        q, k = (torch.randn(3, m, 40, generator=g).bfloat16() for m in (7, n))
+        want = upcast_scores_logsumexp(q.double(), k.double())
+        got = compiled(q, k)
+        assert got.dtype == torch.float32
+        assert _relative_l2(got, want) < 1e-5
+
