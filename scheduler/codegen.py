@@ -45,6 +45,7 @@ INTS = tuple(TL[d] for d in DType if d.is_int)
 # Triton combines integers C's way (uint8 with int8 is uint8); torch computes in the
 # promoted type (int16), so a narrow operand is converted to it first.
 NARROW = ("tl.int8", "tl.uint8", "tl.int16")
+BF16_MAX = 3.3895313892515355e38  # bf16's largest finite value, (2 - 2**-7) * 2**127
 VIEW_OPS = ("broadcast", "permute", "reshape", "slice", "take", "gather")  # emitted as their operand's value
 GROUP = 8  # row tiles per group in the grouped program order of a tiled MatMul
 MAX_TENSOR_NUMEL = 1 << 20  # triton.language.TRITON_MAX_TENSOR_NUMEL
@@ -974,8 +975,12 @@ class Emitter:
         return self.var(b, f"tl.broadcast_to({self.align(v, dims)}, {shape})", dims, v.ty)
 
     def two_bf16(self, b: Block, x: Val) -> tuple[Val, Val]:
-        """x (f32) as hi + lo in bf16: hi its rounding, lo the rounding of what is left."""
-        hi = self.var(b, f"to_bf16({x.name})", x.dims, "tl.bfloat16")
+        """x (f32) as hi + lo in bf16: hi its rounding, lo the rounding of what is left.
+        hi rounds x clamped to bf16's finite range, so that it is finite: an infinite x
+        is then carried by lo (inf - hi is inf, where inf - inf was NaN), and so is an f32
+        value above bf16's largest, which would round to inf."""
+        clamped = f"tl.minimum(tl.maximum({x.name}, {-BF16_MAX!r}), {BF16_MAX!r})"
+        hi = self.var(b, f"to_bf16({clamped})", x.dims, "tl.bfloat16")
         lo = self.var(b, f"to_bf16({x.name} - {hi.name}.to(tl.float32))", x.dims, "tl.bfloat16")
         return hi, lo
 

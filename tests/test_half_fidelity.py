@@ -87,3 +87,17 @@ def test_upcast_scores_keep_f32_where_the_search_rewrote_them():
         assert got.dtype == torch.float32
         assert _relative_l2(got, want) < 1e-5
 
+
+def test_an_f32_operand_beside_upcast_half_values_keeps_inf_and_large_values():
+    """x @ w.float() runs as two bf16 dots, x = hi + lo: an infinite x made lo inf - inf
+    (NaN, eager: inf), and an f32 x above bf16's largest value rounded hi to inf."""
+    def f(x, w):
+        return x @ w.float()
+
+    x = torch.randn(5, 16)
+    x[0, 3], x[1, 2], x[2, 5] = float("inf"), 3.4e38, -float("inf")
+    w = torch.full((16, 7), 0.5, dtype=torch.bfloat16)
+    got, want = cleave.compile(f, verbose=False)(x, w), x.double() @ w.double()
+    assert torch.equal(torch.isinf(got), torch.isinf(want)) and not got.isnan().any()
+    finite = torch.isfinite(want)
+    assert ((got.double() - want)[finite].abs() / want[finite].abs().clamp_min(1)).max() < 1e-4
