@@ -741,6 +741,12 @@ class Emitter:
                 read = self.wrapped_index(b, f).read
                 if read is not None:
                     mask[self.align(read, dims)] = set(read.dims)
+        if not block and any(set(labels) & set(dims) for labels in mask.values()):
+            # one address for the tile (a gather at a constant index) under a mask that
+            # varies over it (its rows' extent): tl.load takes a block mask with a block
+            # pointer only, so the address is broadcast to the tile
+            terms.append(self.filled(dims, "0", "tl.int32"))
+            block = True
         ptr = f"{buffer_name(self.views.graph, node)}_ptr"
         addr = ptr + (" + " + " + ".join(terms) if terms else "")
         read = None

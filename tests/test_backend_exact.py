@@ -650,3 +650,21 @@ def test_rms_norm_default_eps_of_a_half_input_is_f32s(dtype):
         got = cleave.compile(norm, verbose=False)(x)
         want = norm(x)
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_a_loss_against_constant_labels_compiles(ctx):
+    """Labels all 0 (as InfoNCE losses write them) gather the bias at one index for every
+    row: that load's address was a scalar under the rows' mask, which tl.load refuses, and
+    the whole function ran eagerly after its first launch failed."""
+    def loss(x, w, b):
+        return F.cross_entropy(x @ w + b, torch.zeros(x.shape[0], dtype=torch.long))
+
+    f = torch.compile(loss, backend="cleave")
+    x, w, b = torch.randn(5, 16), torch.randn(16, 7), torch.randn(7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = f(x, w, b)
+    want = loss(x.double(), w.double(), b.double())
+    assert abs(got.item() - want.item()) < 1e-5 * abs(want.item())
+    st = ctx.stats()
+    assert st["failed"] == 0 and st["graph_breaks"] == 0, st
