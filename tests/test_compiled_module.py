@@ -100,7 +100,7 @@ def test_deepcopy_compiles_a_copy():
     m = _Net().eval()
     c = cleave.compile(m)
     d = copy.deepcopy(c)
-    assert isinstance(d, type(c)) and d.lin is not m.lin and d.compiled is not c.compiled
+    assert isinstance(d, type(c)) and d.lin is not m.lin and d._cleave_function is not c._cleave_function
     torch.testing.assert_close(d.lin.weight, m.lin.weight)
 
 
@@ -201,3 +201,106 @@ def test_a_lazy_module_under_a_dynamic_axis_makes_its_parameters_first():
         for rows in (3, 5, 2):
             x = torch.randn(rows, 6)
             torch.testing.assert_close(compiled(x), x @ lazy.weight.t() + lazy.bias)
+
+
+def test_a_forward_assigned_on_the_compiled_module_runs():
+    """`cm.forward = ...` was kept on the wrapper, which called the original's forward."""
+    m = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+    cm, x = cleave.compile(m, verbose=False), torch.randn(3, 5)
+
+    def skip_tanh(self, x):
+        return self[2](self[0](x)) * 10
+
+    with torch.no_grad():
+        cm(x)
+        cm.forward = skip_tanh.__get__(m)
+        torch.testing.assert_close(cm(x), skip_tanh(m, x))
+
+
+def test_a_forward_branching_on_requires_grad_or_layout_is_captured_again():
+    """The capture evaluates a branch on a parameter once: its requires_grad and strides
+    are now checked at each call beside its shape, dtype and device."""
+    class Gated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(5, 7)
+
+        def forward(self, x):
+            w = self.lin.weight
+            return self.lin(x) * (2 if w.requires_grad else -1) + (0 if w.is_contiguous() else 10)
+
+    m = Gated()
+    cm, x = cleave.compile(m, verbose=False), torch.randn(3, 5)
+    with torch.no_grad():
+        cm(x)
+        m.requires_grad_(False)
+        torch.testing.assert_close(cm(x), m(x))
+        m.lin.weight = torch.nn.Parameter(m.lin.weight.t().contiguous().t(), requires_grad=False)
+        torch.testing.assert_close(cm(x), m(x))
+
+
+def test_a_parametrization_registered_on_the_compiled_module_is_refused_cleanly():
+    """register_parametrization deleted the weight through the wrapper, then gave the
+    wrapper a class: both the original and the compiled module lost their weight."""
+    from torch.nn.utils import parametrize
+
+    class Symmetric(torch.nn.Module):
+        def forward(self, w):
+            return (w + w.T) / 2
+
+    lin = torch.nn.Linear(5, 5)
+    cm, x = cleave.compile(lin, verbose=False), torch.randn(3, 5)
+    with torch.no_grad():
+        want = lin(x)
+        with pytest.raises(TypeError, match="register the parametrization on the module itself"):
+            parametrize.register_parametrization(cm, "weight", Symmetric())
+        torch.testing.assert_close(cm(x), want)
+        parametrize.register_parametrization(cm._orig_mod, "weight", Symmetric())
+        torch.testing.assert_close(cm(x), lin(x))
+        assert not torch.allclose(lin(x), want)
+
+
+def test_user_attributes_named_like_cleaves_are_written_to_the_module():
+    """`cm.compiled = True` replaced the compiled function (the next call raised), and
+    `cm.stats = ...` raised: writes reach the module; reads of cleave's documented names
+    (`stats`, `operators`, ...) stay cleave's."""
+    class Flagged(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.compiled, self.stats = torch.nn.Linear(5, 3), False, {"seen": 0}
+
+        def forward(self, x):
+            return self.lin(x)
+
+    m = Flagged()
+    cm, x = cleave.compile(m, verbose=False), torch.randn(3, 5)
+    with torch.no_grad():
+        cm(x)
+        cm.compiled, cm.stats = True, {"seen": 1}
+        assert m.compiled is True and cm.compiled is True and m.stats == {"seen": 1}
+        assert cm.stats["calls"] == 1
+        torch.testing.assert_close(cm(x), m(x))
+
+
+def test_a_compiled_submodule_under_dynamo_is_not_reported_as_eager():
+    """A buffer mutated in forward sends the outer module through dynamo, which breaks its
+    graph at the compiled inner module: that was warned as code that "runs eagerly"."""
+    class Outer(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.lin = inner, torch.nn.Linear(7, 3)
+            self.register_buffer("seen", torch.zeros(3))
+
+        def forward(self, x):
+            y = self.lin(self.inner(x).relu())
+            self.seen.add_(y.mean(0))
+            return y
+
+    inner = cleave.compile(torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh()), verbose=False)
+    outer = cleave.compile(Outer(inner), verbose=False)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (3, 5):
+            outer(torch.randn(n, 5))
+    assert not [w for w in caught if "CompiledFunction" in str(w.message)], [str(w.message) for w in caught]
+    assert inner.stats["calls"] >= 2

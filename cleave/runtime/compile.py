@@ -516,7 +516,9 @@ class CompiledFunction:
         data, `print`, a branch on a tensor's value) runs eagerly, and dynamo says nothing:
         name each break this call's tracing met (dynamo counts them by reason)."""
         for reason, count in _graph_breaks().items():
-            if count > before.get(reason, 0):
+            # a cleave.compile'd callee is a break of dynamo's (it does not trace into
+            # compiled code), not eager code: it runs as its own compiled call
+            if count > before.get(reason, 0) and CompiledFunction.__call__.__qualname__ not in str(reason):
                 lines = [ln.strip() for ln in str(reason).splitlines() if ln.strip()]
                 said = lines[:1] + [ln.removeprefix("Explanation:").strip() for ln in lines[1:]
                                     if ln.startswith("Explanation:")]
@@ -890,6 +892,9 @@ def _state_getters(module, state: dict[str, str]) -> dict:
         *owners, attr = path.split(".")
         first = _read(module, path)
         shape, dtype, device = first.shape, first.dtype, first.device
+        # a forward may branch on these (`if w.requires_grad`, `w.is_contiguous()`), and
+        # the capture evaluated that branch once
+        requires_grad, strides = first.requires_grad, first.stride()
         tied = [p for p, v in named.items() if v is first and p != path]  # export lists a tied weight once
 
         def get():
@@ -899,6 +904,8 @@ def _state_getters(module, state: dict[str, str]) -> dict:
             t = getattr(owner, attr)
             if t is None or t.dtype is not dtype or t.shape != shape or t.device != device:
                 raise StateChanged(f"{path} is now {None if t is None else (tuple(t.shape), t.dtype, t.device)}")
+            if t.requires_grad != requires_grad or t.stride() != strides:
+                raise StateChanged(f"{path} now has requires_grad={t.requires_grad}, strides {t.stride()}")
             for p in tied:
                 if _read(module, p) is not t:
                     raise StateChanged(f"{p} is no longer {path}")

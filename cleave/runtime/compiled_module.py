@@ -24,49 +24,53 @@ _SHARED = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules",
            "_backward_hooks", "_is_full_backward_hook", "_forward_hooks", "_forward_hooks_with_kwargs",
            "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs",
            "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
-_OWN = frozenset(_SHARED) | {"_orig_mod", "compiled", "_options"}
+_OWN = frozenset(_SHARED) | {"_orig_mod", "_cleave_function", "_options", "_cleave_deleted"}
 
 
 class CompiledModule(torch.nn.Module):
-    """`module`, called through `compiled` (its CompiledFunction): `compiled.stats`,
-    `.operators`, `.prepare`, `.capture_error` are read off the wrapper too."""
+    """`module`, called through its CompiledFunction, whose `stats`, `operators`,
+    `prepare`, `capture_error`, `calls` and `recaptures` are read off the wrapper (the
+    module's own attributes of those names: off `_orig_mod`). Every other attribute,
+    `forward` and the methods the wrapper runs on the original included, is the
+    original's, read and written."""
 
     def __init__(self, module: torch.nn.Module, compiled, options: dict):
         object.__setattr__(self, "_orig_mod", module)  # before Module.__init__: attribute access forwards to it
-        object.__setattr__(self, "compiled", compiled)
+        object.__setattr__(self, "_cleave_function", compiled)
+        object.__setattr__(self, "_cleave_deleted", None)  # the last parameter or buffer `del`eted
         object.__setattr__(self, "_options", options)  # cleave.compile's arguments, for a deep copy
         for name in _SHARED:
             object.__setattr__(self, name, module.__dict__[name])
 
     # -- the compiled path --------------------------------------------------
     def __call__(self, *args, **kwargs):
-        return self.compiled(*args, **kwargs)
+        return self._cleave_function(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
-        return self.compiled(*args, **kwargs)
+        return self._cleave_function(*args, **kwargs)
 
     @property
     def stats(self) -> dict:
-        return self.compiled.stats
+        return self._cleave_function.stats
 
     @property
     def operators(self):
-        return self.compiled.operators
+        return self._cleave_function.operators
 
     @property
     def capture_error(self):
-        return self.compiled.capture_error
+        return self._cleave_function.capture_error
 
     @property
     def calls(self) -> int:
-        return self.compiled.calls
+        return self._cleave_function.calls
 
     @property
     def recaptures(self) -> int:
-        return self.compiled.recaptures
+        return self._cleave_function.recaptures
 
     def prepare(self, *args):
-        return self.compiled.prepare(*args)
+        return self._cleave_function.prepare(*args)
 
     # -- what runs on the original itself -----------------------------------
     @property
@@ -125,13 +129,31 @@ class CompiledModule(torch.nn.Module):
     def __setattr__(self, name: str, value) -> None:
         if name in _OWN:
             object.__setattr__(self, name, value)
-        elif hasattr(type(self), name):  # `training`, or a method patched over
-            super().__setattr__(name, value)
-        else:
+        elif name == "__class__":
+            self._refuse_new_class(value)
+        elif isinstance(getattr(type(self), name, None), property) and getattr(type(self), name).fset:
+            super().__setattr__(name, value)  # `training`: set on the original
+        else:  # `forward` patched too: the compiled function calls the original's
             setattr(self._orig_mod, name, value)
 
     def __delattr__(self, name: str) -> None:
+        tables = (self._orig_mod._parameters, self._orig_mod._buffers)
+        held = next(((t, t[name]) for t in tables if name in t), None)
         delattr(self._orig_mod, name)
+        object.__setattr__(self, "_cleave_deleted", (name, *held) if held else None)
+
+    def _refuse_new_class(self, cls) -> None:
+        """torch.nn.utils.parametrize gives the module it is handed a class of its own,
+        after deleting the tensor from it: the wrapper's class is cleave's, so that tensor
+        is put back on the original and the change refused."""
+        if self._cleave_deleted is not None:
+            name, table, tensor = self._cleave_deleted
+            table[name] = tensor
+            object.__setattr__(self, "_cleave_deleted", None)
+        raise TypeError(f"cleave.compile: a compiled module's class cannot become {cls.__name__} "
+                        f"(torch.nn.utils.parametrize does this): register the parametrization on the "
+                        f"module itself (`compiled._orig_mod`), before or after compiling; the compiled "
+                        f"module reads it at its next call")
 
     def __dir__(self):
         return sorted(set(dir(self._orig_mod)) | set(super().__dir__()))

@@ -130,7 +130,7 @@ def _context(compiled):
     from .compiled_module import CompiledModule
 
     if isinstance(compiled, (CompiledFunction, CompiledModule)):
-        function = compiled if isinstance(compiled, CompiledFunction) else compiled.compiled
+        function = compiled if isinstance(compiled, CompiledFunction) else compiled._cleave_function
         return function.ctx, function.fn
     if isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule):
         _check_cleave_backend(compiled, compiled.dynamo_ctx)
