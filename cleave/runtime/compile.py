@@ -894,7 +894,7 @@ def _state_getters(module, state: dict[str, str]) -> dict:
         shape, dtype, device = first.shape, first.dtype, first.device
         # a forward may branch on these (`if w.requires_grad`, `w.is_contiguous()`), and
         # the capture evaluated that branch once
-        requires_grad, strides = first.requires_grad, first.stride()
+        requires_grad, strides = first.requires_grad, _strides(first)
         tied = [p for p, v in named.items() if v is first and p != path]  # export lists a tied weight once
 
         def get():
@@ -904,8 +904,8 @@ def _state_getters(module, state: dict[str, str]) -> dict:
             t = getattr(owner, attr)
             if t is None or t.dtype is not dtype or t.shape != shape or t.device != device:
                 raise StateChanged(f"{path} is now {None if t is None else (tuple(t.shape), t.dtype, t.device)}")
-            if t.requires_grad != requires_grad or t.stride() != strides:
-                raise StateChanged(f"{path} now has requires_grad={t.requires_grad}, strides {t.stride()}")
+            if t.requires_grad != requires_grad or _strides(t) != strides:
+                raise StateChanged(f"{path} now has requires_grad={t.requires_grad}, strides {_strides(t)}")
             for p in tied:
                 if _read(module, p) is not t:
                     raise StateChanged(f"{p} is no longer {path}")
@@ -913,6 +913,11 @@ def _state_getters(module, state: dict[str, str]) -> dict:
         return get
 
     return {name: getter(key) for name, key in state.items()}
+
+
+def _strides(t: torch.Tensor):
+    """A dense tensor's strides; None for a layout that has none (a sparse buffer)."""
+    return t.stride() if t.layout == torch.strided else None
 
 
 def _read(module, path: str):
