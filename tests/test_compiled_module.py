@@ -304,3 +304,31 @@ def test_a_compiled_submodule_under_dynamo_is_not_reported_as_eager():
             outer(torch.randn(n, 5))
     assert not [w for w in caught if "CompiledFunction" in str(w.message)], [str(w.message) for w in caught]
     assert inner.stats["calls"] >= 2
+
+
+def test_a_module_classes_own_eval_and_to_run_through_the_compiled_module():
+    """cm.eval() ran nn.Module.eval on the wrapper, which trains the original off but
+    skipped the class's own eval (here it also sets a scale)."""
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.scale, self.moved = torch.nn.Linear(5, 3), 1.0, 0
+
+        def forward(self, x):
+            return self.lin(x) * self.scale
+
+        def eval(self):
+            self.scale = 0.5
+            return super().eval()
+
+        def to(self, *args, **kwargs):
+            self.moved += 1
+            return super().to(*args, **kwargs)
+
+    m = Scaled()
+    cm, x = cleave.compile(m, verbose=False), torch.randn(4, 5)
+    with torch.no_grad():
+        cm(x)
+        assert cm.eval() is cm and cm.to(torch.float32) is cm
+        assert m.scale == 0.5 and not m.training and m.moved == 1
+        torch.testing.assert_close(cm(x), m(x))

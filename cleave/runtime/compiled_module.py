@@ -5,9 +5,10 @@ attribute reads and writes to it, but it shares the original's tables (parameter
 buffers, submodules, hooks) rather than holding it as a child: `state_dict()`,
 `named_parameters()` and `load_state_dict()` use the original's keys, with no
 `_orig_mod.` prefix, also where the compiled module is a submodule of a larger model.
-What a module class may override (`train`, `_apply`, its state-dict hooks and
-versions) runs on the original itself, so `eval()` sets the flags the compiled
-function's guards read, and `.to()` moves what the original moves.
+What a module class may override (`train`, `eval`, `to` and the other dtype and
+device moves, `_apply`, its state-dict hooks and versions) runs on the original
+itself, so `eval()` sets the flags the compiled function's guards read, and `.to()`
+moves what the original moves.
 
 A call goes to the CompiledFunction, never through Module.__call__: the module's own
 hooks (a hook registered on the wrapper is registered on the original) fire inside it,
@@ -157,6 +158,21 @@ class CompiledModule(torch.nn.Module):
 
     def __dir__(self):
         return sorted(set(dir(self._orig_mod)) | set(super().__dir__()))
+
+
+def _on_the_original(name: str):
+    """Module method `name`, run on the original (its class may override it: an `eval()`
+    that also sets an attribute); where it returns the original, the wrapper is returned."""
+    def method(self, *args, **kwargs):
+        result = getattr(self._orig_mod, name)(*args, **kwargs)
+        return self if result is self._orig_mod else result
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+for _name in ("eval", "to", "cuda", "cpu", "float", "half", "double", "bfloat16", "type", "requires_grad_",
+              "zero_grad"):
+    setattr(CompiledModule, _name, _on_the_original(_name))
 
 
 def _compiled_again(module: torch.nn.Module, options: dict) -> CompiledModule:
