@@ -82,30 +82,6 @@ class CompiledModule(torch.nn.Module):
     def training(self, mode: bool) -> None:
         self._orig_mod.training = mode
 
-    def train(self, mode: bool = True):
-        self._orig_mod.train(mode)
-        return self
-
-    def _apply(self, fn, recurse=True):
-        self._orig_mod._apply(fn, recurse)
-        return self
-
-    def apply(self, fn):
-        self._orig_mod.apply(fn)
-        return self
-
-    def state_dict(self, *args, **kwargs):
-        return self._orig_mod.state_dict(*args, **kwargs)
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        return self._orig_mod.load_state_dict(state_dict, strict=strict, assign=assign)
-
-    def _load_from_state_dict(self, *args, **kwargs):  # a larger model's load_state_dict reaches it here
-        return self._orig_mod._load_from_state_dict(*args, **kwargs)
-
-    def extra_repr(self) -> str:
-        return self._orig_mod.extra_repr()
-
     def __repr__(self) -> str:
         return f"cleave.compile({self._orig_mod!r})"
 
@@ -132,8 +108,8 @@ class CompiledModule(torch.nn.Module):
             object.__setattr__(self, name, value)
         elif name == "__class__":
             self._refuse_new_class(value)
-        elif isinstance(getattr(type(self), name, None), property) and getattr(type(self), name).fset:
-            super().__setattr__(name, value)  # `training`: set on the original
+        elif getattr(getattr(type(self), name, None), "fset", None):
+            super().__setattr__(name, value)  # a property with a setter (`training`): set on the original
         else:  # `forward` patched too: the compiled function calls the original's
             setattr(self._orig_mod, name, value)
 
@@ -170,8 +146,10 @@ def _on_the_original(name: str):
     return method
 
 
-for _name in ("eval", "to", "cuda", "cpu", "float", "half", "double", "bfloat16", "type", "requires_grad_",
-              "zero_grad"):
+# `_apply` and the state-dict methods are reached from a larger model holding the wrapper
+for _name in ("train", "eval", "apply", "_apply", "to", "cuda", "cpu", "float", "half", "double", "bfloat16",
+              "type", "requires_grad_", "zero_grad", "state_dict", "load_state_dict", "_load_from_state_dict",
+              "extra_repr"):
     setattr(CompiledModule, _name, _on_the_original(_name))
 
 
